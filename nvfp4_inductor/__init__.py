@@ -1,0 +1,10 @@
+"""nvfp4_inductor: NVFP4 (FP4 E2M1 + per-16 E4M3 scales + FP32 global scale) for PyTorch.
+
+Importing the package defines the `nvfp4::` ops (torch.library) and the public API below.
+"""
+
+from . import ops  # noqa: F401  (defines the nvfp4:: ops)
+from .api import NVFP4, dequantize, linear, quantize, swizzle_scales, unswizzle_scales
+
+__all__ = ["NVFP4", "quantize", "dequantize", "swizzle_scales", "unswizzle_scales", "linear"]
+__version__ = "0.1.0"

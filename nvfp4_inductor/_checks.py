@@ -1,0 +1,132 @@
+"""Argument checks shared by the public API, the op implementations and their fake kernels.
+
+All checks read metadata only (dtype, shape, device, strides), never tensor values, so they run
+under FakeTensorMode, under torch.compile and inside CUDA-graph capture without a host sync.
+"""
+
+import torch
+from torch import Tensor
+
+from .format import BLOCK_SIZE
+from .reference import swizzled_shape
+
+FLOAT_DTYPES = (torch.bfloat16, torch.float16, torch.float32)
+ACTIVATIONS = ("bf16", "nvfp4")
+
+
+def _dtype_names(dtypes) -> str:
+    return ", ".join(str(d).removeprefix("torch.") for d in dtypes)
+
+
+def check_tensor(name: str, t, dtypes) -> None:
+    if not isinstance(t, Tensor):
+        raise TypeError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
+    if t.dtype not in dtypes:
+        raise TypeError(f"{name} must have dtype {_dtype_names(dtypes)}; got {t.dtype}")
+
+
+def check_same_device(name: str, t: Tensor, ref_name: str, ref: Tensor) -> None:
+    if t.device != ref.device:
+        raise ValueError(f"{name} is on {t.device} but {ref_name} is on {ref.device}")
+
+
+def check_k(name: str, k: int) -> None:
+    if k <= 0 or k % BLOCK_SIZE:
+        raise ValueError(
+            f"{name}: K = {k} must be a positive multiple of {BLOCK_SIZE} (one e4m3 scale per "
+            f"{BLOCK_SIZE} elements); pad K with zeros to the next multiple"
+        )
+
+
+def check_float_input(name: str, x) -> None:
+    """x: (..., K) bf16/fp16/fp32 with K a positive multiple of 16 (any strides)."""
+    check_tensor(name, x, FLOAT_DTYPES)
+    if x.dim() == 0:
+        raise ValueError(f"{name} must have at least one dimension (K, the last); got a scalar")
+    check_k(f"{name}.shape[-1]", x.shape[-1])
+
+
+def check_global_scale(name: str, g, lead: torch.Size, per_row: bool, ref_name: str, ref: Tensor):
+    """g: fp32, shape () per tensor or `lead` (= data.shape[:-1]) per row, on ref's device."""
+    check_tensor(name, g, (torch.float32,))
+    check_same_device(name, g, ref_name, ref)
+    expected = tuple(lead) if per_row else ()
+    if tuple(g.shape) != expected:
+        kind = "per row" if per_row else "per tensor"
+        raise ValueError(f"{name} ({kind}) must have shape {expected}; got {tuple(g.shape)}")
+
+
+def check_quantize_args(x, global_scale, per_row: bool) -> None:
+    check_float_input("x", x)
+    if global_scale is not None:
+        check_global_scale("global_scale", global_scale, x.shape[:-1], per_row, "x", x)
+
+
+def check_nvfp4(name: str, data, scale, global_scale, swizzled: bool) -> int:
+    """Packed NVFP4 parts (scales as uint8 e4m3 bits, the op-boundary convention); returns K."""
+    check_tensor(f"{name}.data", data, (torch.uint8,))
+    check_tensor(f"{name}.scale (e4m3 bits)", scale, (torch.uint8,))
+    if data.dim() == 0:
+        raise ValueError(f"{name}.data must have at least one dimension; got a scalar")
+    k = data.shape[-1] * 2
+    check_k(f"{name}.data (K = 2 * data.shape[-1])", k)
+    lead = data.shape[:-1]
+    if swizzled:
+        expected = swizzled_shape(lead.numel(), k // BLOCK_SIZE)
+    else:
+        expected = (*lead, k // BLOCK_SIZE)
+    if tuple(scale.shape) != tuple(expected):
+        layout = "swizzled" if swizzled else "plain"
+        raise ValueError(
+            f"{name}.scale ({layout}) must have shape {tuple(expected)} for data of shape "
+            f"{tuple(data.shape)}; got {tuple(scale.shape)}"
+        )
+    for part, t in (("data", data), ("scale", scale)):
+        if not t.is_contiguous():
+            raise ValueError(f"{name}.{part} must be contiguous (packed NVFP4 layout)")
+    check_same_device(f"{name}.scale", scale, f"{name}.data", data)
+    per_row = isinstance(global_scale, Tensor) and global_scale.dim() > 0
+    check_global_scale(f"{name}.global_scale", global_scale, lead, per_row, f"{name}.data", data)
+    return k
+
+
+def check_swizzle_args(scale) -> None:
+    check_tensor("scale (e4m3 bits)", scale, (torch.uint8,))
+    if scale.dim() != 2:
+        raise ValueError(f"scale must be 2-D (rows, K/16); got shape {tuple(scale.shape)}")
+
+
+def check_unswizzle_args(swizzled, rows: int, cols: int) -> None:
+    check_tensor("swizzled (e4m3 bits)", swizzled, (torch.uint8,))
+    if rows < 0 or cols < 0:
+        raise ValueError(f"rows and cols must be >= 0; got rows={rows}, cols={cols}")
+    expected = swizzled_shape(rows, cols)
+    if tuple(swizzled.shape) != expected:
+        raise ValueError(
+            f"swizzled must have shape {expected} for rows={rows}, cols={cols}; "
+            f"got {tuple(swizzled.shape)}"
+        )
+
+
+def check_linear_args(x, w_data, w_scale, w_global_scale, bias, w_swizzled, activation) -> None:
+    if activation not in ACTIVATIONS:
+        raise ValueError(f"activation must be one of {ACTIVATIONS}; got {activation!r}")
+    check_float_input("x", x)
+    k = check_nvfp4("w", w_data, w_scale, w_global_scale, w_swizzled)
+    if w_data.dim() != 2:
+        raise ValueError(f"w.data must be 2-D (N, K/2); got shape {tuple(w_data.shape)}")
+    check_same_device("w.data", w_data, "x", x)
+    if x.shape[-1] != k:
+        raise ValueError(f"x.shape[-1] = {x.shape[-1]} does not match the weight's K = {k}")
+    if bias is not None:
+        check_tensor("bias", bias, FLOAT_DTYPES)
+        check_same_device("bias", bias, "x", x)
+        if tuple(bias.shape) != (w_data.shape[0],):
+            raise ValueError(
+                f"bias must have shape ({w_data.shape[0]},) (N); got {tuple(bias.shape)}"
+            )
+
+
+def check_out_dtype(dtype) -> None:
+    if dtype not in FLOAT_DTYPES:
+        raise TypeError(f"dtype must be one of {_dtype_names(FLOAT_DTYPES)}; got {dtype}")

@@ -1,0 +1,113 @@
+"""The public API: an `NVFP4` tensor container and the functions that make and use it.
+
+Each function checks its arguments, converts between the user-facing float8_e4m3fn scales and the
+uint8 bits that cross op boundaries, and calls the matching `nvfp4::` op (so torch.compile sees
+one opaque op per call, and device kernels registered for the op are used eagerly).
+"""
+
+import math
+from typing import NamedTuple
+
+import torch
+from torch import Tensor
+
+from . import _checks, ops
+
+__all__ = ["NVFP4", "quantize", "dequantize", "swizzle_scales", "unswizzle_scales", "linear"]
+
+_E4M3 = torch.float8_e4m3fn
+_SCALE_DTYPES = (_E4M3, torch.uint8)
+
+
+class NVFP4(NamedTuple):
+    """An NVFP4 tensor of logical shape (..., K).
+
+    data: uint8 (..., K/2), two E2M1 codes per byte (element 2i in the low nibble).
+    scale: float8_e4m3fn (..., K/16), or, with swizzled, (ceil(rows/128)*128, ceil(K/64)*4) in the
+        128x4-tile order that cuBLAS and block-scaled MMA read (rows = prod of the leading dims).
+    global_scale: float32, shape () per tensor or (...,) per row.
+    """
+
+    data: Tensor
+    scale: Tensor
+    global_scale: Tensor
+    shape: torch.Size
+    swizzled: bool = False
+
+    def dequantize(self, dtype: torch.dtype = torch.bfloat16) -> Tensor:
+        """-> (..., K) of dtype."""
+        return dequantize(self, dtype)
+
+
+def _scale_bits(name: str, scale) -> Tensor:
+    _checks.check_tensor(name, scale, _SCALE_DTYPES)
+    return scale.view(torch.uint8)
+
+
+def _global_scale_tensor(global_scale, x: Tensor, per_row: bool) -> Tensor | None:
+    """None, a positive finite Python number, or an fp32 tensor -> None or an fp32 tensor."""
+    if global_scale is None or isinstance(global_scale, Tensor):
+        if isinstance(global_scale, Tensor) and not per_row and global_scale.numel() == 1:
+            return global_scale.reshape(())  # accept (1,) / (1, 1) per-tensor scales
+        return global_scale
+    if isinstance(global_scale, bool) or not isinstance(global_scale, (int, float)):
+        raise TypeError(
+            f"global_scale must be None, a float or a float32 tensor; got {type(global_scale).__name__}"
+        )
+    if not (math.isfinite(global_scale) and global_scale > 0):
+        raise ValueError(f"global_scale must be finite and > 0; got {global_scale}")
+    if per_row:
+        raise ValueError("per_row=True needs a global_scale tensor of shape x.shape[:-1], not a number")
+    return torch.tensor(float(global_scale), dtype=torch.float32, device=x.device)
+
+
+def quantize(x: Tensor, global_scale=None, *, swizzle: bool = False, per_row: bool = False) -> NVFP4:
+    """(..., K) bf16/fp16/fp32, K % 16 == 0 -> NVFP4.
+
+    global_scale None: computed on the device from amax (per tensor, or per row with per_row).
+    Given (a float, or an fp32 tensor of shape () or, with per_row, x.shape[:-1]): used as is,
+    the static scale for calibrated / CUDA-graph use. swizzle: scales in the 128x4-tile layout.
+    """
+    _checks.check_float_input("x", x)
+    g = _global_scale_tensor(global_scale, x, per_row)
+    data, scale, g = ops.quantize(x, g, per_row, swizzle)
+    return NVFP4(data, scale.view(_E4M3), g, x.shape, swizzle)
+
+
+def _check_nvfp4(name: str, q) -> Tensor:
+    """q: an NVFP4 whose data agrees with its logical shape -> its scale as uint8 bits."""
+    if not isinstance(q, NVFP4):
+        raise TypeError(f"{name} must be an nvfp4_inductor.NVFP4; got {type(q).__name__}")
+    _checks.check_tensor(f"{name}.data", q.data, (torch.uint8,))
+    expected = (*q.data.shape[:-1], q.data.shape[-1] * 2) if q.data.dim() else None
+    if tuple(q.shape) != expected:
+        raise ValueError(
+            f"{name}.shape {tuple(q.shape)} does not match {name}.data of shape {tuple(q.data.shape)}"
+        )
+    return _scale_bits(f"{name}.scale", q.scale)
+
+
+def dequantize(q: NVFP4, dtype: torch.dtype = torch.bfloat16) -> Tensor:
+    """NVFP4 (..., K) -> (..., K) of dtype: e2m1(code) * block scale * global scale."""
+    scale = _check_nvfp4("q", q)
+    return ops.dequantize(q.data, scale, q.global_scale, q.swizzled, dtype)
+
+
+def swizzle_scales(scale: Tensor) -> Tensor:
+    """(rows, cols) e4m3 scales -> (ceil(rows/128)*128, ceil(cols/4)*4), 128x4-tile order, same dtype."""
+    return ops.swizzle_scales(_scale_bits("scale", scale)).view(scale.dtype)
+
+
+def unswizzle_scales(swizzled: Tensor, rows: int, cols: int) -> Tensor:
+    """Swizzled e4m3 scales -> the plain (rows, cols) matrix, same dtype."""
+    return ops.unswizzle_scales(_scale_bits("swizzled", swizzled), rows, cols).view(swizzled.dtype)
+
+
+def linear(x: Tensor, w_q: NVFP4, bias: Tensor | None = None, *, activation: str = "bf16") -> Tensor:
+    """y = x @ W^T (+ bias): x (..., K), w_q NVFP4 (N, K) -> (..., N) in x.dtype.
+
+    activation "bf16": x is used as bf16 (W4A16); "nvfp4": x is quantized on the fly with a
+    dynamic per-tensor global scale (W4A4).
+    """
+    w_scale = _check_nvfp4("w_q", w_q)
+    return ops.linear(x, w_q.data, w_scale, w_q.global_scale, bias, w_q.swizzled, activation)

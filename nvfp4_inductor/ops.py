@@ -1,0 +1,121 @@
+"""The `nvfp4::` custom ops: schemas, fake (meta) kernels and the default implementation.
+
+The default implementation is the pure-torch reference (it runs on any device); faster device
+kernels register themselves for their dispatch key on top of it. Scales cross op boundaries as
+uint8 holding e4m3 bits: `opcheck` cannot handle float8 op inputs on the CPU build, and the bits
+are the interchange format anyway (the public API views them as float8_e4m3fn).
+"""
+
+import torch
+from torch import Tensor
+
+from . import _checks, reference
+from .format import BLOCK_SIZE
+
+__all__ = ["quantize", "dequantize", "swizzle_scales", "unswizzle_scales", "linear"]
+
+_E4M3 = torch.float8_e4m3fn
+
+
+def _scale_shape(lead: torch.Size, k: int, swizzle: bool):
+    cols = k // BLOCK_SIZE
+    return reference.swizzled_shape(lead.numel(), cols) if swizzle else (*lead, cols)
+
+
+def _plain_scale(scale: Tensor, lead: torch.Size, k: int, swizzled: bool) -> Tensor:
+    """uint8 scale bits, plain or swizzled -> plain e4m3 (*lead, K/16)."""
+    cols = k // BLOCK_SIZE
+    if swizzled:
+        scale = reference.unswizzle_scales(scale, lead.numel(), cols).reshape(*lead, cols)
+    return scale.view(_E4M3)
+
+
+@torch.library.custom_op("nvfp4::quantize", mutates_args=())
+def quantize(
+    x: Tensor, global_scale: Tensor | None, per_row: bool, swizzle: bool
+) -> tuple[Tensor, Tensor, Tensor]:
+    """(..., K) float -> (data uint8 (..., K/2), scale bits uint8, global scale fp32)."""
+    _checks.check_quantize_args(x, global_scale, per_row)
+    lead, k = x.shape[:-1], x.shape[-1]
+    data, scale, g = reference.quantize(x, global_scale, per_row)
+    scale = scale.view(torch.uint8)
+    if swizzle:
+        scale = reference.swizzle_scales(scale.reshape(lead.numel(), k // BLOCK_SIZE))
+    return data, scale, g
+
+
+@quantize.register_fake
+def _(x, global_scale, per_row, swizzle):
+    _checks.check_quantize_args(x, global_scale, per_row)
+    lead, k = x.shape[:-1], x.shape[-1]
+    data = x.new_empty((*lead, k // 2), dtype=torch.uint8)
+    scale = x.new_empty(_scale_shape(lead, k, swizzle), dtype=torch.uint8)
+    g = x.new_empty(lead if per_row else (), dtype=torch.float32)
+    return data, scale, g
+
+
+@torch.library.custom_op("nvfp4::dequantize", mutates_args=())
+def dequantize(
+    data: Tensor, scale: Tensor, global_scale: Tensor, swizzled: bool, dtype: torch.dtype
+) -> Tensor:
+    """NVFP4 parts -> (..., K) of dtype (bf16, fp16 or fp32)."""
+    k = _checks.check_nvfp4("q", data, scale, global_scale, swizzled)
+    _checks.check_out_dtype(dtype)
+    plain = _plain_scale(scale, data.shape[:-1], k, swizzled)
+    return reference.dequantize(data, plain, global_scale, dtype)
+
+
+@dequantize.register_fake
+def _(data, scale, global_scale, swizzled, dtype):
+    k = _checks.check_nvfp4("q", data, scale, global_scale, swizzled)
+    _checks.check_out_dtype(dtype)
+    return data.new_empty((*data.shape[:-1], k), dtype=dtype)
+
+
+@torch.library.custom_op("nvfp4::swizzle_scales", mutates_args=())
+def swizzle_scales(scale: Tensor) -> Tensor:
+    """(rows, cols) uint8 e4m3 bits -> (ceil(rows/128)*128, ceil(cols/4)*4) in 128x4-tile order."""
+    _checks.check_swizzle_args(scale)
+    return reference.swizzle_scales(scale)
+
+
+@swizzle_scales.register_fake
+def _(scale):
+    _checks.check_swizzle_args(scale)
+    return scale.new_empty(reference.swizzled_shape(*scale.shape))
+
+
+@torch.library.custom_op("nvfp4::unswizzle_scales", mutates_args=())
+def unswizzle_scales(swizzled: Tensor, rows: int, cols: int) -> Tensor:
+    """Swizzled uint8 e4m3 bits -> the plain (rows, cols) matrix."""
+    _checks.check_unswizzle_args(swizzled, rows, cols)
+    return reference.unswizzle_scales(swizzled, rows, cols)
+
+
+@unswizzle_scales.register_fake
+def _(swizzled, rows, cols):
+    _checks.check_unswizzle_args(swizzled, rows, cols)
+    return swizzled.new_empty((rows, cols))
+
+
+@torch.library.custom_op("nvfp4::linear", mutates_args=())
+def linear(
+    x: Tensor,
+    w_data: Tensor,
+    w_scale: Tensor,
+    w_global_scale: Tensor,
+    bias: Tensor | None,
+    w_swizzled: bool,
+    activation: str,
+) -> Tensor:
+    """x (..., K) @ W^T with W NVFP4 (N, K/2) (+ bias (N,)) -> (..., N) in x.dtype."""
+    _checks.check_linear_args(x, w_data, w_scale, w_global_scale, bias, w_swizzled, activation)
+    k = x.shape[-1]
+    plain = _plain_scale(w_scale, w_data.shape[:-1], k, w_swizzled)
+    return reference.linear(x, w_data, plain, w_global_scale, bias, activation)
+
+
+@linear.register_fake
+def _(x, w_data, w_scale, w_global_scale, bias, w_swizzled, activation):
+    _checks.check_linear_args(x, w_data, w_scale, w_global_scale, bias, w_swizzled, activation)
+    return x.new_empty((*x.shape[:-1], w_data.shape[0]))

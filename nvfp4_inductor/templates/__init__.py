@@ -1,0 +1,1 @@
+"""Triton templates for Inductor's NVFP4 GEMM choices (the `backend="nvfp4"` work; not implemented yet)."""
