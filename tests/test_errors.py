@@ -1,0 +1,74 @@
+"""Bad input gets a TypeError / ValueError naming the argument, never a silent wrong answer."""
+
+import math
+
+import pytest
+import torch
+
+import nvfp4_inductor as nv
+
+E4M3 = torch.float8_e4m3fn
+
+
+def _w(n=32, k=64, **kw):
+    return nv.quantize(torch.randn(n, k), **kw)
+
+
+X = torch.randn(4, 64)
+
+CASES = [
+    # quantize
+    ("int input", lambda: nv.quantize(torch.ones(4, 32, dtype=torch.int32)), TypeError, "x must have dtype"),
+    ("fp64 input", lambda: nv.quantize(torch.ones(4, 32, dtype=torch.float64)), TypeError, "x must have dtype"),
+    ("not a tensor", lambda: nv.quantize([1.0] * 16), TypeError, "x must be a torch.Tensor"),
+    ("scalar", lambda: nv.quantize(torch.tensor(1.0)), ValueError, "at least one dimension"),
+    ("K not multiple of 16", lambda: nv.quantize(torch.randn(4, 40)), ValueError, "K = 40 must be a positive multiple of 16"),
+    ("K zero", lambda: nv.quantize(torch.randn(4, 0)), ValueError, "K = 0"),
+    ("g fp64", lambda: nv.quantize(X, torch.tensor(1.0, dtype=torch.float64)), TypeError, "global_scale must have dtype float32"),
+    ("g wrong shape", lambda: nv.quantize(X, torch.ones(3)), ValueError, r"global_scale \(per tensor\) must have shape \(\)"),
+    ("g per-row shape", lambda: nv.quantize(X, torch.ones(3), per_row=True), ValueError, r"global_scale \(per row\) must have shape \(4,\)"),
+    ("g device", lambda: nv.quantize(X, torch.tensor(1.0, device="meta")), ValueError, "global_scale is on meta but x is on cpu"),
+    ("g zero", lambda: nv.quantize(X, 0.0), ValueError, "global_scale must be finite and > 0"),
+    ("g nan", lambda: nv.quantize(X, math.nan), ValueError, "global_scale must be finite and > 0"),
+    ("g inf", lambda: nv.quantize(X, math.inf), ValueError, "global_scale must be finite and > 0"),
+    ("g bool", lambda: nv.quantize(X, True), TypeError, "global_scale must be None, a float"),
+    ("g number per row", lambda: nv.quantize(X, 1.0, per_row=True), ValueError, "per_row=True needs a global_scale tensor"),
+    # dequantize
+    ("not NVFP4", lambda: nv.dequantize(X), TypeError, "q must be an nvfp4_inductor.NVFP4"),
+    ("data dtype", lambda: nv.dequantize(_w()._replace(data=_w().data.to(torch.int16))), TypeError, "q.data must have dtype uint8"),
+    ("scale dtype", lambda: nv.dequantize(_w()._replace(scale=_w().scale.float())), TypeError, "q.scale must have dtype float8_e4m3fn, uint8"),
+    ("scale shape", lambda: nv.dequantize(_w()._replace(scale=_w().scale[:, :2])), ValueError, r"q.scale \(plain\) must have shape \(32, 4\)"),
+    ("swizzled flag wrong", lambda: nv.dequantize(_w()._replace(swizzled=True)), ValueError, r"q.scale \(swizzled\) must have shape \(128, 4\)"),
+    ("shape mismatch", lambda: nv.dequantize(_w()._replace(shape=torch.Size([32, 62]))), ValueError, r"q.shape \(32, 62\) does not match"),
+    ("g shape", lambda: nv.dequantize(_w()._replace(global_scale=torch.ones(5))), ValueError, r"q.global_scale \(per row\) must have shape \(32,\)"),
+    ("non-contiguous data", lambda: nv.dequantize(_w(k=64)._replace(data=torch.zeros(64, 32, dtype=torch.uint8)[::2])), ValueError, "q.data must be contiguous"),
+    ("bad dtype out", lambda: nv.dequantize(_w(), torch.int32), TypeError, "dtype must be one of"),
+    # swizzle
+    ("swizzle 1-D", lambda: nv.swizzle_scales(torch.zeros(8, dtype=E4M3)), ValueError, "scale must be 2-D"),
+    ("swizzle fp32", lambda: nv.swizzle_scales(torch.zeros(8, 4)), TypeError, "scale must have dtype"),
+    ("unswizzle shape", lambda: nv.unswizzle_scales(torch.zeros(128, 4, dtype=E4M3), 129, 4), ValueError, r"swizzled must have shape \(256, 4\)"),
+    ("unswizzle negative", lambda: nv.unswizzle_scales(torch.zeros(128, 4, dtype=E4M3), -1, 4), ValueError, "rows and cols must be >= 0"),
+    # linear
+    ("linear K mismatch", lambda: nv.linear(torch.randn(4, 48), _w()), ValueError, r"x.shape\[-1\] = 48 does not match the weight's K = 64"),
+    ("linear 3-D weight", lambda: nv.linear(X, nv.quantize(torch.randn(2, 8, 64))), ValueError, "w.data must be 2-D"),
+    ("linear int x", lambda: nv.linear(X.int(), _w()), TypeError, "x must have dtype"),
+    ("linear bias shape", lambda: nv.linear(X, _w(), torch.zeros(31)), ValueError, r"bias must have shape \(32,\)"),
+    ("linear bias dtype", lambda: nv.linear(X, _w(), torch.zeros(32, dtype=torch.int64)), TypeError, "bias must have dtype"),
+    ("linear activation", lambda: nv.linear(X, _w(), activation="fp8"), ValueError, "activation must be one of"),
+    ("linear w not NVFP4", lambda: nv.linear(X, torch.randn(32, 64)), TypeError, "w_q must be an nvfp4_inductor.NVFP4"),
+    ("linear device", lambda: nv.linear(X.to("meta"), _w()), ValueError, "w.data is on cpu but x is on meta"),
+]
+
+
+@pytest.mark.parametrize("name, call, exc, match", CASES, ids=[c[0] for c in CASES])
+def test_bad_input_raises_clear_error(name, call, exc, match):
+    with pytest.raises(exc, match=match):
+        call()
+
+
+def test_ops_check_too():
+    # Calling the op directly (what a traced graph does) checks the same things.
+    with pytest.raises(ValueError, match="K = 24"):
+        torch.ops.nvfp4.quantize(torch.randn(2, 24), None, False, False)
+    with pytest.raises(TypeError, match="must have dtype uint8"):
+        torch.ops.nvfp4.swizzle_scales(torch.zeros(4, 4, dtype=E4M3))
