@@ -79,7 +79,7 @@ def test_subnormal_e4m3_scales():
     x = torch.cat(blocks)
     q = nv.quantize(x, 1.0)
     assert scale_bits(q).tolist() == [1, 2, 3, 5, 7]
-    y = x.reshape(-1, 16) / q.scale.float().unsqueeze(-1)
+    y = x.reshape(-1, 16) * (1 / q.scale.float()).unsqueeze(-1)
     assert torch.equal(codes_of(q), brute_force.e2m1_codes(y).flatten())
 
 
@@ -193,9 +193,9 @@ def _check_against_brute_force(x, q, per_row):
     blocks = xf.reshape(*lead, k // BLOCK_SIZE, BLOCK_SIZE)
     target = blocks.abs().amax(-1) / (g * 6.0)
     assert torch.equal(scale_bits(q), brute_force.e4m3_bits(target))
-    # codes: nearest e2m1 of y = x / (s * g), ties to even; zero-scale blocks all +0
+    # codes: nearest e2m1 of y = x * (1 / (s * g)), ties to even; zero-scale blocks all +0
     s = q.scale.float()
-    y = blocks / (s * g).unsqueeze(-1)
+    y = blocks * (1 / (s * g)).unsqueeze(-1)
     expected = torch.where((s > 0).unsqueeze(-1), brute_force.e2m1_codes(y), 0)
     assert torch.equal(codes_of(q), expected.reshape(*lead, k).to(torch.uint8))
 
@@ -222,7 +222,7 @@ def test_static_global_scale_matches_brute_force(dist):
     blocks = x.reshape(33, 6, 16)
     assert torch.equal(scale_bits(q), brute_force.e4m3_bits(blocks.abs().amax(-1) / (g * 6.0)))
     s = q.scale.float()
-    y = blocks / (s * g).unsqueeze(-1)
+    y = blocks * (1 / (s * g)).unsqueeze(-1)
     expected = torch.where((s > 0).unsqueeze(-1), brute_force.e2m1_codes(y), 0).to(torch.uint8)
     assert torch.equal(codes_of(q), expected.reshape(33, 96))
 
