@@ -4,7 +4,18 @@ Importing the package defines the `nvfp4::` ops (torch.library) and the public A
 """
 
 from . import ops  # noqa: F401  (defines the nvfp4:: ops)
-from .api import NVFP4, dequantize, linear, quantize, swizzle_scales, unswizzle_scales
+from .api import (
+    NVFP4,
+    dequantize,
+    dequantize_rows,
+    linear,
+    quantize,
+    swizzle_scales,
+    unswizzle_scales,
+)
 
-__all__ = ["NVFP4", "quantize", "dequantize", "swizzle_scales", "unswizzle_scales", "linear"]
+__all__ = [
+    "NVFP4", "quantize", "dequantize", "dequantize_rows", "swizzle_scales", "unswizzle_scales",
+    "linear",
+]
 __version__ = "0.1.0"

@@ -130,3 +130,13 @@ def check_linear_args(x, w_data, w_scale, w_global_scale, bias, w_swizzled, acti
 def check_out_dtype(dtype) -> None:
     if dtype not in FLOAT_DTYPES:
         raise TypeError(f"dtype must be one of {_dtype_names(FLOAT_DTYPES)}; got {dtype}")
+
+
+def check_dequantize_rows_args(data, scale, global_scale, swizzled, indices, dtype) -> int:
+    k = check_nvfp4("q", data, scale, global_scale, swizzled)
+    check_out_dtype(dtype)
+    if data.dim() != 2:
+        raise ValueError(f"q must be 2-D (rows, K) to gather rows; got shape {(*data.shape[:-1], k)}")
+    check_tensor("indices", indices, (torch.int32, torch.int64))
+    check_same_device("indices", indices, "q.data", data)
+    return k

@@ -13,7 +13,10 @@ from torch import Tensor
 
 from . import _checks, ops
 
-__all__ = ["NVFP4", "quantize", "dequantize", "swizzle_scales", "unswizzle_scales", "linear"]
+__all__ = [
+    "NVFP4", "quantize", "dequantize", "dequantize_rows", "swizzle_scales", "unswizzle_scales",
+    "linear",
+]
 
 _E4M3 = torch.float8_e4m3fn
 _SCALE_DTYPES = (_E4M3, torch.uint8)
@@ -91,6 +94,16 @@ def dequantize(q: NVFP4, dtype: torch.dtype = torch.bfloat16) -> Tensor:
     """NVFP4 (..., K) -> (..., K) of dtype: e2m1(code) * block scale * global scale."""
     scale = _check_nvfp4("q", q)
     return ops.dequantize(q.data, scale, q.global_scale, q.swizzled, dtype)
+
+
+def dequantize_rows(q: NVFP4, indices: Tensor, dtype: torch.dtype = torch.bfloat16) -> Tensor:
+    """Rows of a 2-D NVFP4 (rows, K) named by int32/int64 indices (any shape) -> indices.shape + (K,).
+
+    Reads only the selected rows. Eager mode raises IndexError for an index outside [0, rows);
+    inside a CUDA-graph capture indices cannot be checked and such a row comes out NaN.
+    """
+    scale = _check_nvfp4("q", q)
+    return ops.dequantize_rows(q.data, scale, q.global_scale, q.swizzled, indices, dtype)
 
 
 def swizzle_scales(scale: Tensor) -> Tensor:

@@ -1,7 +1,8 @@
 """The `nvfp4::` custom ops: schemas, fake (meta) kernels and the default implementation.
 
-The default implementation is the pure-torch reference (it runs on any device); faster device
-kernels register themselves for their dispatch key on top of it. Scales cross op boundaries as
+The default implementation is the pure-torch reference (it runs on any device); the Triton kernels
+are registered for the CUDA dispatch key (imported on first use, so the package imports without
+Triton). Scales cross op boundaries as
 uint8 holding e4m3 bits: `opcheck` cannot handle float8 op inputs on the CPU build, and the bits
 are the interchange format anyway (the public API views them as float8_e4m3fn).
 """
@@ -12,7 +13,9 @@ from torch import Tensor
 from . import _checks, reference
 from .format import BLOCK_SIZE
 
-__all__ = ["quantize", "dequantize", "swizzle_scales", "unswizzle_scales", "linear"]
+__all__ = [
+    "quantize", "dequantize", "dequantize_rows", "swizzle_scales", "unswizzle_scales", "linear",
+]
 
 _E4M3 = torch.float8_e4m3fn
 
@@ -70,6 +73,66 @@ def _(data, scale, global_scale, swizzled, dtype):
     k = _checks.check_nvfp4("q", data, scale, global_scale, swizzled)
     _checks.check_out_dtype(dtype)
     return data.new_empty((*data.shape[:-1], k), dtype=dtype)
+
+
+@quantize.register_kernel("cuda")
+def _(x, global_scale, per_row, swizzle):
+    from .kernels.quantize import quantize as quantize_triton
+
+    _checks.check_quantize_args(x, global_scale, per_row)
+    return quantize_triton(x, global_scale, per_row, swizzle)
+
+
+@dequantize.register_kernel("cuda")
+def _(data, scale, global_scale, swizzled, dtype):
+    from .kernels.dequantize import dequantize as dequantize_triton
+
+    _checks.check_nvfp4("q", data, scale, global_scale, swizzled)
+    _checks.check_out_dtype(dtype)
+    return dequantize_triton(data, scale, global_scale, swizzled, dtype)
+
+
+def _check_indices_in_range(indices: Tensor, rows: int) -> None:
+    """Eager-mode range check of gather indices; it reads them back, so it is skipped inside a
+    CUDA-graph capture (where the kernel turns an out-of-range index into a NaN row)."""
+    if indices.numel() == 0 or (indices.is_cuda and torch.cuda.is_current_stream_capturing()):
+        return
+    bad = (indices < 0) | (indices >= rows)
+    if bad.any():
+        raise IndexError(
+            f"indices: {indices[bad][0].item()} is out of range for q with {rows} rows "
+            f"(valid: 0 .. {rows - 1})"
+        )
+
+
+@torch.library.custom_op("nvfp4::dequantize_rows", mutates_args=())
+def dequantize_rows(
+    data: Tensor, scale: Tensor, global_scale: Tensor, swizzled: bool, indices: Tensor,
+    dtype: torch.dtype,
+) -> Tensor:
+    """Rows `indices` (any shape, int32/int64) of a 2-D NVFP4 (rows, K) -> indices.shape + (K,)."""
+    k = _checks.check_dequantize_rows_args(data, scale, global_scale, swizzled, indices, dtype)
+    _check_indices_in_range(indices, data.shape[0])
+    plain = _plain_scale(scale, data.shape[:-1], k, swizzled)
+    index = indices.reshape(-1).long()
+    g = global_scale if global_scale.dim() == 0 else global_scale[index]
+    out = reference.dequantize(data[index], plain[index], g, dtype)
+    return out.reshape(*indices.shape, k)
+
+
+@dequantize_rows.register_fake
+def _(data, scale, global_scale, swizzled, indices, dtype):
+    k = _checks.check_dequantize_rows_args(data, scale, global_scale, swizzled, indices, dtype)
+    return data.new_empty((*indices.shape, k), dtype=dtype)
+
+
+@dequantize_rows.register_kernel("cuda")
+def _(data, scale, global_scale, swizzled, indices, dtype):
+    from .kernels.dequantize import dequantize as dequantize_triton
+
+    _checks.check_dequantize_rows_args(data, scale, global_scale, swizzled, indices, dtype)
+    _check_indices_in_range(indices, data.shape[0])
+    return dequantize_triton(data, scale, global_scale, swizzled, dtype, indices)
 
 
 @torch.library.custom_op("nvfp4::swizzle_scales", mutates_args=())

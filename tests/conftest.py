@@ -1,5 +1,12 @@
+import os
+
 import pytest
 import torch
+
+# Without a GPU the Triton kernels run under Triton's CPU interpreter. The variable is read when a
+# kernel is defined, and the kernel modules are imported lazily, so setting it here is in time.
+if not torch.cuda.is_available():
+    os.environ.setdefault("TRITON_INTERPRET", "1")
 
 
 def pytest_collection_modifyitems(config, items):
@@ -9,3 +16,9 @@ def pytest_collection_modifyitems(config, items):
     for item in items:
         if "gpu" in item.keywords:
             item.add_marker(skip)
+
+
+@pytest.fixture
+def kernel_device() -> str:
+    """Where the Triton kernels run: the GPU, or the CPU through the Triton interpreter."""
+    return "cuda" if torch.cuda.is_available() else "cpu"

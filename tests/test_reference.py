@@ -6,6 +6,8 @@ import pytest
 import torch
 
 import brute_force
+from inputs import DISTS
+from inputs import sample as _sample
 import nvfp4_inductor as nv
 from nvfp4_inductor import reference
 from nvfp4_inductor.format import BLOCK_SIZE, GLOBAL_SCALE_DIVISOR
@@ -144,37 +146,6 @@ def test_unusable_global_scale_tensor_gives_nan_blocks(bad_g):
 
 # --- property tests against brute force ----------------------------------------------------------
 
-def _grid_blocks(shape, generator):
-    """Blocks of exact ties and grid values times 2^e, each with +-6 * 2^e: scale 2^e, y exact."""
-    rows = math.prod(shape[:-1])
-    nblocks = shape[-1] // BLOCK_SIZE
-    pool = torch.tensor([0.25, 0.75, 1.25, 1.75, 2.5, 3.5, 5.0, 0.5, 1.0, 3.0, 4.0, 6.0, 7.0, 0.1])
-    pick = torch.randint(len(pool), (rows, nblocks, BLOCK_SIZE), generator=generator)
-    sign = torch.randint(2, (rows, nblocks, BLOCK_SIZE), generator=generator) * 2.0 - 1
-    x = pool[pick] * sign
-    x[..., 0] = 6.0
-    exp = torch.randint(-4, 5, (rows, nblocks, 1), generator=generator).float()
-    return (x * torch.exp2(exp)).reshape(shape)
-
-
-def _sample(dist, shape, generator):
-    if dist == "normal":
-        return torch.randn(shape, generator=generator)
-    if dist == "uniform":
-        return torch.rand(shape, generator=generator) * 20 - 10
-    if dist == "heavy_tailed":  # Student-t with 2 degrees of freedom
-        z = torch.randn(shape, generator=generator)
-        chi2 = torch.randn((*shape, 2), generator=generator).pow(2).sum(-1)
-        return z / torch.sqrt(chi2 / 2)
-    if dist == "log_uniform":  # magnitudes over 2^-20 .. 2^10, random signs
-        mag = torch.exp2(torch.rand(shape, generator=generator) * 30 - 20)
-        return mag * (torch.randint(2, shape, generator=generator) * 2 - 1)
-    if dist == "grid":
-        return _grid_blocks(shape, generator)
-    raise ValueError(dist)
-
-
-DISTS = ["normal", "uniform", "heavy_tailed", "log_uniform", "grid"]
 SHAPES = [(1, 16), (157, 48), (3, 5, 64), (2, 1024), (64,)]
 
 

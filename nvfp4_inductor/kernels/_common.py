@@ -1,0 +1,125 @@
+"""Triton helpers shared by every NVFP4 kernel: the format's rounding and layouts, bit-exact
+with `nvfp4_inductor.reference` (SPEC §2, §3).
+
+Conversions are written with integer bit operations rather than Triton's float8 casts: they cost a
+few instructions, round exactly as the reference on any target, and also run right under the
+Triton interpreter (whose fp32 -> float8e4nv cast was measured to mis-round, e.g. 126.5 -> 96).
+
+E4M3 (bias 7, 3 mantissa bits), from fp32 bits b (bias 127, 23 mantissa bits):
+    normal (t >= 2^-6):  e4m3 = (b + 0x7FFFF + bit20(b) - (120 << 23)) >> 20   (RNE to 3 bits,
+                         exponent rebiased by 127 - 7 = 120; a carry out of the mantissa bumps
+                         the exponent, as it should)
+    subnormal (t < 2^-6): e4m3 = rne(t * 2^9), an integer 0..8 (8 = 0x08 is 2^-6, the first normal)
+E2M1 magnitude index of a = min(|y|, 6):
+    a >= 1: (bits(a) + 0x1FFFFF + bit22(a) - (126 << 23)) >> 22   (RNE to 1 mantissa bit; 1.0 -> 2)
+    a < 1:  rne(2 * a), an integer 0..2 (0, 0.5, 1.0)
+    rne(v) for 0 <= v < 2^22 is bits(v + 2^23) - bits(2^23): the fp32 add rounds to an integer,
+    ties to even (a contracted fma(t, 2^k, 2^23) rounds the same, t * 2^k being exact).
+"""
+
+import triton
+import triton.language as tl
+
+from ..format import (
+    BLOCK_SIZE,
+    E2M1_MAX,
+    E4M3_MAX,
+    E4M3_NAN_BITS,
+    GLOBAL_SCALE_DIVISOR,
+    SWIZZLE_ROW_GROUP,
+    SWIZZLE_TILE_COLS,
+    SWIZZLE_TILE_ROWS,
+)
+
+BLOCK: tl.constexpr = tl.constexpr(BLOCK_SIZE)
+FP4_MAX: tl.constexpr = tl.constexpr(E2M1_MAX)
+FP8_MAX: tl.constexpr = tl.constexpr(E4M3_MAX)
+FP8_NAN: tl.constexpr = tl.constexpr(E4M3_NAN_BITS)
+G_DIVISOR: tl.constexpr = tl.constexpr(GLOBAL_SCALE_DIVISOR)
+TILE_ROWS: tl.constexpr = tl.constexpr(SWIZZLE_TILE_ROWS)
+TILE_COLS: tl.constexpr = tl.constexpr(SWIZZLE_TILE_COLS)
+ROW_GROUP: tl.constexpr = tl.constexpr(SWIZZLE_ROW_GROUP)
+TILE_BYTES: tl.constexpr = tl.constexpr(SWIZZLE_TILE_ROWS * SWIZZLE_TILE_COLS)
+
+_E4M3_MIN_NORMAL: tl.constexpr = tl.constexpr(2.0**-6)
+_E4M3_SUBNORMAL_STEPS: tl.constexpr = tl.constexpr(2.0**9)  # 1 / smallest subnormal
+_RNE_MAGIC: tl.constexpr = tl.constexpr(2.0**23)
+_RNE_MAGIC_BITS: tl.constexpr = tl.constexpr(0x4B000000)  # bits of 2^23
+
+
+@triton.jit
+def _rne_int(v):
+    """fp32 0 <= v < 2^22 -> int32 round-half-even(v)."""
+    return (v + _RNE_MAGIC).to(tl.int32, bitcast=True) - _RNE_MAGIC_BITS
+
+
+@triton.jit
+def finite_abs(x):
+    """|x| as fp32, with NaN and +-Inf replaced by 0 (for the dynamic amax)."""
+    a = tl.abs(x.to(tl.float32))
+    return tl.where(a < float("inf"), a, 0.0)
+
+
+@triton.jit
+def global_scale_from_amax(amax):
+    """amax (fp32) -> g = amax / 2688, and 1 where that is 0."""
+    g = tl.math.div_rn(amax, tl.full(amax.shape, G_DIVISOR, tl.float32))
+    return tl.where(g == 0.0, 1.0, g)
+
+
+@triton.jit
+def e4m3_rne_bits(t):
+    """fp32 in [0, 448] (or NaN) -> int32 e4m3 bits, round-to-nearest-even; NaN -> 0x7F."""
+    b = t.to(tl.int32, bitcast=True)
+    normal = (b + (0x7FFFF + ((b >> 20) & 1)) - (120 << 23)) >> 20
+    subnormal = _rne_int(t * _E4M3_SUBNORMAL_STEPS)
+    bits = tl.where(t < _E4M3_MIN_NORMAL, subnormal, normal)
+    return tl.where(t == t, bits, FP8_NAN)
+
+
+@triton.jit
+def e4m3_bits_to_f32(bits):
+    """int32 e4m3 bits (0..0x7F) -> fp32 value (0x7F -> NaN)."""
+    exponent = bits >> 3
+    mantissa = bits & 7
+    normal = (((exponent + 120) << 23) | (mantissa << 20)).to(tl.float32, bitcast=True)
+    subnormal = mantissa.to(tl.float32) * (1.0 / _E4M3_SUBNORMAL_STEPS)
+    value = tl.where(exponent == 0, subnormal, normal)
+    return tl.where(bits == FP8_NAN, float("nan"), value)
+
+
+@triton.jit
+def block_scale_bits(block_amax, block_ok, g):
+    """Block amax, "block and g usable" mask, g -> int32 e4m3 bits of min(amax / (g * 6), 448)."""
+    t = tl.math.div_rn(block_amax, g * FP4_MAX)
+    bits = e4m3_rne_bits(tl.minimum(t, FP8_MAX))
+    return tl.where(block_ok, bits, FP8_NAN)
+
+
+@triton.jit
+def e2m1_encode(y, x_bits):
+    """fp32 y = x * r and the int32 bits of x (for the sign) -> int32 E2M1 codes (0..15)."""
+    a = tl.minimum(tl.abs(y), FP4_MAX)
+    b = a.to(tl.int32, bitcast=True)
+    large = (b + (0x1FFFFF + ((b >> 22) & 1)) - (126 << 23)) >> 22
+    small = _rne_int(a * 2.0)
+    index = tl.where(a < 1.0, small, large)
+    return index | ((x_bits >> 28) & 8)
+
+
+@triton.jit
+def e2m1_decode(codes):
+    """int32 E2M1 codes (0..15) -> fp32 values (code 8 is -0.0)."""
+    index = codes & 7
+    # index >= 2: 2^(e - 1) * (1 + m / 2) with e = index >> 1, m = index & 1; index 1: 0.5; 0: 0.
+    normal = (((index >> 1) + 126) << 23) | ((index & 1) << 22)
+    bits = tl.where(index >= 2, normal, tl.where(index == 1, 0x3F000000, 0))
+    return (bits | ((codes & 8) << 28)).to(tl.float32, bitcast=True)
+
+
+@triton.jit
+def swizzled_scale_offset(row, col, cols_pad):
+    """Row and column of the padded (rows_pad, cols_pad) scale matrix -> byte offset (SPEC §3)."""
+    tile = (row // TILE_ROWS) * (cols_pad // TILE_COLS) + col // TILE_COLS
+    inner = (row % ROW_GROUP) * (TILE_ROWS // ROW_GROUP * TILE_COLS) + (row % TILE_ROWS) // ROW_GROUP * TILE_COLS
+    return tile * TILE_BYTES + inner + col % TILE_COLS

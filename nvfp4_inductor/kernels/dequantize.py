@@ -1,0 +1,94 @@
+"""NVFP4 dequantize, full and row-gathered (selective).
+
+    out[i, k] = e2m1(code[src(i), k]) * float(scale[src(i), k // 16]) * g[src(i) or 0]
+
+src(i) = i for the full dequantize; src(i) = indices[i] for `dequantize_rows`, which reads only
+the selected rows of data and scales (the use: attention over an NVFP4 KV cache that touches a
+few rows). An index outside [0, rows) yields a NaN row: the eager op checks the indices first,
+so that happens only where no check can run (inside a CUDA-graph capture).
+Scales are read plain, (rows, K/16), or from the swizzled 128x4-tile layout.
+"""
+
+import torch
+import triton
+import triton.language as tl
+
+from ..format import BLOCK_SIZE
+from ._common import BLOCK, e2m1_decode, e4m3_bits_to_f32, swizzled_scale_offset
+
+BLOCK_M = 16
+BLOCK_K = 256
+NUM_WARPS = 4
+
+
+@triton.jit
+def _dequantize_kernel(
+    # pointers
+    data_ptr, scale_ptr, g_ptr, index_ptr, out_ptr,
+    # sizes
+    M, K, src_rows, scale_cols_pad,
+    # meta-parameters
+    PER_ROW: tl.constexpr, SWIZZLE: tl.constexpr, GATHER: tl.constexpr,
+    BLOCK_M: tl.constexpr, BLOCK_K: tl.constexpr,
+):
+    rows = tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)
+    row_ok = rows < M
+    if GATHER:
+        src = tl.load(index_ptr + rows, mask=row_ok, other=0).to(tl.int64)
+        valid = (src >= 0) & (src < src_rows)
+        src = tl.where(valid, src, 0)
+    else:
+        src = rows.to(tl.int64)
+        valid = row_ok
+    load_ok = row_ok & valid
+
+    half_cols = tl.program_id(1) * (BLOCK_K // 2) + tl.arange(0, BLOCK_K // 2)
+    packed = tl.load(data_ptr + src[:, None] * (K // 2) + half_cols[None, :],
+                     mask=load_ok[:, None] & (half_cols < K // 2)[None, :], other=0).to(tl.int32)
+    codes = tl.reshape(tl.join(packed & 0xF, packed >> 4), (BLOCK_M, BLOCK_K))
+    values = tl.reshape(e2m1_decode(codes), (BLOCK_M, BLOCK_K // BLOCK, BLOCK))
+
+    block_cols = tl.program_id(1) * (BLOCK_K // BLOCK) + tl.arange(0, BLOCK_K // BLOCK)
+    block_mask = load_ok[:, None] & (block_cols < K // BLOCK)[None, :]
+    if SWIZZLE:
+        scale_offsets = swizzled_scale_offset(src[:, None], block_cols[None, :], scale_cols_pad)
+    else:
+        scale_offsets = src[:, None] * (K // BLOCK) + block_cols[None, :]
+    scale_bits = tl.load(scale_ptr + scale_offsets, mask=block_mask, other=0).to(tl.int32)
+    scale = e4m3_bits_to_f32(scale_bits)
+    if PER_ROW:
+        g = tl.load(g_ptr + src, mask=load_ok, other=1.0)[:, None, None]
+    else:
+        g = tl.load(g_ptr)
+    out = tl.reshape((values * scale[:, :, None]) * g, (BLOCK_M, BLOCK_K))
+    if GATHER:
+        out = tl.where(valid[:, None], out, float("nan"))
+    cols = tl.program_id(1) * BLOCK_K + tl.arange(0, BLOCK_K)
+    tl.store(out_ptr + rows.to(tl.int64)[:, None] * K + cols[None, :], out.to(out_ptr.dtype.element_ty),
+             mask=row_ok[:, None] & (cols < K)[None, :])
+
+
+def dequantize(data, scale, global_scale, swizzled: bool, dtype, indices=None):
+    """NVFP4 parts (checked by the op) -> (..., K) of dtype; with indices (any shape), only the
+    rows of the 2-D data named by them, as indices.shape + (K,)."""
+    k = data.shape[-1] * 2
+    data2 = data.reshape(-1, k // 2)
+    src_rows = data2.shape[0]
+    if indices is None:
+        out_lead, index = data.shape[:-1], data2  # index: unused placeholder pointer
+        m = src_rows
+    else:
+        out_lead, index = indices.shape, indices.reshape(-1)
+        m = index.numel()
+    out = torch.empty((*out_lead, k), dtype=dtype, device=data.device)
+    if m == 0:
+        return out
+    scale_cols_pad = scale.shape[1] if swizzled else k // BLOCK_SIZE
+    grid = (triton.cdiv(m, BLOCK_M), triton.cdiv(k, BLOCK_K))
+    _dequantize_kernel[grid](
+        data2, scale, global_scale, index, out,
+        m, k, src_rows, scale_cols_pad,
+        PER_ROW=global_scale.dim() > 0, SWIZZLE=swizzled, GATHER=indices is not None,
+        BLOCK_M=BLOCK_M, BLOCK_K=BLOCK_K, num_warps=NUM_WARPS,
+    )
+    return out

@@ -1,0 +1,229 @@
+"""Triton quantize / dequantize kernels against the reference, bit for bit.
+
+On a machine without a GPU the kernels run under the Triton interpreter (small sizes); on a GPU
+the same tests run on CUDA, plus the `gpu`-marked ones (large shapes, CUDA graphs, no host sync).
+"""
+
+import math
+
+import pytest
+import torch
+
+import nvfp4_inductor as nv
+from inputs import DISTS, sample
+from nvfp4_inductor import reference
+from nvfp4_inductor.format import GLOBAL_SCALE_DIVISOR
+from nvfp4_inductor.kernels import dequantize as dequantize_kernels
+from nvfp4_inductor.kernels import quantize as quantize_kernels
+
+OPS = torch.ops.nvfp4
+DTYPES = [torch.bfloat16, torch.float16, torch.float32]
+
+
+def _reference_quantize(x, g, per_row, swizzle):
+    """The reference: on CPU tensors the op runs its default (pure-torch) implementation."""
+    return OPS.quantize(x.cpu(), None if g is None else g.cpu(), per_row, swizzle)
+
+
+def _assert_quantize_matches(x, g=None, per_row=False, swizzle=False):
+    got = quantize_kernels.quantize(x, g, per_row, swizzle)
+    want = _reference_quantize(x, g, per_row, swizzle)
+    for name, a, b in zip(("data", "scale", "global_scale"), got, want):
+        assert a.shape == b.shape and a.dtype == b.dtype, name
+        if name == "global_scale":  # a given NaN global scale is passed through
+            torch.testing.assert_close(a.cpu(), b, rtol=0, atol=0, equal_nan=True)
+        else:
+            assert torch.equal(a.cpu(), b), f"{name} differs in {int((a.cpu() != b).sum())} places"
+    return got
+
+
+# Shapes: single block, odd rows, K not a multiple of the tile, 3-D, and one above the
+# fused-amax size (two-pass dynamic scale).
+SHAPES = [(1, 16), (157, 48), (3, 5, 64), (7, 4096), (300, 256)]
+
+
+@pytest.mark.parametrize("shape", SHAPES)
+@pytest.mark.parametrize("swizzle", [False, True])
+@pytest.mark.parametrize("mode", ["dynamic", "static", "dynamic_row", "static_row"])
+def test_quantize_kernel_matches_reference(kernel_device, shape, swizzle, mode):
+    gen = torch.Generator().manual_seed(hash((shape, swizzle, mode)) % 2**31)
+    dtype = DTYPES[len(shape) % 3]
+    x = (sample("normal", shape, gen) * 3).to(dtype).to(kernel_device)
+    per_row = mode.endswith("row")
+    g = None
+    if mode == "static":
+        g = torch.tensor(0.5 * x.float().abs().max().item() / GLOBAL_SCALE_DIVISOR)  # saturates some
+    elif mode == "static_row":
+        g = torch.rand(shape[:-1], generator=gen) * 1e-3 + 1e-4
+    if g is not None:
+        g = g.to(kernel_device)
+    _assert_quantize_matches(x, g, per_row, swizzle)
+
+
+@pytest.mark.parametrize("dist", DISTS)
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_quantize_kernel_distributions(kernel_device, dist, dtype):
+    gen = torch.Generator().manual_seed(hash((dist, str(dtype))) % 2**31)
+    x = sample(dist, (33, 96), gen).to(dtype).to(kernel_device)
+    _assert_quantize_matches(x)
+    # Static g = 1 keeps the grid distribution's exact ties (its block scales are powers of two).
+    _assert_quantize_matches(x, torch.tensor(1.0, device=kernel_device), swizzle=True)
+
+
+def test_quantize_kernel_special_blocks(kernel_device):
+    gen = torch.Generator().manual_seed(5)
+    x = torch.randn(5, 160, generator=gen)
+    x[0, :16] = 0.0                                   # zero block
+    x[0, 16:32] = 1e-30                               # scale underflows to 0
+    x[1, :16] = torch.tensor([6.0, 0.25, 0.75, 1.25, 1.75, 2.5, 3.5, 5.0] * 2)  # ties (g below)
+    x[1, 32] = 5e3                                    # outlier: the amax
+    x[2, 0], x[2, 20], x[2, 40] = math.nan, math.inf, -math.inf  # non-finite blocks
+    x[3, :16] = -0.0                                  # negative zero
+    x[4, 16:32] = torch.randn(16, generator=gen) * 2**-12  # subnormal e4m3 scales (g = 1)
+    x = x.to(kernel_device)
+    _assert_quantize_matches(x)
+    _assert_quantize_matches(x, swizzle=True, per_row=True)
+    _assert_quantize_matches(x, torch.tensor(1.0, device=kernel_device))  # saturation at 448
+    for bad_g in (0.0, -2.0, math.nan, math.inf):
+        _assert_quantize_matches(x, torch.tensor(bad_g, device=kernel_device), swizzle=True)
+
+
+def test_quantize_kernel_empty_and_strided(kernel_device):
+    for per_row in (False, True):
+        for swizzle in (False, True):
+            _assert_quantize_matches(torch.randn(0, 32, device=kernel_device), None, per_row, swizzle)
+    wide = torch.randn(40, 192, device=kernel_device)
+    _assert_quantize_matches(wide[:, 32:160])          # row stride 192, last dim contiguous
+    _assert_quantize_matches(wide.t().contiguous().t()[:, :64])  # last dim strided: copied
+    _assert_quantize_matches(wide[::3, :96], swizzle=True)
+
+
+@pytest.mark.parametrize("shape", [(1, 16), (157, 48), (3, 5, 64), (130, 272)])
+@pytest.mark.parametrize("swizzle", [False, True])
+@pytest.mark.parametrize("per_row", [False, True])
+def test_dequantize_kernel_matches_reference(kernel_device, shape, swizzle, per_row):
+    gen = torch.Generator().manual_seed(hash((shape, swizzle, per_row)) % 2**31)
+    x = sample("heavy_tailed", shape, gen)
+    x.view(-1)[7] = math.nan  # one NaN block must come out NaN
+    data, scale, g = OPS.quantize(x, None, per_row, swizzle)
+    for dtype in DTYPES:
+        want = OPS.dequantize(data, scale, g, swizzle, dtype)
+        got = dequantize_kernels.dequantize(
+            data.to(kernel_device), scale.to(kernel_device), g.to(kernel_device), swizzle, dtype)
+        assert got.dtype == dtype and got.shape == want.shape
+        if kernel_device == "cpu" and dtype == torch.bfloat16:
+            # The Triton 3.6 interpreter truncates fp32 -> bf16 (the GPU rounds to nearest even,
+            # checked exactly on the device): allow one bf16 ulp here; fp32 and fp16 stay exact.
+            torch.testing.assert_close(got, want, rtol=2**-7, atol=0, equal_nan=True)
+        else:
+            torch.testing.assert_close(got.cpu(), want, rtol=0, atol=0, equal_nan=True)
+
+
+@pytest.mark.parametrize("index_dtype", [torch.int32, torch.int64])
+@pytest.mark.parametrize("swizzle", [False, True])
+def test_dequantize_rows_kernel(kernel_device, index_dtype, swizzle):
+    gen = torch.Generator().manual_seed(9)
+    x = torch.randn(200, 80, generator=gen)
+    data, scale, g = (t.to(kernel_device) for t in OPS.quantize(x, None, True, swizzle))
+    full = dequantize_kernels.dequantize(data, scale, g, swizzle, torch.float32).cpu()
+    indices = torch.randint(0, 200, (3, 7), generator=gen).to(index_dtype).to(kernel_device)
+    got = dequantize_kernels.dequantize(data, scale, g, swizzle, torch.float32, indices)
+    assert got.shape == (3, 7, 80)
+    assert torch.equal(got.cpu(), full[indices.cpu().long()])
+    # Unchecked out-of-range indices (what a CUDA-graph capture would see) give NaN rows.
+    bad = torch.tensor([0, -1, 200, 5], dtype=index_dtype, device=kernel_device)
+    rows = dequantize_kernels.dequantize(data, scale, g, swizzle, torch.float32, bad).cpu()
+    assert torch.equal(rows[0], full[0]) and torch.equal(rows[3], full[5])
+    assert rows[1:3].isnan().all()
+
+
+def test_dequantize_rows_checks_indices_eagerly(kernel_device):
+    q = nv.quantize(torch.randn(10, 32, device=kernel_device))
+    with pytest.raises(IndexError, match="indices: 10 is out of range for q with 10 rows"):
+        nv.dequantize_rows(q, torch.tensor([1, 10], device=kernel_device))
+    with pytest.raises(IndexError, match="indices: -1 is out of range"):
+        nv.dequantize_rows(q, torch.tensor([-1], device=kernel_device))
+    with pytest.raises(TypeError, match="indices must have dtype int32, int64"):
+        nv.dequantize_rows(q, torch.tensor([1.0], device=kernel_device))
+    with pytest.raises(ValueError, match="q must be 2-D"):
+        nv.dequantize_rows(nv.quantize(torch.randn(2, 3, 32)), torch.tensor([0]))
+
+
+def test_dequantize_rows_op(kernel_device):
+    torch.library.opcheck(
+        OPS.dequantize_rows.default,
+        (*OPS.quantize(torch.randn(20, 48), None, False, True), True,
+         torch.tensor([[3, 1], [19, 0]]), torch.bfloat16),
+    )
+    q = nv.quantize(torch.randn(20, 48), per_row=True)
+    idx = torch.tensor([4, 4, 0, 19])
+    assert torch.equal(nv.dequantize_rows(q, idx, torch.float32), q.dequantize(torch.float32)[idx])
+
+
+# --- GPU only --------------------------------------------------------------------------------------
+
+@pytest.mark.gpu
+def test_cuda_ops_dispatch_to_the_kernels():
+    for op in ("quantize", "dequantize", "dequantize_rows"):
+        assert torch._C._dispatch_has_kernel_for_dispatch_key(f"nvfp4::{op}", "CUDA"), op
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("shape", [(4096, 14336), (2, 3, 4096), (16384, 1024)])
+def test_quantize_large_shapes_on_gpu(shape):
+    gen = torch.Generator().manual_seed(1)
+    x = sample("heavy_tailed", shape, gen).to(torch.bfloat16).cuda()
+    for swizzle in (False, True):
+        got = nv.quantize(x, swizzle=swizzle)
+        want = _reference_quantize(x, None, False, swizzle)
+        assert torch.equal(got.data.cpu(), want[0])
+        assert torch.equal(got.scale.view(torch.uint8).cpu(), want[1])
+        assert torch.equal(got.global_scale.cpu(), want[2])
+        torch.testing.assert_close(got.dequantize(torch.float32).cpu(),
+                                   OPS.dequantize(*want, swizzle, torch.float32), rtol=0, atol=0)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("static", [False, True])
+def test_quantize_in_cuda_graph_without_host_sync(static):
+    x = torch.randn(16, 4096, device="cuda", dtype=torch.bfloat16)
+    big = torch.randn(512, 4096, device="cuda", dtype=torch.bfloat16)  # two-pass amax
+    g = torch.tensor(0.01, device="cuda") if static else None
+
+    def step():
+        q = nv.quantize(x, g, swizzle=True)
+        qb = nv.quantize(big, g)
+        return q.data, q.scale, q.global_scale, qb.data, qb.scale, nv.dequantize(q)
+
+    step()  # compile the kernels outside the capture
+    torch.cuda.synchronize()
+    torch.cuda.set_sync_debug_mode("error")
+    try:
+        eager = [t.clone() for t in step()]
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            outs = step()
+    finally:
+        torch.cuda.set_sync_debug_mode("default")
+    for fresh in range(3):  # new inputs each replay: the graph recomputes the dynamic scale
+        x.copy_(torch.randn_like(x) * (fresh + 1))
+        big.copy_(torch.randn_like(big))
+        graph.replay()
+        want = step()
+        for a, b in zip(outs, want):
+            assert torch.equal(a.view(torch.uint8) if a.dtype == torch.float8_e4m3fn else a,
+                               b.view(torch.uint8) if b.dtype == torch.float8_e4m3fn else b)
+    assert eager[0].shape == outs[0].shape
+
+
+@pytest.mark.gpu
+def test_dequantize_rows_in_cuda_graph():
+    q = nv.quantize(torch.randn(1024, 128, device="cuda"), per_row=True)
+    idx = torch.randint(0, 1024, (64,), device="cuda")
+    nv.dequantize_rows(q, idx)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        out = nv.dequantize_rows(q, idx)
+    idx.copy_(torch.randint(0, 1024, (64,), device="cuda"))
+    graph.replay()
+    assert torch.equal(out, q.dequantize()[idx])
