@@ -123,3 +123,39 @@ def swizzled_scale_offset(row, col, cols_pad):
     tile = (row // TILE_ROWS) * (cols_pad // TILE_COLS) + col // TILE_COLS
     inner = (row % ROW_GROUP) * (TILE_ROWS // ROW_GROUP * TILE_COLS) + (row % TILE_ROWS) // ROW_GROUP * TILE_COLS
     return tile * TILE_BYTES + inner + col % TILE_COLS
+
+
+@triton.jit
+def load_pairs(x_ptr, pair_offsets, mask):
+    """Load elements (2i, 2i + 1) of a bf16 / fp16 / fp32 tensor as one 32- / 64-bit word per pair
+    and split it into two fp32 tensors (even, odd). Working on pairs keeps nibble packing a
+    per-thread operation (no reshape, no shared-memory round trip) and makes the bf16 -> fp32
+    conversion two integer ops. pair_offsets count pairs; x must be aligned to a pair."""
+    if x_ptr.dtype.element_ty == tl.float32:
+        w = tl.load(x_ptr.to(tl.pointer_type(tl.int64)) + pair_offsets, mask=mask, other=0)
+        even = (w & 0xFFFFFFFF).to(tl.int32).to(tl.float32, bitcast=True)
+        odd = (w >> 32).to(tl.int32).to(tl.float32, bitcast=True)
+    else:
+        w = tl.load(x_ptr.to(tl.pointer_type(tl.int32)) + pair_offsets, mask=mask, other=0)
+        if x_ptr.dtype.element_ty == tl.bfloat16:  # bf16 is the top half of an fp32
+            even = (w << 16).to(tl.float32, bitcast=True)
+            odd = (w & -65536).to(tl.float32, bitcast=True)
+        else:
+            even = (w & 0xFFFF).to(tl.int16).to(tl.float16, bitcast=True).to(tl.float32)
+            odd = (w >> 16).to(tl.int16).to(tl.float16, bitcast=True).to(tl.float32)
+    return even, odd
+
+
+@triton.jit
+def store_pairs(out_ptr, pair_offsets, even, odd, mask):
+    """Store fp32 tensors (even, odd) as elements (2i, 2i + 1) of a bf16 / fp16 / fp32 tensor, one
+    32- / 64-bit word per pair (the counterpart of load_pairs; rounds to nearest even)."""
+    if out_ptr.dtype.element_ty == tl.float32:
+        low = even.to(tl.int32, bitcast=True).to(tl.uint32, bitcast=True).to(tl.int64)
+        high = odd.to(tl.int32, bitcast=True).to(tl.int64)
+        tl.store(out_ptr.to(tl.pointer_type(tl.int64)) + pair_offsets, low | (high << 32), mask=mask)
+    else:
+        half = out_ptr.dtype.element_ty
+        low = even.to(half).to(tl.int16, bitcast=True).to(tl.uint16, bitcast=True).to(tl.int32)
+        high = odd.to(half).to(tl.int16, bitcast=True).to(tl.int32)
+        tl.store(out_ptr.to(tl.pointer_type(tl.int32)) + pair_offsets, low | (high << 16), mask=mask)

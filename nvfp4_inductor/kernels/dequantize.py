@@ -14,7 +14,7 @@ import triton
 import triton.language as tl
 
 from ..format import BLOCK_SIZE
-from ._common import BLOCK, e2m1_decode, e4m3_bits_to_f32, swizzled_scale_offset
+from ._common import BLOCK, e2m1_decode, e4m3_bits_to_f32, store_pairs, swizzled_scale_offset
 
 BLOCK_M = 16
 BLOCK_K = 256
@@ -42,11 +42,12 @@ def _dequantize_kernel(
         valid = row_ok
     load_ok = row_ok & valid
 
-    half_cols = tl.program_id(1) * (BLOCK_K // 2) + tl.arange(0, BLOCK_K // 2)
-    packed = tl.load(data_ptr + src[:, None] * (K // 2) + half_cols[None, :],
-                     mask=load_ok[:, None] & (half_cols < K // 2)[None, :], other=0).to(tl.int32)
-    codes = tl.reshape(tl.join(packed & 0xF, packed >> 4), (BLOCK_M, BLOCK_K))
-    values = tl.reshape(e2m1_decode(codes), (BLOCK_M, BLOCK_K // BLOCK, BLOCK))
+    # Work on byte columns: the low nibble is the even element, the high one the odd element;
+    # both stay (BLOCK_M, BLOCK_K / 2) tensors and are stored back as one word per pair.
+    pair_cols = tl.program_id(1) * (BLOCK_K // 2) + tl.arange(0, BLOCK_K // 2)
+    pair_mask = row_ok[:, None] & (pair_cols < K // 2)[None, :]
+    packed = tl.load(data_ptr + src[:, None] * (K // 2) + pair_cols[None, :],
+                     mask=load_ok[:, None] & (pair_cols < K // 2)[None, :], other=0).to(tl.int32)
 
     block_cols = tl.program_id(1) * (BLOCK_K // BLOCK) + tl.arange(0, BLOCK_K // BLOCK)
     block_mask = load_ok[:, None] & (block_cols < K // BLOCK)[None, :]
@@ -55,17 +56,22 @@ def _dequantize_kernel(
     else:
         scale_offsets = src[:, None] * (K // BLOCK) + block_cols[None, :]
     scale_bits = tl.load(scale_ptr + scale_offsets, mask=block_mask, other=0).to(tl.int32)
-    scale = e4m3_bits_to_f32(scale_bits)
+    scale = e4m3_bits_to_f32(scale_bits)[:, :, None]
     if PER_ROW:
         g = tl.load(g_ptr + src, mask=load_ok, other=1.0)[:, None, None]
     else:
         g = tl.load(g_ptr)
-    out = tl.reshape((values * scale[:, :, None]) * g, (BLOCK_M, BLOCK_K))
+
+    even = tl.reshape(e2m1_decode(packed & 0xF), (BLOCK_M, BLOCK_K // BLOCK, BLOCK // 2))
+    odd = tl.reshape(e2m1_decode(packed >> 4), (BLOCK_M, BLOCK_K // BLOCK, BLOCK // 2))
+    even = (even * scale) * g
+    odd = (odd * scale) * g
+    even = tl.reshape(even, (BLOCK_M, BLOCK_K // 2))
+    odd = tl.reshape(odd, (BLOCK_M, BLOCK_K // 2))
     if GATHER:
-        out = tl.where(valid[:, None], out, float("nan"))
-    cols = tl.program_id(1) * BLOCK_K + tl.arange(0, BLOCK_K)
-    tl.store(out_ptr + rows.to(tl.int64)[:, None] * K + cols[None, :], out.to(out_ptr.dtype.element_ty),
-             mask=row_ok[:, None] & (cols < K)[None, :])
+        even = tl.where(valid[:, None], even, float("nan"))
+        odd = tl.where(valid[:, None], odd, float("nan"))
+    store_pairs(out_ptr, rows.to(tl.int64)[:, None] * (K // 2) + pair_cols[None, :], even, odd, pair_mask)
 
 
 def dequantize(data, scale, global_scale, swizzled: bool, dtype, indices=None):
