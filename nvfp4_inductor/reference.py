@@ -154,7 +154,7 @@ def quantize(
     usable = (scale_f32 > 0) & torch.isfinite(scale_f32)  # zero or NaN scale: all-zero codes
     recip = 1.0 / torch.where(usable, scale_f32 * g_blocks, torch.ones_like(scale_f32))
     y = x_blocks * recip.unsqueeze(-1)
-    codes = torch.where(usable.unsqueeze(-1), e2m1_encode(y), torch.zeros((), dtype=torch.uint8))
+    codes = torch.where(usable.unsqueeze(-1), e2m1_encode(y), 0)
     data = pack_nibbles(codes.reshape(*lead, k))
     return data, scale, global_scale
 
