@@ -5,14 +5,18 @@ torch.compile of the reference (Inductor's own code) and the eager reference, sa
 
 Bytes counted (bf16 input of N elements): static scale reads x once and writes codes + scales,
 2N + N/2 + N/16 bytes; a dynamic per-tensor scale must read x twice (amax, then quantize),
-4N + N/2 + N/16. The floor is bytes / copy bandwidth (read + write) measured here. Small shapes
-(decode) are latency-bound: timed as CUDA-graph replays, against an empty kernel timed the same way.
+4N + N/2 + N/16. The floor is bytes / copy bandwidth (read + write) measured here. Large shapes
+are timed per call with CUDA events, cycling through enough input copies to overflow L2 (no L2
+flush between calls: a memset flush leaves up to an L2 of dirty lines that the timed kernel would
+pay to write back). Small shapes (decode) are latency-bound: timed as CUDA-graph replays, against
+an empty kernel timed the same way.
 """
+
+import math
 
 import torch
 import triton
 import triton.language as tl
-from triton.testing import do_bench
 
 import nvfp4_inductor as nv
 from nvfp4_inductor import reference
@@ -46,16 +50,33 @@ def graph_us(fn, calls: int = 50, reps: int = 20) -> float:
     return sorted(times)[len(times) // 2]
 
 
-def bench_us(fn) -> float:
-    """Median over repetitions, L2 flushed before each (triton's do_bench)."""
-    return do_bench(fn, warmup=25, rep=200, return_mode="median") * 1e3
+def stream_us(fn, inputs, reps: int = 60) -> float:
+    """Median time of fn(x) over calls cycling through `inputs` (together larger than L2)."""
+    for x in inputs[:2]:
+        fn(x)
+    events = []
+    for i in range(reps):
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        fn(inputs[i % len(inputs)])
+        end.record()
+        events.append((start, end))
+    torch.cuda.synchronize()
+    times = sorted(s.elapsed_time(e) * 1e3 for s, e in events)
+    return times[len(times) // 2]
+
+
+def copies_beyond_l2(x: torch.Tensor) -> list:
+    l2 = torch.cuda.get_device_properties().L2_cache_size
+    n = max(2, math.ceil(3 * l2 / (x.numel() * x.element_size())))
+    return [x] + [torch.randn_like(x) for _ in range(n - 1)]
 
 
 def copy_bandwidth_gbs() -> float:
-    src = torch.empty(1 << 30, dtype=torch.uint8, device="cuda").random_()
-    dst = torch.empty_like(src)
-    us = bench_us(lambda: dst.copy_(src))
-    return 2 * src.numel() / us / 1e3
+    src = [torch.empty(1 << 30, dtype=torch.uint8, device="cuda").random_() for _ in range(2)]
+    dst = torch.empty_like(src[0])
+    us = stream_us(lambda s: dst.copy_(s), src, reps=20)
+    return 2 * dst.numel() / us / 1e3
 
 
 def main() -> None:
@@ -75,36 +96,42 @@ def main() -> None:
         out_bytes = n // 2 + n // 16
         static_bytes, dynamic_bytes = 2 * n + out_bytes, 4 * n + out_bytes
         variants = {
-            "ours static": (lambda: nv.quantize(x, g), static_bytes),
-            "ours static swz": (lambda: nv.quantize(x, g, swizzle=True), static_bytes),
-            "ours dynamic": (lambda: nv.quantize(x), dynamic_bytes),
-            "ours dynamic swz": (lambda: nv.quantize(x, swizzle=True), dynamic_bytes),
-            "compile(ref) static": (lambda: compiled_ref(x, g), static_bytes),
-            "compile(ref) dynamic": (lambda: compiled_ref(x), dynamic_bytes),
-            "eager ref dynamic": (lambda: reference.quantize(x), dynamic_bytes),
+            "ours static": (lambda x: nv.quantize(x, g), static_bytes),
+            "ours static swz": (lambda x: nv.quantize(x, g, swizzle=True), static_bytes),
+            "ours dynamic": (lambda x: nv.quantize(x), dynamic_bytes),
+            "ours dynamic swz": (lambda x: nv.quantize(x, swizzle=True), dynamic_bytes),
+            "compile(ref) static": (lambda x: compiled_ref(x, g), static_bytes),
+            "compile(ref) dynamic": (lambda x: compiled_ref(x), dynamic_bytes),
+            "eager ref dynamic": (lambda x: reference.quantize(x), dynamic_bytes),
         }
+        inputs = copies_beyond_l2(x) if n >= LARGE else None
         for name, (fn, nbytes) in variants.items():
-            us = bench_us(fn) if n >= LARGE else graph_us(fn)
+            us = stream_us(fn, inputs) if n >= LARGE else graph_us(lambda: fn(x))
             rows.append((f"{m}x{k}", name, us, nbytes / us / 1e3))
+        del inputs
 
-    # A few tile configurations on the largest shape (the shipped one is marked).
+    # Tile configurations on the largest shape (the shipped ones are marked).
     x = torch.randn(16384, 8192, dtype=torch.bfloat16, device="cuda")
+    inputs = copies_beyond_l2(x)
     g = torch.tensor(0.01, device="cuda")
-    shipped = (qk.BLOCK_M, qk.BLOCK_K, qk.NUM_WARPS)
-    sweep = []
-    for cfg in [(32, 128, 4), (16, 256, 4), (32, 256, 8), (64, 128, 8), (16, 128, 4), (8, 512, 4)]:
-        qk.BLOCK_M, qk.BLOCK_K, qk.NUM_WARPS = cfg
-        n = x.numel()
-        us_s = bench_us(lambda: nv.quantize(x, g))
-        us_d = bench_us(lambda: nv.quantize(x))
-        sweep.append((cfg, us_s, (2 * n + n // 2 + n // 16) / us_s / 1e3, us_d,
-                      (4 * n + n // 2 + n // 16) / us_d / 1e3))
-    qk.BLOCK_M, qk.BLOCK_K, qk.NUM_WARPS = shipped
-
-    print("\ntile sweep, 16384x8192 bf16 (BLOCK_M, BLOCK_K, warps): static us, GB/s | dynamic us, GB/s")
-    for cfg, us_s, gbs_s, us_d, gbs_d in sweep:
-        mark = " (shipped)" if cfg == shipped else ""
-        print(f"  {cfg}{mark}: {us_s:8.1f} {gbs_s:6.0f} | {us_d:8.1f} {gbs_d:6.0f}")
+    n = x.numel()
+    static_bytes, dynamic_bytes = 2 * n + n // 2 + n // 16, 4 * n + n // 2 + n // 16
+    shipped = (qk.LARGE_TILE, qk.AMAX_TILE)
+    print("\ntile sweep, 16384x8192 bf16: quantize tile (BLOCK_M, BLOCK_K, warps) -> static GB/s;"
+          " amax tile (rows, cols) -> dynamic GB/s")
+    for tile in [(32, 128, 4), (16, 128, 4), (64, 128, 4), (64, 128, 8), (32, 256, 8), (128, 128, 8)]:
+        qk.LARGE_TILE = tile
+        us = stream_us(lambda x: nv.quantize(x, g), inputs)
+        mark = " (shipped)" if tile == shipped[0] else ""
+        print(f"  quantize {tile}{mark}: {us:8.1f} us {static_bytes / us / 1e3:6.0f} GB/s")
+    qk.LARGE_TILE = shipped[0]
+    for amax_tile in [(8, 512), (16, 512), (32, 256), (32, 512)]:
+        qk.AMAX_TILE = amax_tile
+        us = stream_us(lambda x: nv.quantize(x), inputs)
+        mark = " (shipped)" if amax_tile == shipped[1] else ""
+        print(f"  amax {amax_tile}{mark}: {us:8.1f} us {dynamic_bytes / us / 1e3:6.0f} GB/s")
+    qk.AMAX_TILE = shipped[1]
+    del inputs, x
 
     print(f"\n{'shape':>12} {'variant':>22} {'time us':>10} {'GB/s':>8} {'% copy':>7} {'vs compile':>10}")
     by_key = {(s, v): us for s, v, us, _ in rows}

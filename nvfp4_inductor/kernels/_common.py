@@ -12,7 +12,7 @@ E4M3 (bias 7, 3 mantissa bits), from fp32 bits b (bias 127, 23 mantissa bits):
     subnormal (t < 2^-6): e4m3 = rne(t * 2^9), an integer 0..8 (8 = 0x08 is 2^-6, the first normal)
 E2M1 magnitude index of a = min(|y|, 6):
     a >= 1: (bits(a) + 0x1FFFFF + bit22(a) - (126 << 23)) >> 22   (RNE to 1 mantissa bit; 1.0 -> 2)
-    a < 1:  rne(2 * a), an integer 0..2 (0, 0.5, 1.0)
+    a < 1:  rne(2 * a), an integer 0..2 (0, 0.5, 1.0), the low bits of bits(2a + 2^23)
     rne(v) for 0 <= v < 2^22 is bits(v + 2^23) - bits(2^23): the fp32 add rounds to an integer,
     ties to even (a contracted fma(t, 2^k, 2^23) rounds the same, t * 2^k being exact).
 """
@@ -97,14 +97,31 @@ def block_scale_bits(block_amax, block_ok, g):
 
 
 @triton.jit
-def e2m1_encode(y, x_bits):
-    """fp32 y = x * r and the int32 bits of x (for the sign) -> int32 E2M1 codes (0..15)."""
+def e2m1_index_bits(y):
+    """fp32 y -> int32 whose low 3 bits are the E2M1 magnitude index of |y| (nearest, ties to
+    even, saturating at 6). The higher bits are not cleared: callers mask with & 7 where they pack
+    (one LOP3 does both), which saves an instruction per element."""
     a = tl.minimum(tl.abs(y), FP4_MAX)
     b = a.to(tl.int32, bitcast=True)
-    large = (b + (0x1FFFFF + ((b >> 22) & 1)) - (126 << 23)) >> 22
-    small = _rne_int(a * 2.0)
-    index = tl.where(a < 1.0, small, large)
-    return index | ((x_bits >> 28) & 8)
+    large = (b + (0x1FFFFF + ((b >> 22) & 1)) - (126 << 23)) >> 22  # exactly 2..7 for a >= 1
+    small = (a * 2.0 + _RNE_MAGIC).to(tl.int32, bitcast=True)  # low bits: rne(2a), 0..2
+    return tl.where(a < 1.0, small, large)
+
+
+@triton.jit
+def e2m1_pack_pair(y_even, y_odd, x_even, x_odd):
+    """Scaled values and the inputs they came from (for the sign) of elements (2i, 2i + 1) ->
+    int32 byte: even code in the low nibble, odd code in the high nibble (code = sign << 3 | index)."""
+    sign_even = (x_even.to(tl.int32, bitcast=True) >> 28) & 0x08
+    sign_odd = (x_odd.to(tl.int32, bitcast=True) >> 24) & 0x80
+    index = (e2m1_index_bits(y_even) & 7) | ((e2m1_index_bits(y_odd) & 7) << 4)
+    return index | sign_even | sign_odd
+
+
+@triton.jit
+def max_propagate_nan(a, b):
+    """Combine function for tl.reduce: max that keeps a NaN (tl.max may drop it)."""
+    return tl.maximum(a, b, propagate_nan=tl.PropagateNan.ALL)
 
 
 @triton.jit

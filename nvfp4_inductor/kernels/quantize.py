@@ -1,18 +1,24 @@
 """Fused NVFP4 quantize: global amax -> global scale -> e4m3 block scales -> packed E2M1 codes,
 scales written plain or straight into the swizzled 128x4-tile layout (padding zeroed).
 
-x is viewed as (M, K) rows (last dim contiguous, any row stride). Outputs:
+x is viewed as (M, K) rows (last dim contiguous, any even row stride). Outputs:
     data  (M, K/2) uint8         data[m, j] = code[m, 2j] | code[m, 2j + 1] << 4
     scale (M, K/16) uint8 bits, or swizzled (ceil(M/128)*128, ceil(K/64)*4) with padding 0
     g     () or (M,) fp32        written by the kernel itself (no extra copy launch)
 
 Global scale modes (GLOBAL):
-    G_STATIC      one given g (per tensor)                                   1 launch
+    G_STATIC      one given g (per tensor)                                     1 launch
     G_STATIC_ROW  given g per row, or per-row g just computed by _row_g_kernel
-    G_FUSED       dynamic per tensor, small x: every program reduces all of x 1 launch
+    G_FUSED       dynamic per tensor, x of at most FUSED_AMAX_MAX_NUMEL elements: every program
+                  reduces all of x in one load (it is in L2)                   1 launch
     G_PARTIALS    dynamic per tensor: _amax_partials_kernel writes <= MAX_PARTIALS maxima, each
-                  quantize program reduces those (4 KB, from L2)            2 launches
+                  quantize program reduces those (4 KB, from L2)              2 launches
 Nothing is read back to the host: capturable in a CUDA graph, no sync.
+
+The quantize tile is (BLOCK_M rows, BLOCK_K / 16 blocks, 8 element pairs): one thread owns whole
+blocks, so block reductions and nibble packing never leave its registers. It is memory-bound only
+if the element path is short: an H200 issues about 40 instructions per element at its copy
+bandwidth for bf16 -> NVFP4 (2.56 bytes per element), so the encode works on bits (see _common).
 """
 
 import torch
@@ -23,12 +29,14 @@ from ..format import BLOCK_SIZE
 from ..reference import swizzled_shape
 from ._common import (
     BLOCK,
+    FP8_NAN,
     block_scale_bits,
-    e2m1_encode,
+    e2m1_pack_pair,
     e4m3_bits_to_f32,
     finite_abs,
     global_scale_from_amax,
     load_pairs,
+    max_propagate_nan,
     swizzled_scale_offset,
 )
 
@@ -37,57 +45,64 @@ G_STATIC_ROW: tl.constexpr = tl.constexpr(1)
 G_FUSED: tl.constexpr = tl.constexpr(2)
 G_PARTIALS: tl.constexpr = tl.constexpr(3)
 
-# Tiles: BLOCK_K is a multiple of 64 so that one column of K-tiles covers a whole swizzled scale
-# column group (4 blocks of 16), BLOCK_M divides 128 (one swizzled row tile).
-BLOCK_M = 32
-BLOCK_K = 128
-NUM_WARPS = 4
+# Quantize tiles (BLOCK_M, BLOCK_K, num_warps). BLOCK_K is a multiple of 64 so that one column of
+# K-tiles covers whole swizzled scale column groups (4 blocks of 16); BLOCK_M divides 128.
+# Large x: 2 blocks per thread. Decode-sized x: one block per thread, one row per tile, so no
+# thread works on masked-off rows (a 32-row tile for M = 1 was measured 1.9 us vs 0.56 us empty).
+LARGE_TILE = (32, 128, 4)
+SMALL_M = 16
 # Dynamic per-tensor amax of at most this many elements is reduced inside the quantize kernel by
-# every program (one launch; the re-reads hit L2); above it, a separate partial-amax pass.
-FUSED_AMAX_MAX_NUMEL = 1 << 16
+# every program, in one load (one launch instead of two); larger x takes the partial-amax pass.
+FUSED_AMAX_MAX_NUMEL = 8192
 MAX_PARTIALS = 1024  # partial maxima read by every quantize program: 4 KB
-AMAX_BLOCK_M = 8
-AMAX_BLOCK_K = 512
+AMAX_TILE = (8, 512)  # (rows, columns) per step of the partial-amax kernels, 4 warps
+
+
+def _tile(m: int, k: int) -> tuple[int, int, int]:
+    if m > SMALL_M:
+        return LARGE_TILE
+    block_m = triton.next_power_of_2(max(m, 1))
+    block_k = max(64, min(triton.next_power_of_2(k), 2048 // block_m))  # <= 128 blocks a tile
+    num_warps = max(1, min(4, block_m * block_k // (BLOCK_SIZE * 32)))
+    return block_m, block_k, num_warps
 
 
 @triton.jit
-def _row_amax(x_ptr, rows, row_ok, K, stride_xm, BLOCK_K: tl.constexpr):
-    """Max of finite |x| over each of the rows (any count, a vector) -> fp32 vector."""
-    acc = tl.zeros((rows.shape[0], BLOCK_K), tl.float32)
-    row_off = rows.to(tl.int64)[:, None] * stride_xm
-    for k0 in range(0, K, BLOCK_K):
-        cols = k0 + tl.arange(0, BLOCK_K)
-        mask = row_ok[:, None] & (cols < K)[None, :]
-        x = tl.load(x_ptr + row_off + cols[None, :], mask=mask, other=0.0)
-        acc = tl.maximum(acc, finite_abs(x))
-    return tl.max(acc, axis=1)
+def _tile_amax(x_ptr, row0, col0, M, K, stride_xm, BLOCK_M: tl.constexpr, BLOCK_K: tl.constexpr):
+    """Max of finite |x| over the tile at (row0, col0) -> fp32 scalar."""
+    rows = row0 + tl.arange(0, BLOCK_M)
+    cols = col0 + tl.arange(0, BLOCK_K)
+    mask = (rows < M)[:, None] & (cols < K)[None, :]
+    x = tl.load(x_ptr + rows.to(tl.int64)[:, None] * stride_xm + cols[None, :], mask=mask, other=0.0)
+    return tl.max(tl.max(finite_abs(x), axis=1), axis=0)
 
 
 @triton.jit
-def _rows_amax(x_ptr, row_begin, row_end, K, stride_xm, BLOCK_M: tl.constexpr, BLOCK_K: tl.constexpr):
-    """Max of finite |x| over rows [row_begin, row_end) -> fp32 scalar."""
-    acc = tl.zeros((BLOCK_M,), tl.float32)
-    for r0 in range(row_begin, row_end, BLOCK_M):
-        rows = r0 + tl.arange(0, BLOCK_M)
-        acc = tl.maximum(acc, _row_amax(x_ptr, rows, rows < row_end, K, stride_xm, BLOCK_K))
-    return tl.max(acc, axis=0)
-
-
-@triton.jit
-def _amax_partials_kernel(x_ptr, partials_ptr, M, K, rows_per_program, stride_xm,
+def _amax_partials_kernel(x_ptr, partials_ptr, M, K, stride_xm, num_programs,
                           BLOCK_M: tl.constexpr, BLOCK_K: tl.constexpr):
-    row_begin = tl.program_id(0) * rows_per_program
-    row_end = tl.minimum(row_begin + rows_per_program, M)
-    amax = _rows_amax(x_ptr, row_begin, row_end, K, stride_xm, BLOCK_M, BLOCK_K)
-    tl.store(partials_ptr + tl.program_id(0), amax)
+    """Program p: max of finite |x| over tiles p, p + P, p + 2P, ... (grid-stride)."""
+    tiles_k = tl.cdiv(K, BLOCK_K)
+    num_tiles = tl.cdiv(M, BLOCK_M) * tiles_k
+    acc = 0.0
+    for t in range(tl.program_id(0), num_tiles, num_programs):
+        acc = tl.maximum(acc, _tile_amax(x_ptr, (t // tiles_k) * BLOCK_M, (t % tiles_k) * BLOCK_K,
+                                         M, K, stride_xm, BLOCK_M, BLOCK_K))
+    tl.store(partials_ptr + tl.program_id(0), acc)
 
 
 @triton.jit
 def _row_g_kernel(x_ptr, g_ptr, M, K, stride_xm, BLOCK_M: tl.constexpr, BLOCK_K: tl.constexpr):
+    """Per-row dynamic global scale: g[m] from the max of finite |x[m, :]|."""
     rows = tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)
     row_ok = rows < M
-    amax = _row_amax(x_ptr, rows, row_ok, K, stride_xm, BLOCK_K)
-    tl.store(g_ptr + rows, global_scale_from_amax(amax), mask=row_ok)
+    acc = tl.zeros((BLOCK_M, BLOCK_K), tl.float32)
+    for k0 in range(0, K, BLOCK_K):
+        cols = k0 + tl.arange(0, BLOCK_K)
+        mask = row_ok[:, None] & (cols < K)[None, :]
+        x = tl.load(x_ptr + rows.to(tl.int64)[:, None] * stride_xm + cols[None, :], mask=mask,
+                    other=0.0)
+        acc = tl.maximum(acc, finite_abs(x))
+    tl.store(g_ptr + rows, global_scale_from_amax(tl.max(acc, axis=1)), mask=row_ok)
 
 
 @triton.jit
@@ -100,18 +115,17 @@ def _quantize_kernel(
     stride_xm, stride_xm_pairs,
     # meta-parameters
     GLOBAL: tl.constexpr, WRITE_G: tl.constexpr, SWIZZLE: tl.constexpr,
-    BLOCK_M: tl.constexpr, BLOCK_K: tl.constexpr, PARTIALS_BLOCK: tl.constexpr,
+    BLOCK_M: tl.constexpr, BLOCK_K: tl.constexpr, FUSED_M: tl.constexpr, FUSED_K: tl.constexpr,
+    PARTIALS_BLOCK: tl.constexpr,
 ):
     pid_m = tl.program_id(0)
     pid_k = tl.program_id(1)
     rows = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
     row_ok = rows < M
-    # x as element pairs, (BLOCK_M, BLOCK_K / 16 blocks, 8 pairs) for the even and the odd
-    # elements: block reductions and nibble packing then stay inside a thread. (Measured in the
-    # sm_90 PTX: a (.., 16) tile reshaped and split into pairs cost three shared-memory round trips.)
-    # Loaded as a 2-D (BLOCK_M, BLOCK_K / 2) tile, whose layout coalesces along K, then viewed
-    # as blocks.
-    block_cols = pid_k * (BLOCK_K // BLOCK) + tl.arange(0, BLOCK_K // BLOCK)
+    # x as element pairs: a 2-D (BLOCK_M, BLOCK_K / 2) tile, whose layout coalesces along K,
+    # viewed as (BLOCK_M, BLOCK_K / 16 blocks, 8 pairs) for the even and the odd elements.
+    # (Measured in the sm_90 PTX: a (.., 16) tile reshaped and split into pairs cost three
+    # shared-memory round trips; a tile loaded as 3-D did not coalesce.)
     pair_cols = pid_k * (BLOCK_K // 2) + tl.arange(0, BLOCK_K // 2)
     pair_mask = row_ok[:, None] & (pair_cols < K // 2)[None, :]
     rows64 = rows.to(tl.int64)[:, None]
@@ -125,7 +139,7 @@ def _quantize_kernel(
     elif GLOBAL == G_STATIC_ROW:
         g = tl.load(g_in_ptr + rows, mask=row_ok, other=1.0)[:, None]
     elif GLOBAL == G_FUSED:
-        g = global_scale_from_amax(_rows_amax(x_ptr, 0, M, K, stride_xm, BLOCK_M, BLOCK_K))
+        g = global_scale_from_amax(_tile_amax(x_ptr, 0, 0, M, K, stride_xm, FUSED_M, FUSED_K))
     else:
         offs = tl.arange(0, PARTIALS_BLOCK)
         partials = tl.load(partials_ptr + offs, mask=offs < num_partials, other=0.0)
@@ -137,27 +151,25 @@ def _quantize_kernel(
         elif (pid_m == 0) & (pid_k == 0):
             tl.store(g_out_ptr, g)
 
-    # Block scales.
-    a_even, a_odd = tl.abs(even), tl.abs(odd)
-    block_amax = tl.max(tl.maximum(a_even, a_odd), axis=2)
-    finite = ((a_even < float("inf")) & (a_odd < float("inf"))).to(tl.int32)  # NaN < inf: False
-    block_finite = tl.min(finite, axis=2) == 1
+    # Block scales. The NaN-keeping max makes block_amax non-finite exactly when the block holds a
+    # NaN or an Inf, so one max per element also does the finiteness check.
+    block_amax = tl.reduce(tl.maximum(tl.abs(even), tl.abs(odd), propagate_nan=tl.PropagateNan.ALL),
+                           2, max_propagate_nan)
     g = g + tl.zeros_like(block_amax)  # g per block, (BLOCK_M, BLOCK_K / 16); exact, NaN stays
-    g_ok = (g > 0.0) & (g < float("inf"))
-    bits = block_scale_bits(block_amax, block_finite & g_ok, g)
-    scale = e4m3_bits_to_f32(bits)
-    usable = (bits != 0) & (bits != 0x7F)
-    recip = tl.math.div_rn(tl.full(scale.shape, 1.0, tl.float32), tl.where(usable, scale * g, 1.0))
+    block_ok = (block_amax < float("inf")) & (g > 0.0) & (g < float("inf"))  # NaN: False
+    bits = block_scale_bits(block_amax, block_ok, g)
+    usable = (bits != 0) & (bits != FP8_NAN)
+    scale_g = tl.where(usable, e4m3_bits_to_f32(bits) * g, 1.0)
+    recip = tl.math.div_rn(tl.full(scale_g.shape, 1.0, tl.float32), scale_g)[:, :, None]
 
     # Codes (zero and NaN blocks: all +0), two per byte, the even element in the low nibble.
-    recip = recip[:, :, None]
-    code_even = e2m1_encode(even * recip, even.to(tl.int32, bitcast=True))
-    code_odd = e2m1_encode(odd * recip, odd.to(tl.int32, bitcast=True))
-    packed = tl.where(usable[:, :, None], code_even | (code_odd << 4), 0).to(tl.uint8)
+    packed = e2m1_pack_pair(even * recip, odd * recip, even, odd)
+    packed = tl.where(usable[:, :, None], packed, 0).to(tl.uint8)
     packed = tl.reshape(packed, (BLOCK_M, BLOCK_K // 2))
     tl.store(data_ptr + rows64 * (K // 2) + pair_cols[None, :], packed, mask=pair_mask)
 
     # Scales: padding blocks (rows >= M or columns >= K/16) hold 0, never NaN.
+    block_cols = pid_k * (BLOCK_K // BLOCK) + tl.arange(0, BLOCK_K // BLOCK)
     real = row_ok[:, None] & (block_cols < K // BLOCK)[None, :]
     bits = tl.where(real, bits, 0).to(tl.uint8)
     if SWIZZLE:
@@ -165,8 +177,7 @@ def _quantize_kernel(
         in_pad = (rows < scale_rows_pad)[:, None] & (block_cols < scale_cols_pad)[None, :]
         tl.store(scale_ptr + offsets, bits, mask=in_pad)
     else:
-        tl.store(scale_ptr + rows.to(tl.int64)[:, None] * (K // BLOCK) + block_cols[None, :], bits,
-                 mask=real)
+        tl.store(scale_ptr + rows64 * (K // BLOCK) + block_cols[None, :], bits, mask=real)
 
 
 def quantize(x: torch.Tensor, global_scale: torch.Tensor | None, per_row: bool, swizzle: bool):
@@ -193,36 +204,35 @@ def quantize(x: torch.Tensor, global_scale: torch.Tensor | None, per_row: bool, 
     partials = g_out  # placeholder pointer where unused
     num_partials = 1
     write_g = True
+    amax_m, amax_k = AMAX_TILE
     if global_scale is not None:
         mode, g_in = (G_STATIC_ROW if per_row else G_STATIC), global_scale
     elif per_row:
         mode, g_in, write_g = G_STATIC_ROW, g_out, False
         if m:
-            _row_g_kernel[(triton.cdiv(m, AMAX_BLOCK_M),)](
-                x2, g_out, m, k, x2.stride(0), BLOCK_M=AMAX_BLOCK_M, BLOCK_K=AMAX_BLOCK_K)
+            _row_g_kernel[(triton.cdiv(m, amax_m),)](
+                x2, g_out, m, k, x2.stride(0), BLOCK_M=amax_m, BLOCK_K=amax_k)
     elif m * k <= FUSED_AMAX_MAX_NUMEL:
         mode, g_in = G_FUSED, g_out
     else:
         mode, g_in = G_PARTIALS, g_out
-        num_partials = min(triton.cdiv(m, AMAX_BLOCK_M), MAX_PARTIALS)
-        rows_per_program = triton.cdiv(triton.cdiv(m, num_partials), AMAX_BLOCK_M) * AMAX_BLOCK_M
-        num_partials = triton.cdiv(m, rows_per_program)
+        num_partials = min(triton.cdiv(m, amax_m) * triton.cdiv(k, amax_k), MAX_PARTIALS)
         partials = torch.empty(num_partials, dtype=torch.float32, device=x.device)
         _amax_partials_kernel[(num_partials,)](
-            x2, partials, m, k, rows_per_program, x2.stride(0),
-            BLOCK_M=AMAX_BLOCK_M, BLOCK_K=AMAX_BLOCK_K)
-    grid = (triton.cdiv(rows_pad, BLOCK_M), triton.cdiv(cols_pad * BLOCK_SIZE, BLOCK_K))
+            x2, partials, m, k, x2.stride(0), num_partials, BLOCK_M=amax_m, BLOCK_K=amax_k)
+    block_m, block_k, num_warps = _tile(m, k)
+    grid = (triton.cdiv(rows_pad, block_m), triton.cdiv(cols_pad * BLOCK_SIZE, block_k))
     if grid[0] == 0:  # no rows: only a per-tensor g is left to write
-        if not per_row:
-            grid = (1, 1)
-        else:
+        if per_row:
             return data, scale, g_out
+        grid = (1, 1)
     _quantize_kernel[grid](
         x2, data, scale, g_in, g_out, partials,
         m, k, num_partials, rows_pad, cols_pad,
         x2.stride(0), x2.stride(0) // 2,
         GLOBAL=mode, WRITE_G=write_g, SWIZZLE=swizzle,
-        BLOCK_M=BLOCK_M, BLOCK_K=BLOCK_K, PARTIALS_BLOCK=triton.next_power_of_2(num_partials),
-        num_warps=NUM_WARPS,
+        BLOCK_M=block_m, BLOCK_K=block_k,
+        FUSED_M=triton.next_power_of_2(max(m, 1)), FUSED_K=triton.next_power_of_2(k),
+        PARTIALS_BLOCK=triton.next_power_of_2(num_partials), num_warps=num_warps,
     )
     return data, scale, g_out
