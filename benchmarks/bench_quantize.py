@@ -13,6 +13,7 @@ an empty kernel timed the same way.
 """
 
 import math
+import time
 
 import torch
 import triton
@@ -50,20 +51,22 @@ def graph_us(fn, calls: int = 50, reps: int = 20) -> float:
     return sorted(times)[len(times) // 2]
 
 
-def stream_us(fn, inputs, reps: int = 60) -> float:
-    """Median time of fn(x) over calls cycling through `inputs` (together larger than L2)."""
-    for x in inputs[:2]:
-        fn(x)
-    events = []
-    for i in range(reps):
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
-        fn(inputs[i % len(inputs)])
-        end.record()
-        events.append((start, end))
+def stream_us(fn, inputs, rounds: int = 3, reps: int = 10) -> float:
+    """Time of one fn(x), from CUDA-graph replays of calls cycling through `inputs` (together
+    larger than L2): the GPU's time alone, without the host's launch overhead."""
+    return graph_us(lambda: [fn(x) for x in inputs], calls=rounds, reps=reps) / len(inputs)
+
+
+def eager_overhead_us(fn, calls: int = 200) -> float:
+    """Host time of one eager call (the GPU work is tiny, so the host is the bottleneck)."""
+    fn()
     torch.cuda.synchronize()
-    times = sorted(s.elapsed_time(e) * 1e3 for s, e in events)
-    return times[len(times) // 2]
+    start = time.perf_counter()
+    for _ in range(calls):
+        fn()
+    elapsed = time.perf_counter() - start
+    torch.cuda.synchronize()
+    return elapsed / calls * 1e6
 
 
 def copies_beyond_l2(x: torch.Tensor) -> list:
@@ -116,15 +119,16 @@ def main() -> None:
     g = torch.tensor(0.01, device="cuda")
     n = x.numel()
     static_bytes, dynamic_bytes = 2 * n + n // 2 + n // 16, 4 * n + n // 2 + n // 16
-    shipped = (qk.LARGE_TILE, qk.AMAX_TILE)
+    shipped = (qk.LARGE_TILE, qk.AMAX_TILE, qk.PROGRAMS_PER_SM)
     print("\ntile sweep, 16384x8192 bf16: quantize tile (BLOCK_M, BLOCK_K, warps) -> static GB/s;"
           " amax tile (rows, cols) -> dynamic GB/s")
-    for tile in [(32, 128, 4), (16, 128, 4), (64, 128, 4), (64, 128, 8), (32, 256, 8), (128, 128, 8)]:
-        qk.LARGE_TILE = tile
-        us = stream_us(lambda x: nv.quantize(x, g), inputs)
-        mark = " (shipped)" if tile == shipped[0] else ""
-        print(f"  quantize {tile}{mark}: {us:8.1f} us {static_bytes / us / 1e3:6.0f} GB/s")
-    qk.LARGE_TILE = shipped[0]
+    for tile in [(32, 128, 4), (16, 128, 4), (16, 256, 4), (64, 128, 8), (32, 256, 8)]:
+        for per_sm in (2, 4, 5, 8, 16):
+            qk.LARGE_TILE, qk.PROGRAMS_PER_SM = tile, per_sm
+            us = stream_us(lambda x: nv.quantize(x, g), inputs)
+            mark = " (shipped)" if (tile, per_sm) == (shipped[0], shipped[2]) else ""
+            print(f"  quantize {tile} x {per_sm}/SM{mark}: {us:8.1f} us {static_bytes / us / 1e3:6.0f} GB/s")
+    qk.LARGE_TILE, qk.PROGRAMS_PER_SM = shipped[0], shipped[2]
     for amax_tile in [(8, 512), (16, 512), (32, 256), (32, 512)]:
         qk.AMAX_TILE = amax_tile
         us = stream_us(lambda x: nv.quantize(x), inputs)
@@ -140,6 +144,10 @@ def main() -> None:
         ratio = by_key[(shape, f"compile(ref) {kind}")] / us
         print(f"{shape:>12} {name:>22} {us:10.2f} {gbs:8.0f} {100 * gbs / copy_gbs:6.1f}% {ratio:9.2f}x")
     print(f"(1x4096 target: <= 2x the empty launch, {2 * empty_us:.2f} us)")
+    x = torch.randn(1, 4096, dtype=torch.bfloat16, device="cuda")
+    g = torch.tensor(0.01, device="cuda")
+    print(f"eager host overhead per call, 1x4096: static {eager_overhead_us(lambda: nv.quantize(x, g)):.1f} us,"
+          f" dynamic {eager_overhead_us(lambda: nv.quantize(x)):.1f} us")
 
 
 if __name__ == "__main__":
