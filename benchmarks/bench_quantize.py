@@ -76,10 +76,20 @@ def copies_beyond_l2(x: torch.Tensor) -> list:
 
 
 def copy_bandwidth_gbs() -> float:
-    src = [torch.empty(1 << 30, dtype=torch.uint8, device="cuda").random_() for _ in range(2)]
-    dst = torch.empty_like(src[0])
-    us = stream_us(lambda s: dst.copy_(s), src, reps=20)
-    return 2 * dst.numel() / us / 1e3
+    """1 GiB device copies timed with events (not in a graph: a graph turns them into copy-engine
+    memcpy nodes, measured at 2.8 instead of 4.2 TB/s on an H200)."""
+    src = torch.empty(1 << 30, dtype=torch.uint8, device="cuda").random_()
+    dst = torch.empty_like(src)
+    dst.copy_(src)
+    times = []
+    for _ in range(10):
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        dst.copy_(src)
+        end.record()
+        torch.cuda.synchronize()
+        times.append(start.elapsed_time(end) * 1e3)
+    return 2 * src.numel() / sorted(times)[len(times) // 2] / 1e3
 
 
 def main() -> None:
@@ -122,8 +132,8 @@ def main() -> None:
     shipped = (qk.LARGE_TILE, qk.AMAX_TILE, qk.PROGRAMS_PER_SM)
     print("\ntile sweep, 16384x8192 bf16: quantize tile (BLOCK_M, BLOCK_K, warps) -> static GB/s;"
           " amax tile (rows, cols) -> dynamic GB/s")
-    for tile in [(32, 128, 4), (16, 128, 4), (16, 256, 4), (64, 128, 8), (32, 256, 8)]:
-        for per_sm in (2, 4, 5, 8, 16):
+    for tile in [(32, 128, 4), (16, 128, 4), (16, 256, 4), (64, 128, 8), (8, 128, 2)]:
+        for per_sm in (2, 4, 8, 16):
             qk.LARGE_TILE, qk.PROGRAMS_PER_SM = tile, per_sm
             us = stream_us(lambda x: nv.quantize(x, g), inputs)
             mark = " (shipped)" if (tile, per_sm) == (shipped[0], shipped[2]) else ""

@@ -143,30 +143,35 @@ def swizzled_scale_offset(row, col, cols_pad):
 
 
 @triton.jit
-def load_pairs(x_ptr, pair_offsets, mask):
-    """Load elements (2i, 2i + 1) of a bf16 / fp16 / fp32 tensor as one 32- / 64-bit word per pair
-    and split it into two fp32 tensors (even, odd). Working on pairs keeps nibble packing a
-    per-thread operation (no reshape, no shared-memory round trip) and makes the bf16 -> fp32
-    conversion two integer ops. pair_offsets count pairs; x must be aligned to a pair."""
+def load_pair_words(x_ptr, pair_offsets, mask):
+    """Load elements (2i, 2i + 1) of a bf16 / fp16 / fp32 tensor as one 32- / 64-bit word per
+    pair (pair_offsets count pairs; x must be aligned to a pair). Kept raw until split_pair_words,
+    so a prefetched tile costs half the registers of its fp32 values."""
     if x_ptr.dtype.element_ty == tl.float32:
-        w = tl.load(x_ptr.to(tl.pointer_type(tl.int64)) + pair_offsets, mask=mask, other=0)
+        return tl.load(x_ptr.to(tl.pointer_type(tl.int64)) + pair_offsets, mask=mask, other=0)
+    return tl.load(x_ptr.to(tl.pointer_type(tl.int32)) + pair_offsets, mask=mask, other=0)
+
+
+@triton.jit
+def split_pair_words(w, DTYPE: tl.constexpr):
+    """Pair words of a DTYPE tensor -> (even, odd) fp32. Working on pairs keeps nibble packing a
+    per-thread operation (no reshape, no shared-memory round trip); bf16 -> fp32 is one op each."""
+    if DTYPE == tl.float32:
         even = (w & 0xFFFFFFFF).to(tl.int32).to(tl.float32, bitcast=True)
         odd = (w >> 32).to(tl.int32).to(tl.float32, bitcast=True)
+    elif DTYPE == tl.bfloat16:  # bf16 is the top half of an fp32
+        even = (w << 16).to(tl.float32, bitcast=True)
+        odd = (w & -65536).to(tl.float32, bitcast=True)
     else:
-        w = tl.load(x_ptr.to(tl.pointer_type(tl.int32)) + pair_offsets, mask=mask, other=0)
-        if x_ptr.dtype.element_ty == tl.bfloat16:  # bf16 is the top half of an fp32
-            even = (w << 16).to(tl.float32, bitcast=True)
-            odd = (w & -65536).to(tl.float32, bitcast=True)
-        else:
-            even = (w & 0xFFFF).to(tl.int16).to(tl.float16, bitcast=True).to(tl.float32)
-            odd = (w >> 16).to(tl.int16).to(tl.float16, bitcast=True).to(tl.float32)
+        even = (w & 0xFFFF).to(tl.int16).to(tl.float16, bitcast=True).to(tl.float32)
+        odd = (w >> 16).to(tl.int16).to(tl.float16, bitcast=True).to(tl.float32)
     return even, odd
 
 
 @triton.jit
 def store_pairs(out_ptr, pair_offsets, even, odd, mask):
     """Store fp32 tensors (even, odd) as elements (2i, 2i + 1) of a bf16 / fp16 / fp32 tensor, one
-    32- / 64-bit word per pair (the counterpart of load_pairs; rounds to nearest even)."""
+    32- / 64-bit word per pair (the counterpart of load_pair_words; rounds to nearest even)."""
     if out_ptr.dtype.element_ty == tl.float32:
         low = even.to(tl.int32, bitcast=True).to(tl.uint32, bitcast=True).to(tl.int64)
         high = odd.to(tl.int32, bitcast=True).to(tl.int64)

@@ -35,7 +35,8 @@ from ._common import (
     e4m3_bits_to_f32,
     finite_abs,
     global_scale_from_amax,
-    load_pairs,
+    load_pair_words,
+    split_pair_words,
     max_propagate_nan,
     swizzled_scale_offset,
 )
@@ -106,27 +107,27 @@ def _row_g_kernel(x_ptr, g_ptr, M, K, stride_xm, BLOCK_M: tl.constexpr, BLOCK_K:
 @triton.jit
 def _load_pair_tile(x_ptr, t, tiles_k, M, K, stride_xm_pairs,
                     BLOCK_M: tl.constexpr, BLOCK_K: tl.constexpr):
-    """Tile t as (even, odd) fp32, each (BLOCK_M, BLOCK_K / 16 blocks, 8 pairs).
-
-    Loaded as a 2-D (BLOCK_M, BLOCK_K / 2) pair tile, whose layout coalesces along K, then viewed
-    as blocks, so that one thread owns whole blocks. (Measured in the sm_90 PTX: a (.., 16) tile
-    reshaped and split into pairs cost three shared-memory round trips; a tile loaded as 3-D did
-    not coalesce.) A tile past the end loads nothing."""
+    """Tile t as raw pair words, (BLOCK_M, BLOCK_K / 2), a layout that coalesces along K. A tile
+    past the end loads nothing."""
     rows = (t // tiles_k) * BLOCK_M + tl.arange(0, BLOCK_M)
     pair_cols = (t % tiles_k) * (BLOCK_K // 2) + tl.arange(0, BLOCK_K // 2)
     mask = (rows < M)[:, None] & (pair_cols < K // 2)[None, :]
-    even, odd = load_pairs(x_ptr, rows.to(tl.int64)[:, None] * stride_xm_pairs + pair_cols[None, :],
+    return load_pair_words(x_ptr, rows.to(tl.int64)[:, None] * stride_xm_pairs + pair_cols[None, :],
                            mask)
-    return (tl.reshape(even, (BLOCK_M, BLOCK_K // BLOCK, BLOCK // 2)),
-            tl.reshape(odd, (BLOCK_M, BLOCK_K // BLOCK, BLOCK // 2)))
 
 
 @triton.jit
 def _quantize_tile(
-    even, odd, g, t, tiles_k, data_ptr, scale_ptr, M, K, scale_rows_pad, scale_cols_pad,
-    SWIZZLE: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_K: tl.constexpr,
+    words, g, t, tiles_k, data_ptr, scale_ptr, M, K, scale_rows_pad, scale_cols_pad,
+    DTYPE: tl.constexpr, SWIZZLE: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_K: tl.constexpr,
 ):
-    """Quantize one loaded tile with global scale g (scalar or (BLOCK_M, 1)); store codes, scales."""
+    """Quantize one loaded tile of pair words with global scale g (scalar or (BLOCK_M, 1)); store
+    codes and scales. The pairs are viewed as (BLOCK_M, BLOCK_K / 16 blocks, 8 pairs) so that one
+    thread owns whole blocks. (Measured in the sm_90 PTX: a (.., 16) tile reshaped and split into
+    pairs cost three shared-memory round trips; a tile loaded as 3-D did not coalesce.)"""
+    even, odd = split_pair_words(words, DTYPE)
+    even = tl.reshape(even, (BLOCK_M, BLOCK_K // BLOCK, BLOCK // 2))
+    odd = tl.reshape(odd, (BLOCK_M, BLOCK_K // BLOCK, BLOCK // 2))
     rows = (t // tiles_k) * BLOCK_M + tl.arange(0, BLOCK_M)
     row_ok = rows < M
     rows64 = rows.to(tl.int64)[:, None]
@@ -174,9 +175,9 @@ def _quantize_kernel(
     BLOCK_M: tl.constexpr, BLOCK_K: tl.constexpr, FUSED_M: tl.constexpr, FUSED_K: tl.constexpr,
     PARTIALS_BLOCK: tl.constexpr,
 ):
-    """Persistent: program p quantizes tiles p, p + P, ...; the next tile's load is issued before
-    the current tile is computed, so loads stay in flight while the SM works (without it, 2.5 of
-    4.2 TB/s was measured on an H200: each program loaded, then computed, then stored)."""
+    """Persistent: program p quantizes tiles p, p + P, ...; the loads of the next two tiles are
+    issued before the current tile is computed, so loads stay in flight while the SM works (one
+    tile per program was measured at 2.5 of 4.2 TB/s on an H200: each loaded, computed, stored)."""
     pid = tl.program_id(0)
     # Global scale: per tensor, a scalar for the whole program.
     if GLOBAL == G_STATIC:
@@ -194,10 +195,13 @@ def _quantize_kernel(
         if pid == 0:
             tl.store(g_out_ptr, g_tensor)
 
-    even, odd = _load_pair_tile(x_ptr, pid, tiles_k, M, K, stride_xm_pairs, BLOCK_M, BLOCK_K)
+    # Two tiles in flight ahead of the one being computed (raw words: 16 registers a tile).
+    words = _load_pair_tile(x_ptr, pid, tiles_k, M, K, stride_xm_pairs, BLOCK_M, BLOCK_K)
+    words_next = _load_pair_tile(x_ptr, pid + num_programs, tiles_k, M, K, stride_xm_pairs,
+                                 BLOCK_M, BLOCK_K)
     for t in range(pid, num_tiles, num_programs):
-        next_even, next_odd = _load_pair_tile(x_ptr, t + num_programs, tiles_k, M, K,
-                                              stride_xm_pairs, BLOCK_M, BLOCK_K)
+        words_after = _load_pair_tile(x_ptr, t + 2 * num_programs, tiles_k, M, K, stride_xm_pairs,
+                                      BLOCK_M, BLOCK_K)
         if GLOBAL == G_STATIC_ROW:
             rows = (t // tiles_k) * BLOCK_M + tl.arange(0, BLOCK_M)
             g = tl.load(g_in_ptr + rows, mask=rows < M, other=1.0)[:, None]
@@ -206,9 +210,10 @@ def _quantize_kernel(
                     tl.store(g_out_ptr + rows[:, None], g, mask=(rows < M)[:, None])
         else:
             g = g_tensor
-        _quantize_tile(even, odd, g, t, tiles_k, data_ptr, scale_ptr, M, K, scale_rows_pad,
-                       scale_cols_pad, SWIZZLE, BLOCK_M, BLOCK_K)
-        even, odd = next_even, next_odd
+        _quantize_tile(words, g, t, tiles_k, data_ptr, scale_ptr, M, K, scale_rows_pad,
+                       scale_cols_pad, x_ptr.dtype.element_ty, SWIZZLE, BLOCK_M, BLOCK_K)
+        words = words_next
+        words_next = words_after
 
 
 def _num_sms(device: torch.device) -> int:
