@@ -129,16 +129,15 @@ def main() -> None:
     g = torch.tensor(0.01, device="cuda")
     n = x.numel()
     static_bytes, dynamic_bytes = 2 * n + n // 2 + n // 16, 4 * n + n // 2 + n // 16
-    shipped = (qk.LARGE_TILE, qk.AMAX_TILE, qk.PROGRAMS_PER_SM)
+    shipped = (qk.LARGE_TILE, qk.AMAX_TILE)
     print("\ntile sweep, 16384x8192 bf16: quantize tile (BLOCK_M, BLOCK_K, warps) -> static GB/s;"
           " amax tile (rows, cols) -> dynamic GB/s")
-    for tile in [(32, 128, 4), (16, 128, 4), (16, 256, 4), (64, 128, 8), (8, 128, 2)]:
-        for per_sm in (2, 4, 8, 16):
-            qk.LARGE_TILE, qk.PROGRAMS_PER_SM = tile, per_sm
-            us = stream_us(lambda x: nv.quantize(x, g), inputs)
-            mark = " (shipped)" if (tile, per_sm) == (shipped[0], shipped[2]) else ""
-            print(f"  quantize {tile} x {per_sm}/SM{mark}: {us:8.1f} us {static_bytes / us / 1e3:6.0f} GB/s")
-    qk.LARGE_TILE, qk.PROGRAMS_PER_SM = shipped[0], shipped[2]
+    for tile in [(32, 128, 4), (16, 128, 4), (16, 256, 4), (64, 128, 8), (32, 256, 8)]:
+        qk.LARGE_TILE = tile
+        us = stream_us(lambda x: nv.quantize(x, g), inputs)
+        mark = " (shipped)" if tile == shipped[0] else ""
+        print(f"  quantize {tile}{mark}: {us:8.1f} us {static_bytes / us / 1e3:6.0f} GB/s")
+    qk.LARGE_TILE = shipped[0]
     for amax_tile in [(8, 512), (16, 512), (32, 256), (32, 512)]:
         qk.AMAX_TILE = amax_tile
         us = stream_us(lambda x: nv.quantize(x), inputs)

@@ -11,7 +11,7 @@ E4M3 (bias 7, 3 mantissa bits), from fp32 bits b (bias 127, 23 mantissa bits):
                          the exponent, as it should)
     subnormal (t < 2^-6): e4m3 = rne(t * 2^9), an integer 0..8 (8 = 0x08 is 2^-6, the first normal)
 E2M1 magnitude index of a = min(|y|, 6):
-    a >= 1: (bits(a) + 0x1FFFFF + bit22(a) - (126 << 23)) >> 22   (RNE to 1 mantissa bit; 1.0 -> 2)
+    a >= 1: ((bits(a) + 0x1FFFFF + bit22(a)) >> 22) - 252   (RNE to 1 mantissa bit; 1.0 -> 2)
     a < 1:  rne(2 * a), an integer 0..2 (0, 0.5, 1.0), the low bits of bits(2a + 2^23)
     rne(v) for 0 <= v < 2^22 is bits(v + 2^23) - bits(2^23): the fp32 add rounds to an integer,
     ties to even (a contracted fma(t, 2^k, 2^23) rounds the same, t * 2^k being exact).
@@ -45,6 +45,7 @@ _E4M3_MIN_NORMAL: tl.constexpr = tl.constexpr(2.0**-6)
 _E4M3_SUBNORMAL_STEPS: tl.constexpr = tl.constexpr(2.0**9)  # 1 / smallest subnormal
 _RNE_MAGIC: tl.constexpr = tl.constexpr(2.0**23)
 _RNE_MAGIC_BITS: tl.constexpr = tl.constexpr(0x4B000000)  # bits of 2^23
+_RNE_MAGIC_PLUS_4: tl.constexpr = tl.constexpr(2.0**23 + 4)
 
 
 @triton.jit
@@ -98,13 +99,14 @@ def block_scale_bits(block_amax, block_ok, g):
 
 @triton.jit
 def e2m1_index_bits(y):
-    """fp32 y -> int32 whose low 3 bits are the E2M1 magnitude index of |y| (nearest, ties to
-    even, saturating at 6). The higher bits are not cleared: callers mask with & 7 where they pack
-    (one LOP3 does both), which saves an instruction per element."""
+    """fp32 y -> int32 whose low 3 bits are (E2M1 magnitude index of |y|) ^ 4 (nearest, ties to
+    even, saturating at 6). Both paths carry the same "^ 4" (for a >= 1 it is the leftover of the
+    exponent bias, 254 = 6 mod 8 for 1.0; the small path adds 4 to match), and the higher bits are
+    not cleared: the packer undoes both with one LOP3, which saves two instructions per element."""
     a = tl.minimum(tl.abs(y), FP4_MAX)
     b = a.to(tl.int32, bitcast=True)
-    large = (b + (0x1FFFFF + ((b >> 22) & 1)) - (126 << 23)) >> 22  # exactly 2..7 for a >= 1
-    small = (a * 2.0 + _RNE_MAGIC).to(tl.int32, bitcast=True)  # low bits: rne(2a), 0..2
+    large = (b + (0x1FFFFF + ((b >> 22) & 1))) >> 22  # (exponent << 1 | mantissa), RNE
+    small = (a * 2.0 + _RNE_MAGIC_PLUS_4).to(tl.int32, bitcast=True)  # low bits: rne(2a) + 4
     return tl.where(a < 1.0, small, large)
 
 
@@ -114,7 +116,7 @@ def e2m1_pack_pair(y_even, y_odd, x_even, x_odd):
     int32 byte: even code in the low nibble, odd code in the high nibble (code = sign << 3 | index)."""
     sign_even = (x_even.to(tl.int32, bitcast=True) >> 28) & 0x08
     sign_odd = (x_odd.to(tl.int32, bitcast=True) >> 24) & 0x80
-    index = (e2m1_index_bits(y_even) & 7) | ((e2m1_index_bits(y_odd) & 7) << 4)
+    index = ((e2m1_index_bits(y_even) ^ 4) & 7) | (((e2m1_index_bits(y_odd) ^ 4) & 7) << 4)
     return index | sign_even | sign_odd
 
 
@@ -148,8 +150,10 @@ def load_pair_words(x_ptr, pair_offsets, mask):
     pair (pair_offsets count pairs; x must be aligned to a pair). Kept raw until split_pair_words,
     so a prefetched tile costs half the registers of its fp32 values."""
     if x_ptr.dtype.element_ty == tl.float32:
-        return tl.load(x_ptr.to(tl.pointer_type(tl.int64)) + pair_offsets, mask=mask, other=0)
-    return tl.load(x_ptr.to(tl.pointer_type(tl.int32)) + pair_offsets, mask=mask, other=0)
+        words = tl.load(x_ptr.to(tl.pointer_type(tl.int64)) + pair_offsets, mask=mask, other=0)
+    else:
+        words = tl.load(x_ptr.to(tl.pointer_type(tl.int32)) + pair_offsets, mask=mask, other=0)
+    return words
 
 
 @triton.jit

@@ -56,7 +56,6 @@ SMALL_M = 16
 # every program, in one load (one launch instead of two); larger x takes the partial-amax pass.
 FUSED_AMAX_MAX_NUMEL = 8192
 MAX_PARTIALS = 1024  # partial maxima read by every quantize program: 4 KB
-PROGRAMS_PER_SM = 8  # persistent quantize programs per SM
 AMAX_TILE = (8, 512)  # (rows, columns) per step of the partial-amax kernels, 4 warps
 
 
@@ -167,7 +166,7 @@ def _quantize_kernel(
     # pointers
     x_ptr, data_ptr, scale_ptr, g_in_ptr, g_out_ptr, partials_ptr,
     # sizes
-    M, K, num_partials, scale_rows_pad, scale_cols_pad, num_tiles, tiles_k, num_programs,
+    M, K, num_partials, scale_rows_pad, scale_cols_pad, tiles_k,
     # strides (the quantize tile reads x by element pairs)
     stride_xm, stride_xm_pairs,
     # meta-parameters
@@ -175,51 +174,32 @@ def _quantize_kernel(
     BLOCK_M: tl.constexpr, BLOCK_K: tl.constexpr, FUSED_M: tl.constexpr, FUSED_K: tl.constexpr,
     PARTIALS_BLOCK: tl.constexpr,
 ):
-    """Persistent: program p quantizes tiles p, p + P, ...; the loads of the next two tiles are
-    issued before the current tile is computed, so loads stay in flight while the SM works (one
-    tile per program was measured at 2.5 of 4.2 TB/s on an H200: each loaded, computed, stored)."""
-    pid = tl.program_id(0)
-    # Global scale: per tensor, a scalar for the whole program.
+    """Program t quantizes tile t. (A persistent variant that kept the next one or two tiles'
+    loads in flight while computing was measured no faster on an H200: at ~25 instructions per
+    element the SMs' issue rate, not memory latency, was the limit; its register moves cost more.)"""
+    t = tl.program_id(0)
     if GLOBAL == G_STATIC:
-        g_tensor = tl.load(g_in_ptr)
+        g = tl.load(g_in_ptr)
+    elif GLOBAL == G_STATIC_ROW:
+        rows = (t // tiles_k) * BLOCK_M + tl.arange(0, BLOCK_M)
+        g = tl.load(g_in_ptr + rows, mask=rows < M, other=1.0)[:, None]
     elif GLOBAL == G_FUSED:
-        g_tensor = global_scale_from_amax(
+        g = global_scale_from_amax(
             tl.max(tl.max(_tile_abs(x_ptr, 0, 0, M, K, stride_xm, FUSED_M, FUSED_K), axis=1), axis=0))
-    elif GLOBAL == G_PARTIALS:
+    else:
         offs = tl.arange(0, PARTIALS_BLOCK)
         partials = tl.load(partials_ptr + offs, mask=offs < num_partials, other=0.0)
-        g_tensor = global_scale_from_amax(tl.max(partials, axis=0))
-    else:
-        g_tensor = 1.0  # per row: loaded per tile below
-    if WRITE_G and GLOBAL != G_STATIC_ROW:
-        if pid == 0:
-            tl.store(g_out_ptr, g_tensor)
-
-    # Two tiles in flight ahead of the one being computed (raw words: 16 registers a tile).
-    words = _load_pair_tile(x_ptr, pid, tiles_k, M, K, stride_xm_pairs, BLOCK_M, BLOCK_K)
-    words_next = _load_pair_tile(x_ptr, pid + num_programs, tiles_k, M, K, stride_xm_pairs,
-                                 BLOCK_M, BLOCK_K)
-    for t in range(pid, num_tiles, num_programs):
-        words_after = _load_pair_tile(x_ptr, t + 2 * num_programs, tiles_k, M, K, stride_xm_pairs,
-                                      BLOCK_M, BLOCK_K)
+        g = global_scale_from_amax(tl.max(partials, axis=0))
+    if WRITE_G:
         if GLOBAL == G_STATIC_ROW:
-            rows = (t // tiles_k) * BLOCK_M + tl.arange(0, BLOCK_M)
-            g = tl.load(g_in_ptr + rows, mask=rows < M, other=1.0)[:, None]
-            if WRITE_G:
-                if t % tiles_k == 0:
-                    tl.store(g_out_ptr + rows[:, None], g, mask=(rows < M)[:, None])
-        else:
-            g = g_tensor
-        _quantize_tile(words, g, t, tiles_k, data_ptr, scale_ptr, M, K, scale_rows_pad,
-                       scale_cols_pad, x_ptr.dtype.element_ty, SWIZZLE, BLOCK_M, BLOCK_K)
-        words = words_next
-        words_next = words_after
+            if t % tiles_k == 0:
+                tl.store(g_out_ptr + rows[:, None], g, mask=(rows < M)[:, None])
+        elif t == 0:
+            tl.store(g_out_ptr, g)
 
-
-def _num_sms(device: torch.device) -> int:
-    if device.type != "cuda":
-        return 4  # the Triton interpreter on the CPU: a few programs exercise the persistent loop
-    return torch.cuda.get_device_properties(device).multi_processor_count
+    words = _load_pair_tile(x_ptr, t, tiles_k, M, K, stride_xm_pairs, BLOCK_M, BLOCK_K)
+    _quantize_tile(words, g, t, tiles_k, data_ptr, scale_ptr, M, K, scale_rows_pad,
+                   scale_cols_pad, x_ptr.dtype.element_ty, SWIZZLE, BLOCK_M, BLOCK_K)
 
 
 def quantize(x: torch.Tensor, global_scale: torch.Tensor | None, per_row: bool, swizzle: bool):
@@ -267,10 +247,9 @@ def quantize(x: torch.Tensor, global_scale: torch.Tensor | None, per_row: bool, 
     num_tiles = triton.cdiv(rows_pad, block_m) * tiles_k
     if num_tiles == 0 and per_row:  # no rows, no scale to write
         return data, scale, g_out
-    num_programs = max(1, min(num_tiles, _num_sms(x.device) * PROGRAMS_PER_SM))
-    _quantize_kernel[(num_programs,)](
+    _quantize_kernel[(max(num_tiles, 1),)](  # no tile: one program still writes a per-tensor g
         x2, data, scale, g_in, g_out, partials,
-        m, k, num_partials, rows_pad, cols_pad, num_tiles, tiles_k, num_programs,
+        m, k, num_partials, rows_pad, cols_pad, tiles_k,
         x2.stride(0), x2.stride(0) // 2,
         GLOBAL=mode, WRITE_G=write_g, SWIZZLE=swizzle,
         BLOCK_M=block_m, BLOCK_K=block_k,
