@@ -111,13 +111,25 @@ def e2m1_index_bits(y):
 
 
 @triton.jit
-def e2m1_pack_pair(y_even, y_odd, x_even, x_odd):
-    """Scaled values and the inputs they came from (for the sign) of elements (2i, 2i + 1) ->
-    int32 byte: even code in the low nibble, odd code in the high nibble (code = sign << 3 | index)."""
-    sign_even = (x_even.to(tl.int32, bitcast=True) >> 28) & 0x08
-    sign_odd = (x_odd.to(tl.int32, bitcast=True) >> 24) & 0x80
+def e2m1_pack_pair(y_even, y_odd, sign_bits):
+    """Scaled values of elements (2i, 2i + 1) and their sign bits at bits 3 and 7 (higher bits
+    ignored) -> int32 whose low byte is the packed pair: even code in the low nibble, odd code in
+    the high nibble (code = sign << 3 | index)."""
     index = ((e2m1_index_bits(y_even) ^ 4) & 7) | (((e2m1_index_bits(y_odd) ^ 4) & 7) << 4)
-    return index | sign_even | sign_odd
+    return index | (sign_bits & 0x88)
+
+
+@triton.jit
+def pair_sign_bits(words, DTYPE: tl.constexpr):
+    """Pair words -> int32 with the even element's sign at bit 3 and the odd one's at bit 7
+    (garbage above bit 7). For 16-bit types one multiply-high moves both sign bits (15 and 31)
+    into place at once: (s * (2^20 + 2^8)) >> 32 sends bit 15 to 3 and bit 31 to 7."""
+    if DTYPE == tl.float32:
+        signs = (((words >> 28) & 0x8) | ((words >> 56) & 0x80)).to(tl.int32)
+    else:
+        s = (words & -2147450880).to(tl.uint32, bitcast=True)  # 0x80008000: the two sign bits
+        signs = tl.umulhi(s, 0x00100100).to(tl.int32, bitcast=True)
+    return signs
 
 
 @triton.jit

@@ -30,12 +30,14 @@ from ..reference import swizzled_shape
 from ._common import (
     BLOCK,
     FP8_NAN,
+    TILE_ROWS,
     block_scale_bits,
     e2m1_pack_pair,
     e4m3_bits_to_f32,
     finite_abs,
     global_scale_from_amax,
     load_pair_words,
+    pair_sign_bits,
     split_pair_words,
     max_propagate_nan,
     swizzled_scale_offset,
@@ -142,7 +144,8 @@ def _quantize_tile(
     recip = tl.math.div_rn(tl.full(scale_g.shape, 1.0, tl.float32), scale_g)[:, :, None]
 
     # Codes (zero and NaN blocks: all +0), two per byte, the even element in the low nibble.
-    packed = e2m1_pack_pair(even * recip, odd * recip, even, odd)
+    signs = tl.reshape(pair_sign_bits(words, DTYPE), (BLOCK_M, BLOCK_K // BLOCK, BLOCK // 2))
+    packed = e2m1_pack_pair(even * recip, odd * recip, signs)
     packed = tl.where(usable[:, :, None], packed, 0).to(tl.uint8)
     packed = tl.reshape(packed, (BLOCK_M, BLOCK_K // 2))
     pair_cols = (t % tiles_k) * (BLOCK_K // 2) + tl.arange(0, BLOCK_K // 2)
@@ -200,6 +203,17 @@ def _quantize_kernel(
     words = _load_pair_tile(x_ptr, t, tiles_k, M, K, stride_xm_pairs, BLOCK_M, BLOCK_K)
     _quantize_tile(words, g, t, tiles_k, data_ptr, scale_ptr, M, K, scale_rows_pad,
                    scale_cols_pad, x_ptr.dtype.element_ty, SWIZZLE, BLOCK_M, BLOCK_K)
+    if SWIZZLE:
+        # The last row of tiles also zeroes the swizzled padding rows [M, rows_pad) of its block
+        # columns (< 128 rows): no programs are launched for rows that hold no data, which at
+        # M = 1 was 64x the real work.
+        if t // tiles_k == tl.cdiv(M, BLOCK_M) - 1:
+            pad_rows = M + tl.arange(0, TILE_ROWS)
+            block_cols = (t % tiles_k) * (BLOCK_K // BLOCK) + tl.arange(0, BLOCK_K // BLOCK)
+            offsets = swizzled_scale_offset(pad_rows[:, None], block_cols[None, :], scale_cols_pad)
+            mask = (pad_rows < scale_rows_pad)[:, None] & (block_cols < scale_cols_pad)[None, :]
+            tl.store(scale_ptr + offsets, tl.zeros((TILE_ROWS, BLOCK_K // BLOCK), tl.uint8),
+                     mask=mask)
 
 
 def quantize(x: torch.Tensor, global_scale: torch.Tensor | None, per_row: bool, swizzle: bool):
@@ -244,7 +258,7 @@ def quantize(x: torch.Tensor, global_scale: torch.Tensor | None, per_row: bool, 
             x2, partials, m, k, x2.stride(0), num_partials, BLOCK_M=amax_m, BLOCK_K=amax_k)
     block_m, block_k, num_warps = _tile(m, k)
     tiles_k = triton.cdiv(cols_pad * BLOCK_SIZE, block_k)
-    num_tiles = triton.cdiv(rows_pad, block_m) * tiles_k
+    num_tiles = triton.cdiv(m, block_m) * tiles_k  # swizzled padding rows: see the kernel
     if num_tiles == 0 and per_row:  # no rows, no scale to write
         return data, scale, g_out
     _quantize_kernel[(max(num_tiles, 1),)](  # no tile: one program still writes a per-tensor g
