@@ -207,13 +207,14 @@ def _quantize_kernel(
         # The last row of tiles also zeroes the swizzled padding rows [M, rows_pad) of its block
         # columns (< 128 rows): no programs are launched for rows that hold no data, which at
         # M = 1 was 64x the real work.
+        # Four columns of one row are 4 contiguous bytes there: zeroed as one 32-bit word.
         if t // tiles_k == tl.cdiv(M, BLOCK_M) - 1:
             pad_rows = M + tl.arange(0, TILE_ROWS)
-            block_cols = (t % tiles_k) * (BLOCK_K // BLOCK) + tl.arange(0, BLOCK_K // BLOCK)
-            offsets = swizzled_scale_offset(pad_rows[:, None], block_cols[None, :], scale_cols_pad)
-            mask = (pad_rows < scale_rows_pad)[:, None] & (block_cols < scale_cols_pad)[None, :]
-            tl.store(scale_ptr + offsets, tl.zeros((TILE_ROWS, BLOCK_K // BLOCK), tl.uint8),
-                     mask=mask)
+            col_groups = (t % tiles_k) * (BLOCK_K // BLOCK // 4) + tl.arange(0, BLOCK_K // BLOCK // 4)
+            offsets = swizzled_scale_offset(pad_rows[:, None], col_groups[None, :] * 4, scale_cols_pad)
+            mask = (pad_rows < scale_rows_pad)[:, None] & (col_groups * 4 < scale_cols_pad)[None, :]
+            tl.store(scale_ptr.to(tl.pointer_type(tl.int32)) + offsets // 4,
+                     tl.zeros((TILE_ROWS, BLOCK_K // BLOCK // 4), tl.int32), mask=mask)
 
 
 def quantize(x: torch.Tensor, global_scale: torch.Tensor | None, per_row: bool, swizzle: bool):
