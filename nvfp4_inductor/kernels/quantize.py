@@ -50,15 +50,17 @@ G_PARTIALS: tl.constexpr = tl.constexpr(3)
 
 # Quantize tiles (BLOCK_M, BLOCK_K, num_warps). BLOCK_K is a multiple of 64 so that one column of
 # K-tiles covers whole swizzled scale column groups (4 blocks of 16); BLOCK_M divides 128.
-# Large x: 2 blocks per thread. Decode-sized x: one block per thread, one row per tile, so no
-# thread works on masked-off rows (a 32-row tile for M = 1 was measured 1.9 us vs 0.56 us empty).
-LARGE_TILE = (32, 128, 4)
+# Large x: 2 blocks per thread; of the tiles swept on 16384x8192 bf16 (benchmarks/bench_quantize.py)
+# (16, 256, 4) was best on both an H100 (2524 GB/s vs 2446 for (32, 128, 4)) and an H200.
+# Decode-sized x: one block per thread, one row per tile, so no thread works on masked-off rows
+# (a 32-row tile for M = 1 was measured at 1.9 us against 0.56 us for an empty kernel).
+LARGE_TILE = (16, 256, 4)
 SMALL_M = 16
 # Dynamic per-tensor amax of at most this many elements is reduced inside the quantize kernel by
 # every program, in one load (one launch instead of two); larger x takes the partial-amax pass.
 FUSED_AMAX_MAX_NUMEL = 8192
 MAX_PARTIALS = 1024  # partial maxima read by every quantize program: 4 KB
-AMAX_TILE = (8, 512)  # (rows, columns) per step of the partial-amax kernels, 4 warps
+AMAX_TILE = (16, 512)  # (rows, columns) per step of the partial-amax kernels, 4 warps
 
 
 def _tile(m: int, k: int) -> tuple[int, int, int]:
