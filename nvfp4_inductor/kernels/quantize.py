@@ -13,8 +13,6 @@ Global scale modes (GLOBAL):
                   reduces all of x in one load (it is in L2)                   1 launch
     G_PARTIALS    dynamic per tensor: _amax_partials_kernel writes <= MAX_PARTIALS maxima, each
                   quantize program reduces those (4 KB, from L2)              2 launches
-    G_SELF        dynamic per tensor, x fits one tile (decode, e.g. 1 x 4096): the amax comes from
-                  the tile's own registers, no second read                     1 launch
 Nothing is read back to the host: capturable in a CUDA graph, no sync.
 
 The quantize tile is (BLOCK_M rows, BLOCK_K / 16 blocks, 8 element pairs): one thread owns whole
@@ -49,7 +47,6 @@ G_STATIC: tl.constexpr = tl.constexpr(0)
 G_STATIC_ROW: tl.constexpr = tl.constexpr(1)
 G_FUSED: tl.constexpr = tl.constexpr(2)
 G_PARTIALS: tl.constexpr = tl.constexpr(3)
-G_SELF: tl.constexpr = tl.constexpr(4)
 
 # Quantize tiles (BLOCK_M, BLOCK_K, num_warps). BLOCK_K is a multiple of 64 so that one column of
 # K-tiles covers whole swizzled scale column groups (4 blocks of 16); BLOCK_M divides 128.
@@ -70,8 +67,8 @@ def _tile(m: int, k: int) -> tuple[int, int, int]:
     if m > SMALL_M:
         return LARGE_TILE
     block_m = triton.next_power_of_2(max(m, 1))
-    block_k = max(64, min(triton.next_power_of_2(k), 4096 // block_m))  # <= 256 blocks a tile
-    num_warps = max(1, min(8, block_m * block_k // (BLOCK_SIZE * 32)))
+    block_k = max(64, min(triton.next_power_of_2(k), 2048 // block_m))  # <= 128 blocks a tile
+    num_warps = max(1, min(4, block_m * block_k // (BLOCK_SIZE * 32)))
     return block_m, block_k, num_warps
 
 
@@ -124,18 +121,14 @@ def _load_pair_tile(x_ptr, t, tiles_k, M, K, stride_xm_pairs,
 
 @triton.jit
 def _quantize_tile(
-    words, g, t, tiles_k, data_ptr, scale_ptr, g_out_ptr, M, K, scale_rows_pad, scale_cols_pad,
-    DTYPE: tl.constexpr, SWIZZLE: tl.constexpr, SELF_AMAX: tl.constexpr,
-    BLOCK_M: tl.constexpr, BLOCK_K: tl.constexpr,
+    words, g, t, tiles_k, data_ptr, scale_ptr, M, K, scale_rows_pad, scale_cols_pad,
+    DTYPE: tl.constexpr, SWIZZLE: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_K: tl.constexpr,
 ):
     """Quantize one loaded tile of pair words with global scale g (scalar or (BLOCK_M, 1)); store
     codes and scales. The pairs are viewed as (BLOCK_M, BLOCK_K / 16 blocks, 8 pairs) so that one
     thread owns whole blocks. (Measured in the sm_90 PTX: a (.., 16) tile reshaped and split into
     pairs cost three shared-memory round trips; a tile loaded as 3-D did not coalesce.)"""
     even, odd = split_pair_words(words, DTYPE)
-    if SELF_AMAX:  # the tile is all of x: its dynamic global scale comes from the registers
-        g = global_scale_from_amax(tl.max(tl.maximum(finite_abs(even), finite_abs(odd))))
-        tl.store(g_out_ptr, g)
     even = tl.reshape(even, (BLOCK_M, BLOCK_K // BLOCK, BLOCK // 2))
     odd = tl.reshape(odd, (BLOCK_M, BLOCK_K // BLOCK, BLOCK // 2))
     rows = (t // tiles_k) * BLOCK_M + tl.arange(0, BLOCK_M)
@@ -195,8 +188,6 @@ def _quantize_kernel(
     elif GLOBAL == G_STATIC_ROW:
         rows = (t // tiles_k) * BLOCK_M + tl.arange(0, BLOCK_M)
         g = tl.load(g_in_ptr + rows, mask=rows < M, other=1.0)[:, None]
-    elif GLOBAL == G_SELF:
-        g = 1.0  # placeholder: _quantize_tile computes g from the registers it loaded
     elif GLOBAL == G_FUSED:
         g = global_scale_from_amax(
             tl.max(tl.max(_tile_abs(x_ptr, 0, 0, M, K, stride_xm, FUSED_M, FUSED_K), axis=1), axis=0))
@@ -204,7 +195,7 @@ def _quantize_kernel(
         offs = tl.arange(0, PARTIALS_BLOCK)
         partials = tl.load(partials_ptr + offs, mask=offs < num_partials, other=0.0)
         g = global_scale_from_amax(tl.max(partials, axis=0))
-    if WRITE_G and GLOBAL != G_SELF:
+    if WRITE_G:
         if GLOBAL == G_STATIC_ROW:
             if t % tiles_k == 0:
                 tl.store(g_out_ptr + rows[:, None], g, mask=(rows < M)[:, None])
@@ -212,9 +203,8 @@ def _quantize_kernel(
             tl.store(g_out_ptr, g)
 
     words = _load_pair_tile(x_ptr, t, tiles_k, M, K, stride_xm_pairs, BLOCK_M, BLOCK_K)
-    _quantize_tile(words, g, t, tiles_k, data_ptr, scale_ptr, g_out_ptr, M, K, scale_rows_pad,
-                   scale_cols_pad, x_ptr.dtype.element_ty, SWIZZLE, GLOBAL == G_SELF, BLOCK_M,
-                   BLOCK_K)
+    _quantize_tile(words, g, t, tiles_k, data_ptr, scale_ptr, M, K, scale_rows_pad,
+                   scale_cols_pad, x_ptr.dtype.element_ty, SWIZZLE, BLOCK_M, BLOCK_K)
     if SWIZZLE:
         # The last row of tiles also zeroes the swizzled padding rows [M, rows_pad) of its block
         # columns (< 128 rows): no programs are launched for rows that hold no data, which at
@@ -272,8 +262,6 @@ def quantize(x: torch.Tensor, global_scale: torch.Tensor | None, per_row: bool, 
     block_m, block_k, num_warps = _tile(m, k)
     tiles_k = triton.cdiv(cols_pad * BLOCK_SIZE, block_k)
     num_tiles = triton.cdiv(m, block_m) * tiles_k  # swizzled padding rows: see the kernel
-    if mode == G_FUSED and num_tiles == 1:
-        mode = G_SELF
     if num_tiles == 0 and per_row:  # no rows, no scale to write
         return data, scale, g_out
     _quantize_kernel[(max(num_tiles, 1),)](  # no tile: one program still writes a per-tensor g
