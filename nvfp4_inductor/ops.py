@@ -178,6 +178,14 @@ def linear(
     return reference.linear(x, w_data, plain, w_global_scale, bias, activation)
 
 
+@linear.register_kernel("cuda")
+def _(x, w_data, w_scale, w_global_scale, bias, w_swizzled, activation):
+    from .kernels.gemm import linear as linear_triton
+
+    _checks.check_linear_args(x, w_data, w_scale, w_global_scale, bias, w_swizzled, activation)
+    return linear_triton(x, w_data, w_scale, w_global_scale, bias, w_swizzled, activation)
+
+
 @linear.register_fake
 def _(x, w_data, w_scale, w_global_scale, bias, w_swizzled, activation):
     _checks.check_linear_args(x, w_data, w_scale, w_global_scale, bias, w_swizzled, activation)

@@ -18,6 +18,8 @@ from triton.backends.compiler import GPUTarget  # noqa: E402
 from triton.compiler import ASTSource  # noqa: E402
 
 from nvfp4_inductor.kernels import dequantize as dk  # noqa: E402
+from nvfp4_inductor.kernels import gemm as gk  # noqa: E402
+from nvfp4_inductor.kernels import gemm_configs  # noqa: E402
 from nvfp4_inductor.kernels import quantize as qk  # noqa: E402
 
 # What the JIT specializes at launch: pointers and these integer sizes divisible by 16.
@@ -43,14 +45,52 @@ DEQUANTIZE_SIGNATURE = {
 }
 
 
-def compile_for(fn, signature, constexprs, target, num_warps=4):
+GEMM_SIGNATURE = {
+    "a_ptr": None, "a_scale_ptr": "*u8", "a_g_ptr": "*fp32", "b_ptr": "*u8", "b_scale_ptr": "*u8",
+    "b_g_ptr": "*fp32", "bias_ptr": "*bf16", "c_ptr": "*bf16", "M": "i32", "N": "i32", "K": "i32",
+    "a_scale_cols_pad": "i32", "b_scale_cols_pad": "i32", "stride_am": "i32", "stride_cm": "i32",
+    **{name: "constexpr" for name in ("MMA", "A_FP4", "SWIZZLED", "B_G_PER_ROW", "HAS_BIAS",
+                                      "OPERAND", "BLOCK_M", "BLOCK_N", "BLOCK_K")},
+}
+WGMMA = r"wgmma\.mma_async"
+TCGEN05_BLOCK_SCALE = r"tcgen05\.mma\.cta_group::1\.kind::mxf4nvf4\.block_scale"
+
+
+def compile_for(fn, signature, constexprs, target, num_warps=4, num_stages=3):
     attrs = {(i,): [["tt.divisibility", 16]] for i, (name, kind) in enumerate(signature.items())
              if kind != "constexpr" and (kind.startswith("*") or name in DIVISIBLE)}
     source = ASTSource(fn=fn, signature=signature, constexprs=constexprs, attrs=attrs)
-    return triton.compile(source, target=target, options={"num_warps": num_warps})
+    return triton.compile(source, target=target,
+                          options={"num_warps": num_warps, "num_stages": num_stages})
 
 
-def cases():
+def gemm_cases(sm):
+    """sm_90: the dequant path for every M bucket (wgmma expected from 64-row tiles up);
+    sm_100: the block-scaled path for every shipped tile (tcgen05 block_scale expected)."""
+    if sm >= 100:
+        for config in gemm_configs.DOT_SCALED_CONFIGS:
+            bm, bn, bk, warps, stages = config
+            yield (f"gemm-dot-scaled-{bm}x{bn}x{bk}", gk._nvfp4_gemm_kernel,
+                   {**GEMM_SIGNATURE, "a_ptr": "*u8"},
+                   {"MMA": gemm_configs.MMA_DOT_SCALED, "A_FP4": True, "SWIZZLED": True,
+                    "B_G_PER_ROW": False, "HAS_BIAS": True, "OPERAND": triton.language.bfloat16,
+                    "BLOCK_M": bm, "BLOCK_N": bn, "BLOCK_K": bk}, warps, [TCGEN05_BLOCK_SCALE], stages)
+        return
+    for bound, (bm, bn, bk, warps, stages) in gemm_configs.DEQUANT_CONFIGS:
+        for a_fp4 in (False, True):
+            yield (f"gemm-dequant-{bm}x{bn}x{bk}-a{'fp4' if a_fp4 else 'bf16'}",
+                   gk._nvfp4_gemm_kernel, {**GEMM_SIGNATURE, "a_ptr": "*u8" if a_fp4 else "*bf16"},
+                   {"MMA": gemm_configs.MMA_DEQUANT, "A_FP4": a_fp4, "SWIZZLED": False,
+                    "B_G_PER_ROW": False, "HAS_BIAS": True, "OPERAND": triton.language.bfloat16,
+                    "BLOCK_M": bm, "BLOCK_N": bn, "BLOCK_K": bk}, warps,
+                   [WGMMA] if bm >= 64 else [], stages)
+
+
+def cases(sm):
+    if sm >= 100:
+        yield from gemm_cases(sm)
+        return
+    yield from gemm_cases(sm)
     block_m, block_k, num_warps = qk.LARGE_TILE
     for dtype, mode, swizzle in itertools.product(DTYPES, range(4), [False, True]):
         yield (f"quantize-{dtype}-g{mode}-swizzle{int(swizzle)}", qk._quantize_kernel,
@@ -60,27 +100,27 @@ def cases():
                num_warps,
                # the element path never goes through shared memory (the dynamic modes reduce the
                # global amax across warps and the swizzled scale store re-lays out 1/16 of a tile)
-               [LOAD_16B] + ([] if mode >= 2 or swizzle else ["!bar.sync"]))
+               [LOAD_16B] + ([] if mode >= 2 or swizzle else ["!bar.sync"]), 1)
     amax_m, amax_k = qk.AMAX_TILE
     for dtype in DTYPES:
         yield (f"amax-partials-{dtype}", qk._amax_partials_kernel, {**AMAX_SIGNATURE, "x_ptr": f"*{dtype}"},
-               {"BLOCK_M": amax_m, "BLOCK_K": amax_k}, 4, [LOAD_16B])
+               {"BLOCK_M": amax_m, "BLOCK_K": amax_k}, 4, [LOAD_16B], 1)
         yield (f"row-g-{dtype}", qk._row_g_kernel, {**ROW_G_SIGNATURE, "x_ptr": f"*{dtype}"},
-               {"BLOCK_M": amax_m, "BLOCK_K": amax_k}, 4, [LOAD_16B])
+               {"BLOCK_M": amax_m, "BLOCK_K": amax_k}, 4, [LOAD_16B], 1)
     for dtype, per_row, swizzle, gather in itertools.product(DTYPES, *[[False, True]] * 3):
         yield (f"dequantize-{dtype}-row{int(per_row)}-swizzle{int(swizzle)}-gather{int(gather)}",
                dk._dequantize_kernel, {**DEQUANTIZE_SIGNATURE, "out_ptr": f"*{dtype}"},
                {"PER_ROW": per_row, "SWIZZLE": swizzle, "GATHER": gather,
-                "BLOCK_M": dk.BLOCK_M, "BLOCK_K": dk.BLOCK_K}, dk.NUM_WARPS, [])
+                "BLOCK_M": dk.BLOCK_M, "BLOCK_K": dk.BLOCK_K}, dk.NUM_WARPS, [], 1)
 
 
 def main() -> None:
     sm = int(sys.argv[1]) if len(sys.argv) > 1 else 90
     target = GPUTarget("cuda", sm, 32)
-    for name, fn, signature, constexprs, num_warps, checks in cases():
+    for name, fn, signature, constexprs, num_warps, checks, num_stages in cases(sm):
         result = {"case": name, "ok": True, "error": "", "ptx_checks": {}}
         try:
-            ptx = compile_for(fn, signature, constexprs, target, num_warps).asm["ptx"]
+            ptx = compile_for(fn, signature, constexprs, target, num_warps, num_stages).asm["ptx"]
             for check in checks:
                 present = re.search(check.lstrip("!"), ptx) is not None
                 result["ptx_checks"][check] = present != check.startswith("!")

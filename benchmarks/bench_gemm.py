@@ -1,0 +1,50 @@
+"""NVFP4 linear (y = x @ W^T) vs bf16 cuBLAS, same run.
+
+    python benchmarks/bench_gemm.py
+
+Times are CUDA-graph replays cycling through enough weight copies to overflow L2 (each call
+reads its weights from HBM, as in a real model). W4A4 includes quantizing x. The floor is the
+NVFP4 bytes (weights 0.5625 B/element, x and y in bf16) over the copy bandwidth measured here.
+"""
+
+import math
+
+import torch
+import triton
+
+import nvfp4_inductor as nv
+from bench_quantize import copy_bandwidth_gbs, graph_us
+
+SHAPES = [(4096, 4096), (4096, 14336), (14336, 4096), (8192, 28672)]  # (K, N)
+MS = [1, 16, 64, 256, 4096]
+
+
+def cycled_us(fn, weights) -> float:
+    return graph_us(lambda: [fn(w) for w in weights], calls=2, reps=10) / len(weights)
+
+
+def main() -> None:
+    torch.manual_seed(0)
+    print(f"GPU: {torch.cuda.get_device_name()}, torch {torch.__version__}, triton {triton.__version__}")
+    copy = copy_bandwidth_gbs()
+    l2 = torch.cuda.get_device_properties().L2_cache_size
+    print(f"device copy: {copy:.0f} GB/s")
+    print(f"\n{'K':>6} {'N':>6} {'M':>5} {'bf16 us':>9} {'W4A16 us':>9} {'W4A4 us':>9} {'floor us':>9}"
+          f" {'W4A16 x':>8} {'W4A4 x':>7} {'floor x':>8}")
+    for k, n in SHAPES:
+        copies = max(2, math.ceil(3 * l2 / (n * k * 2)))
+        w_bf16 = [torch.randn(n, k, dtype=torch.bfloat16, device="cuda") for _ in range(copies)]
+        w_fp4 = [nv.quantize(w) for w in w_bf16]
+        for m in MS:
+            x = torch.randn(m, k, dtype=torch.bfloat16, device="cuda")
+            bf16 = cycled_us(lambda w: x @ w.T, w_bf16)
+            w4a16 = cycled_us(lambda w: nv.linear(x, w), w_fp4)
+            w4a4 = cycled_us(lambda w: nv.linear(x, w, activation="nvfp4"), w_fp4)
+            floor = (n * k * 0.5625 + 2 * m * k + 2 * m * n) / copy / 1e3
+            print(f"{k:>6} {n:>6} {m:>5} {bf16:9.1f} {w4a16:9.1f} {w4a4:9.1f} {floor:9.1f}"
+                  f" {bf16 / w4a16:8.2f} {bf16 / w4a4:7.2f} {bf16 / floor:8.2f}")
+        del w_bf16, w_fp4
+
+
+if __name__ == "__main__":
+    main()
