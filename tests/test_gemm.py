@@ -9,7 +9,7 @@ import pytest
 import torch
 
 import nvfp4_inductor as nv
-from nvfp4_inductor.kernels import gemm
+from nvfp4_inductor.kernels import gemm, gemm_configs
 
 OPS = torch.ops.nvfp4
 
@@ -66,7 +66,9 @@ def test_gemm_per_row_weight_scale_and_output_dtypes(kernel_device):
 @pytest.mark.parametrize("m", [1, 7, 33, 257])
 @pytest.mark.parametrize("n, k", [(48, 64), (80, 160), (1024, 1056)])
 @pytest.mark.parametrize("activation", ["bf16", "nvfp4"])
-def test_linear_on_cuda_matches_reference(m, n, k, activation):
+@pytest.mark.parametrize("path", ["dequant_cublas", "triton"])
+def test_linear_on_cuda_matches_reference(m, n, k, activation, path, monkeypatch):
+    monkeypatch.setattr(gemm_configs, "FORCE_PATH", path)
     gen = torch.Generator().manual_seed(m + n + k)
     x = torch.randn(m, k, generator=gen, dtype=torch.bfloat16)
     bias = torch.randn(n, generator=gen, dtype=torch.bfloat16)
@@ -77,6 +79,14 @@ def test_linear_on_cuda_matches_reference(m, n, k, activation):
         got = nv.linear(x.cuda(), w_cuda, bias.cuda(), activation=activation)
         assert got.dtype == torch.bfloat16 and got.shape == (m, n)
         assert _rel(got, want.float()) <= 1e-3
+
+
+def test_linear_path_choice():
+    # bf16 x: dequantize + cuBLAS (measured faster than the first Triton GEMM at every M);
+    # fp16 / fp32 x: the Triton GEMM (a bf16 cuBLAS output would round once more).
+    assert gemm_configs.linear_path(1, 4096, 4096, torch.bfloat16, "bf16") == "dequant_cublas"
+    assert gemm_configs.linear_path(4096, 4096, 4096, torch.bfloat16, "nvfp4") == "dequant_cublas"
+    assert gemm_configs.linear_path(1, 4096, 4096, torch.float32, "bf16") == "triton"
 
 
 @pytest.mark.gpu

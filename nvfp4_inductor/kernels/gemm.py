@@ -173,18 +173,32 @@ def gemm(a, a_scale, a_g, b, b_scale, b_g, bias, out_dtype, swizzled, a_fp4, mma
 
 def linear(x, w_data, w_scale, w_g, bias, w_swizzled: bool, activation: str):
     """nvfp4::linear on CUDA (arguments checked by the op): x (..., K) -> (..., N) in x.dtype."""
+    from .dequantize import dequantize
+    from .gemm_configs import linear_path
     from .quantize import quantize
 
     lead, k = x.shape[:-1], x.shape[-1]
+    n = w_data.shape[0]
     x2 = x.reshape(-1, k)
     if x2.stride(-1) != 1:
         x2 = x2.contiguous()
-    major, _ = torch.cuda.get_device_capability(x.device)
     if activation == "nvfp4":
         a, a_scale, a_g = quantize(x2, None, False, w_swizzled)
+    path = linear_path(x2.shape[0], n, k, x.dtype, activation)
+    if path == "dequant_cublas":
+        # Dequantized values are exact in bf16; cuBLAS accumulates in fp32 and rounds once to bf16.
+        w = dequantize(w_data, w_scale, w_g, w_swizzled, torch.bfloat16)
+        if activation == "nvfp4":
+            a = dequantize(a, a_scale, a_g, w_swizzled, torch.bfloat16)
+        else:
+            a = x2.to(torch.bfloat16)
+        y = torch.nn.functional.linear(a, w, None if bias is None else bias.to(torch.bfloat16))
+        return y.to(x.dtype).reshape(*lead, n)
+    major, _ = torch.cuda.get_device_capability(x.device)
+    if activation == "nvfp4":
         mma = MMA_DOT_SCALED if major >= 10 and w_swizzled else MMA_DEQUANT
         y = gemm(a, a_scale, a_g, w_data, w_scale, w_g, bias, x.dtype, w_swizzled, True, mma)
     else:
         a = x2 if x2.dtype == torch.bfloat16 else x2.to(torch.bfloat16)
         y = gemm(a, None, None, w_data, w_scale, w_g, bias, x.dtype, w_swizzled, False, MMA_DEQUANT)
-    return y.reshape(*lead, w_data.shape[0])
+    return y.reshape(*lead, n)
