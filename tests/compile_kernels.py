@@ -41,7 +41,7 @@ ROW_G_SIGNATURE = {"x_ptr": None, "g_ptr": "*fp32", "M": "i32", "K": "i32", "str
 DEQUANTIZE_SIGNATURE = {
     "data_ptr": "*u8", "scale_ptr": "*u8", "g_ptr": "*fp32", "index_ptr": "*i64", "out_ptr": None,
     "M": "i32", "K": "i32", "src_rows": "i32", "scale_cols_pad": "i32",
-    **{name: "constexpr" for name in ("PER_ROW", "SWIZZLE", "GATHER", "BLOCK_M", "BLOCK_K")},
+    **{name: "constexpr" for name in ("PER_ROW", "HAS_G", "SWIZZLE", "GATHER", "BLOCK_M", "BLOCK_K")},
 }
 
 
@@ -110,7 +110,7 @@ def cases(sm):
     for dtype, per_row, swizzle, gather in itertools.product(DTYPES, *[[False, True]] * 3):
         yield (f"dequantize-{dtype}-row{int(per_row)}-swizzle{int(swizzle)}-gather{int(gather)}",
                dk._dequantize_kernel, {**DEQUANTIZE_SIGNATURE, "out_ptr": f"*{dtype}"},
-               {"PER_ROW": per_row, "SWIZZLE": swizzle, "GATHER": gather,
+               {"PER_ROW": per_row, "HAS_G": True, "SWIZZLE": swizzle, "GATHER": gather,
                 "BLOCK_M": dk.BLOCK_M, "BLOCK_K": dk.BLOCK_K}, dk.NUM_WARPS, [], 1)
 
 

@@ -227,3 +227,15 @@ def test_dequantize_rows_in_cuda_graph():
     idx.copy_(torch.randint(0, 1024, (64,), device="cuda"))
     graph.replay()
     assert torch.equal(out, q.dequantize()[idx])
+
+
+def test_dequantize_kernel_without_global_scale(kernel_device):
+    # global_scale None leaves g out: e2m1 * block scale, exact in bf16 (the dequantize + cuBLAS
+    # linear applies g after the GEMM).
+    gen = torch.Generator().manual_seed(12)
+    data, scale, g = OPS.quantize(torch.randn(37, 96, generator=gen), None, False, True)
+    want = OPS.dequantize(data, scale, torch.tensor(1.0), True, torch.float32)
+    got = dequantize_kernels.dequantize(data.to(kernel_device), scale.to(kernel_device), None, True,
+                                        torch.float32)
+    assert torch.equal(got.cpu(), want)
+    assert torch.equal(want.to(torch.bfloat16).float(), want)  # exact in bf16

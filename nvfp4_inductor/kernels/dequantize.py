@@ -28,7 +28,7 @@ def _dequantize_kernel(
     # sizes
     M, K, src_rows, scale_cols_pad,
     # meta-parameters
-    PER_ROW: tl.constexpr, SWIZZLE: tl.constexpr, GATHER: tl.constexpr,
+    PER_ROW: tl.constexpr, HAS_G: tl.constexpr, SWIZZLE: tl.constexpr, GATHER: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_K: tl.constexpr,
 ):
     rows = tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)
@@ -57,7 +57,9 @@ def _dequantize_kernel(
         scale_offsets = src[:, None] * (K // BLOCK) + block_cols[None, :]
     scale_bits = tl.load(scale_ptr + scale_offsets, mask=block_mask, other=0).to(tl.int32)
     scale = e4m3_bits_to_f32(scale_bits)[:, :, None]
-    if PER_ROW:
+    if not HAS_G:  # e2m1 * block scale only (exact in bf16 / fp16), for callers that apply g later
+        g = 1.0
+    elif PER_ROW:
         g = tl.load(g_ptr + src, mask=load_ok, other=1.0)[:, None, None]
     else:
         g = tl.load(g_ptr)
@@ -76,7 +78,8 @@ def _dequantize_kernel(
 
 def dequantize(data, scale, global_scale, swizzled: bool, dtype, indices=None):
     """NVFP4 parts (checked by the op) -> (..., K) of dtype; with indices (any shape), only the
-    rows of the 2-D data named by them, as indices.shape + (K,)."""
+    rows of the 2-D data named by them, as indices.shape + (K,). global_scale None: leave it out
+    (e2m1 * block scale only)."""
     k = data.shape[-1] * 2
     data2 = data.reshape(-1, k // 2)
     src_rows = data2.shape[0]
@@ -92,9 +95,10 @@ def dequantize(data, scale, global_scale, swizzled: bool, dtype, indices=None):
     scale_cols_pad = scale.shape[1] if swizzled else k // BLOCK_SIZE
     grid = (triton.cdiv(m, BLOCK_M), triton.cdiv(k, BLOCK_K))
     _dequantize_kernel[grid](
-        data2, scale, global_scale, index, out,
+        data2, scale, data2 if global_scale is None else global_scale, index, out,
         m, k, src_rows, scale_cols_pad,
-        PER_ROW=global_scale.dim() > 0, SWIZZLE=swizzled, GATHER=indices is not None,
+        PER_ROW=global_scale is not None and global_scale.dim() > 0,
+        HAS_G=global_scale is not None, SWIZZLE=swizzled, GATHER=indices is not None,
         BLOCK_M=BLOCK_M, BLOCK_K=BLOCK_K, num_warps=NUM_WARPS,
     )
     return out
