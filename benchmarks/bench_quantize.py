@@ -17,7 +17,6 @@ import time
 
 import torch
 import triton
-import triton.language as tl
 
 import nvfp4_inductor as nv
 from nvfp4_inductor import reference

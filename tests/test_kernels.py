@@ -11,7 +11,6 @@ import torch
 
 import nvfp4_inductor as nv
 from inputs import DISTS, sample
-from nvfp4_inductor import reference
 from nvfp4_inductor.format import GLOBAL_SCALE_DIVISOR
 from nvfp4_inductor.kernels import dequantize as dequantize_kernels
 from nvfp4_inductor.kernels import quantize as quantize_kernels

@@ -20,10 +20,11 @@ import triton
 import triton.language as tl
 
 from ..format import BLOCK_SIZE
+from . import gemm_configs
 from ._common import BLOCK, e2m1_decode, e4m3_bits_to_f32, swizzled_scale_offset
 
-MMA_DEQUANT: tl.constexpr = tl.constexpr(0)
-MMA_DOT_SCALED: tl.constexpr = tl.constexpr(1)
+MMA_DEQUANT: tl.constexpr = tl.constexpr(gemm_configs.MMA_DEQUANT)
+MMA_DOT_SCALED: tl.constexpr = tl.constexpr(gemm_configs.MMA_DOT_SCALED)
 
 
 @triton.jit
@@ -142,18 +143,16 @@ def _nvfp4_gemm_kernel(
              acc.to(c_ptr.dtype.element_ty), mask=mask)
 
 
-def gemm(a, a_scale, a_g, b, b_scale, b_g, bias, out_dtype, swizzled, a_fp4, mma=0,
-         operand=torch.bfloat16, config=None):
+def gemm(a, a_scale, a_g, b, b_scale, b_g, bias, out_dtype, swizzled, a_fp4,
+         mma=gemm_configs.MMA_DEQUANT, operand=torch.bfloat16, config=None):
     """2-D launcher. a: (M, K) float (a_fp4 False) or NVFP4 parts (M, K/2) + scale bits + g;
     b: NVFP4 (N, K/2) + scale bits + g; bias (N,) or None -> (M, N) out_dtype."""
-    from .gemm_configs import gemm_config
-
     m = a.shape[0]
     n, k = b.shape[0], b.shape[1] * 2
     out = torch.empty((m, n), dtype=out_dtype, device=b.device)
     if m == 0:
         return out
-    block_m, block_n, block_k, num_warps, num_stages = config or gemm_config(m, n, k, mma)
+    block_m, block_n, block_k, num_warps, num_stages = config or gemm_configs.gemm_config(m, n, k, mma)
     b_cols_pad = b_scale.shape[1] if swizzled else k // BLOCK_SIZE
     a_cols_pad = a_scale.shape[1] if (a_fp4 and swizzled) else k // BLOCK_SIZE
     dummy = b_g
@@ -174,7 +173,6 @@ def gemm(a, a_scale, a_g, b, b_scale, b_g, bias, out_dtype, swizzled, a_fp4, mma
 def linear(x, w_data, w_scale, w_g, bias, w_swizzled: bool, activation: str):
     """nvfp4::linear on CUDA (arguments checked by the op): x (..., K) -> (..., N) in x.dtype."""
     from .dequantize import dequantize
-    from .gemm_configs import linear_path
     from .quantize import quantize
 
     lead, k = x.shape[:-1], x.shape[-1]
@@ -184,7 +182,7 @@ def linear(x, w_data, w_scale, w_g, bias, w_swizzled: bool, activation: str):
         x2 = x2.contiguous()
     if activation == "nvfp4":
         a, a_scale, a_g = quantize(x2, None, False, w_swizzled)
-    path = linear_path(x2.shape[0], n, k, x.dtype, activation)
+    path = gemm_configs.linear_path(x2.shape[0], n, k, x.dtype, activation)
     if path == "dequant_cublas":
         # e2m1 * block scale is exact in bf16 (the global scale would not be: measured 3e-3
         # relative error when folded in), so the global scales, the bias and the rounding to the
