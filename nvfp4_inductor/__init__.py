@@ -4,6 +4,7 @@ Importing the package defines the `nvfp4::` ops (torch.library) and the public A
 """
 
 from . import ops  # noqa: F401  (defines the nvfp4:: ops)
+from .convert import Config, ConversionReport, NVFP4Linear, convert
 from .api import (
     NVFP4,
     dequantize,
@@ -16,6 +17,6 @@ from .api import (
 
 __all__ = [
     "NVFP4", "quantize", "dequantize", "dequantize_rows", "swizzle_scales", "unswizzle_scales",
-    "linear",
+    "linear", "Config", "convert", "NVFP4Linear", "ConversionReport",
 ]
 __version__ = "0.1.0"

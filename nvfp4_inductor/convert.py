@@ -1,0 +1,141 @@
+"""Eager model conversion: `convert(model, config)` swaps `nn.Linear` layers for `NVFP4Linear`,
+which keeps only the NVFP4 weight (the bf16 copy is freed) and runs `nvfp4_inductor.linear`.
+
+The weight is stored under the ModelOpt checkpoint names (SPEC §4): `weight` uint8 (N, K/2),
+`weight_scale` float8_e4m3fn (N, K/16), `weight_scale_2` fp32 (the decode global scale).
+"""
+
+from dataclasses import dataclass, field
+from typing import Callable
+
+import torch
+from torch import nn
+
+from . import api
+from .format import BLOCK_SIZE
+
+__all__ = ["Config", "NVFP4Linear", "ConversionReport", "convert"]
+
+ACTIVATION_MODES = ("auto", "nvfp4", "bf16")
+# Names of output heads, skipped by default: their error reaches the logits directly.
+OUTPUT_HEAD_NAMES = ("lm_head", "output", "head", "classifier")
+
+
+@dataclass(frozen=True)
+class Config:
+    """User options for NVFP4 conversion.
+
+    activations: "bf16" (W4A16), "nvfp4" (W4A4), or "auto": W4A4 where the GPU multiplies NVFP4
+        natively (sm_100), else W4A16.
+    include: called with (qualified name, module); a layer is converted only where it returns
+        True. None converts every eligible layer.
+    skip_output_head: leave layers whose last name component is one of OUTPUT_HEAD_NAMES in bf16.
+    min_weight_numel: leave smaller layers (out * in below this) in bf16.
+    """
+
+    activations: str = "auto"
+    include: Callable[[str, nn.Module], bool] | None = None
+    skip_output_head: bool = True
+    min_weight_numel: int = 0
+
+    def __post_init__(self):
+        if self.activations not in ACTIVATION_MODES:
+            raise ValueError(f"activations must be one of {ACTIVATION_MODES}; got {self.activations!r}")
+        if self.include is not None and not callable(self.include):
+            raise TypeError(f"include must be callable (name, module) -> bool or None; got {self.include!r}")
+        if not isinstance(self.min_weight_numel, int) or self.min_weight_numel < 0:
+            raise ValueError(f"min_weight_numel must be an int >= 0; got {self.min_weight_numel!r}")
+
+
+def _resolve_activation(mode: str, x: torch.Tensor) -> str:
+    if mode != "auto":
+        return mode
+    if x.is_cuda and torch.cuda.get_device_capability(x.device)[0] >= 10:
+        return "nvfp4"
+    return "bf16"
+
+
+class NVFP4Linear(nn.Module):
+    """y = x @ W^T + b with W held as NVFP4 (ModelOpt names: weight, weight_scale, weight_scale_2)."""
+
+    def __init__(self, weight: api.NVFP4, bias: torch.Tensor | None, activations: str = "auto"):
+        super().__init__()
+        out_features, in_features = weight.shape
+        self.in_features, self.out_features = in_features, out_features
+        self.activations = activations
+        self.swizzled = weight.swizzled
+        self.register_buffer("weight", weight.data)
+        self.register_buffer("weight_scale", weight.scale)
+        self.register_buffer("weight_scale_2", weight.global_scale)
+        self.bias = None if bias is None else nn.Parameter(bias.detach(), requires_grad=False)
+
+    @classmethod
+    def from_linear(cls, linear: nn.Linear, activations: str = "auto") -> "NVFP4Linear":
+        """Quantize an nn.Linear's weight (dynamic per-tensor global scale)."""
+        return cls(api.quantize(linear.weight.detach()), linear.bias, activations)
+
+    def nvfp4_weight(self) -> api.NVFP4:
+        return api.NVFP4(self.weight, self.weight_scale, self.weight_scale_2,
+                         torch.Size((self.out_features, self.in_features)), self.swizzled)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return api.linear(x, self.nvfp4_weight(), self.bias,
+                          activation=_resolve_activation(self.activations, x))
+
+    def extra_repr(self) -> str:
+        return (f"in_features={self.in_features}, out_features={self.out_features}, "
+                f"bias={self.bias is not None}, activations={self.activations}")
+
+
+@dataclass
+class ConversionReport:
+    """Which layers were converted, and which were left in bf16 and why (name -> reason)."""
+
+    converted: list[str] = field(default_factory=list)
+    skipped: dict[str, str] = field(default_factory=dict)
+
+    def __str__(self) -> str:
+        lines = [f"NVFP4: converted {len(self.converted)} linear layers, skipped {len(self.skipped)}"]
+        lines += [f"  skipped {name}: {reason}" for name, reason in self.skipped.items()]
+        return "\n".join(lines)
+
+
+def _skip_reason(name: str, module: nn.Linear, config: Config) -> str | None:
+    out_features, in_features = module.weight.shape
+    if in_features % BLOCK_SIZE or out_features % BLOCK_SIZE:
+        return f"shape ({out_features}, {in_features}) is not a multiple of {BLOCK_SIZE}"
+    if module.weight.dtype not in (torch.bfloat16, torch.float16, torch.float32):
+        return f"weight dtype {module.weight.dtype} is not a float format NVFP4 converts"
+    if config.skip_output_head and name.rsplit(".", 1)[-1] in OUTPUT_HEAD_NAMES:
+        return "output head (Config.skip_output_head)"
+    if out_features * in_features < config.min_weight_numel:
+        return f"{out_features * in_features} weights < Config.min_weight_numel"
+    if config.include is not None and not config.include(name, module):
+        return "excluded by Config.include"
+    return None
+
+
+def convert(model: nn.Module, config: Config | None = None) -> ConversionReport:
+    """Replace, in place, every eligible nn.Linear of model by an NVFP4Linear; returns a report.
+
+    The bf16 weights are released (nothing in the model refers to them any more)."""
+    if not isinstance(model, nn.Module):
+        raise TypeError(f"model must be a torch.nn.Module; got {type(model).__name__}")
+    config = config or Config()
+    if not isinstance(config, Config):
+        raise TypeError(f"config must be an nvfp4_inductor.Config; got {type(config).__name__}")
+    report = ConversionReport()
+    targets = [(name, module) for name, module in model.named_modules()
+               if type(module) is nn.Linear]  # subclasses may change forward: left alone
+    for name, module in targets:
+        reason = _skip_reason(name, module, config)
+        if reason is not None:
+            report.skipped[name] = reason
+            continue
+        with torch.no_grad():
+            replacement = NVFP4Linear.from_linear(module, config.activations)
+        parent_name, _, child = name.rpartition(".")
+        parent = model.get_submodule(parent_name) if parent_name else model
+        setattr(parent, child, replacement)
+        report.converted.append(name)
+    return report
