@@ -1,6 +1,7 @@
 """nvfp4_inductor: NVFP4 (FP4 E2M1 + per-16 E4M3 scales + FP32 global scale) for PyTorch.
 
-Importing the package defines the `nvfp4::` ops (torch.library) and the public API below.
+Importing the package defines the `nvfp4::` ops (torch.library) and the public API below; the
+`backend="nvfp4"` Dynamo backend is found through its entry point (never registered here).
 """
 
 from . import ops  # noqa: F401  (defines the nvfp4:: ops)
@@ -15,8 +16,10 @@ from .api import (
     unswizzle_scales,
 )
 
+from .backend import compile  # noqa: A004  (nvfp4_inductor.compile, like torch.compile)
+
 __all__ = [
     "NVFP4", "quantize", "dequantize", "dequantize_rows", "swizzle_scales", "unswizzle_scales",
-    "linear", "Config", "convert", "NVFP4Linear", "ConversionReport",
+    "linear", "Config", "convert", "NVFP4Linear", "ConversionReport", "compile",
 ]
 __version__ = "0.1.0"

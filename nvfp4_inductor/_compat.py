@@ -1,0 +1,16 @@
+"""The version-specific Inductor / Dynamo APIs this package uses, in one place (torch 2.11 - 2.13;
+each checked on both: see ../shared/INDUCTOR_NOTES.md)."""
+
+import torch
+
+from torch._inductor import list_mode_options  # noqa: F401  ("reduce-overhead" -> cudagraphs)
+from torch._inductor.compile_fx import compile_fx  # noqa: F401
+from torch._inductor.custom_graph_pass import CustomGraphPass, get_hash_for_files  # noqa: F401
+
+
+def params_flat():
+    """The parameters AOT autograd lifted as the graph's first inputs (with freezing), or ()."""
+    context = torch._guards.TracingContext.try_get()
+    if context is None or context.params_flat is None:
+        return ()
+    return context.params_flat

@@ -1,0 +1,103 @@
+"""The graph rewrite behind backend="nvfp4": BF16 linears -> nvfp4:: ops.
+
+Runs as Inductor's joint_custom_post_pass, on the graph AOT autograd made, where (with freezing)
+the parameters are the first placeholders. `aten.mm(x, permute(W, [1, 0]))` and
+`aten.addmm(b, x, permute(W, [1, 0]))` with W such a parameter become
+
+    data, scale, g = nvfp4.quantize(W, None, False, False)
+    y = nvfp4.linear(x, data, scale, g, b, False, activation)
+
+and freezing's constant folding then runs the quantize on the real weights once, at compile time:
+the compiled code holds the NVFP4 weights as frozen constants and calls only nvfp4.linear.
+"""
+
+import logging
+import operator
+from pathlib import Path
+
+import torch
+from torch import fx
+
+from . import _compat
+from .format import BLOCK_SIZE
+
+log = logging.getLogger("nvfp4_inductor")
+aten = torch.ops.aten
+_PACKAGE_FILES = tuple(sorted(str(p) for p in Path(__file__).parent.rglob("*.py")))
+
+
+def _weight_of(node: fx.Node, params) -> fx.Node | None:
+    """permute(W, [1, 0]) with W a parameter placeholder -> W, else None."""
+    if not (isinstance(node, fx.Node) and node.op == "call_function"
+            and node.target == aten.permute.default and list(node.args[1]) == [1, 0]):
+        return None
+    weight = node.args[0]
+    return weight if weight in params else None
+
+
+def _skip_reason(weight: fx.Node) -> str | None:
+    value = weight.meta.get("val")
+    if value is None or value.dim() != 2:
+        return "not a 2-D weight"
+    if value.dtype not in (torch.bfloat16, torch.float16, torch.float32):
+        return f"weight dtype {value.dtype}"
+    n, k = value.shape
+    if n % BLOCK_SIZE or k % BLOCK_SIZE:
+        return f"shape ({n}, {k}) is not a multiple of {BLOCK_SIZE}"
+    return None
+
+
+class LinearToNVFP4(_compat.CustomGraphPass):
+    """Rewrites the linears of a frozen inference graph to nvfp4:: ops; counts what it did.
+
+    param_names: the names of the graph's lifted parameters, in order (for reports and for
+    keep(name, shape) -> reason or None, which leaves a weight in bf16)."""
+
+    def __init__(self, activation: str, param_names: list[str], keep=None):
+        self.activation = activation
+        self.param_names = param_names
+        self.keep = keep
+        self.converted: list[str] = []
+        self.skipped: dict[str, str] = {}
+
+    def __call__(self, graph: fx.Graph) -> None:
+        placeholders = [n for n in graph.nodes if n.op == "placeholder"]
+        if any(n.name.startswith("tangents") for n in placeholders):
+            return  # a training graph: left alone
+        lifted = placeholders[:len(_compat.params_flat())]
+        names = {node: (self.param_names[i] if i < len(self.param_names) else node.name)
+                 for i, node in enumerate(lifted)}
+        for node in list(graph.nodes):
+            if node.op != "call_function" or node.target not in (aten.mm.default, aten.addmm.default):
+                continue
+            if node.kwargs:  # addmm with beta / alpha: not a plain linear
+                continue
+            bias, x, weight_t = (None, *node.args) if node.target == aten.mm.default else node.args
+            weight = _weight_of(weight_t, names)
+            if weight is None:
+                continue
+            name = names[weight]
+            reason = _skip_reason(weight)
+            if reason is None and self.keep is not None:
+                reason = self.keep(name, tuple(weight.meta["val"].shape))
+            if reason is not None:
+                self.skipped[name] = reason
+                continue
+            with graph.inserting_before(node):
+                quantized = graph.call_function(torch.ops.nvfp4.quantize.default,
+                                                (weight, None, False, False))
+                parts = [graph.call_function(operator.getitem, (quantized, i)) for i in range(3)]
+                y = graph.call_function(torch.ops.nvfp4.linear.default,
+                                        (x, *parts, bias, False, self.activation))
+            y.meta.update(node.meta)
+            node.replace_all_uses_with(y)
+            graph.erase_node(node)
+            self.converted.append(name)
+        graph.eliminate_dead_code()
+        log.info("nvfp4: converted %d linear weights, skipped %d %s", len(self.converted),
+                 len(self.skipped), self.skipped)
+
+    def uuid(self) -> bytes:
+        """Keys the FX graph cache: the package sources and the options."""
+        return _compat.get_hash_for_files(_PACKAGE_FILES) + repr(
+            (self.activation, self.param_names, getattr(self.keep, "cache_key", None))).encode()

@@ -1,0 +1,123 @@
+"""backend="nvfp4" on the CPU: found by name, linears rewritten and quantized once at compile time,
+numerics equal to the eager NVFP4 reference, clear fall-backs."""
+
+import logging
+
+import pytest
+import torch
+from torch import nn
+from torch._inductor.utils import run_and_get_code
+
+import nvfp4_inductor as nv
+from nvfp4_inductor.backend import nvfp4_backend
+
+
+class Block(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.up = nn.Linear(64, 128)
+        self.down = nn.Linear(128, 64, bias=False)
+        self.lm_head = nn.Linear(64, 32)
+
+    def forward(self, x):
+        return self.lm_head(self.down(torch.relu(self.up(x))))
+
+
+def _block(seed=0):
+    torch.manual_seed(seed)
+    return Block().to(torch.bfloat16).eval()
+
+
+def _eager_nvfp4(model, x):
+    """The model with up / down in NVFP4 (W4A16) and the head in bf16, eagerly."""
+    with torch.no_grad():
+        h = nv.linear(x, nv.quantize(model.up.weight), model.up.bias)
+        return model.lm_head(nv.linear(torch.relu(h), nv.quantize(model.down.weight)))
+
+
+@pytest.fixture(autouse=True)
+def _fresh_dynamo():
+    torch._dynamo.reset()
+    yield
+    torch._dynamo.reset()
+
+
+def test_backend_is_found_by_name():
+    assert "nvfp4" in torch._dynamo.list_backends(exclude_tags=())
+    assert torch._dynamo.lookup_backend("nvfp4") is nvfp4_backend
+
+
+def test_linears_become_nvfp4_quantized_once(caplog):
+    model = _block()
+    x = torch.randn(4, 64, dtype=torch.bfloat16)
+    compiled = nv.compile(model, nv.Config(activations="bf16"))
+    with caplog.at_level(logging.INFO, logger="nvfp4_inductor"):
+        y, code = run_and_get_code(compiled, x)
+    assert torch.equal(y, _eager_nvfp4(model, x))
+    source = "\n".join(code)
+    assert source.count("torch.ops.nvfp4.linear.default(") == 2  # up, down; the head stays bf16
+    assert "torch.ops.nvfp4.quantize" not in source  # weights were quantized at compile time
+    assert "converted 2 linear weights, skipped 1" in caplog.text
+    assert "output head" in caplog.text
+    # Another batch size recompiles; the weights are again frozen constants, not requantized.
+    x2 = torch.randn(9, 64, dtype=torch.bfloat16)
+    y2, code2 = run_and_get_code(compiled, x2)
+    assert torch.equal(y2, _eager_nvfp4(model, x2))
+    assert "torch.ops.nvfp4.quantize" not in "\n".join(code2)
+
+
+def test_models_with_different_weights_get_their_own_weights():
+    x = torch.randn(3, 64, dtype=torch.bfloat16)
+    for seed in (1, 2):  # same graph, different weights: no stale constants from a cache
+        model = _block(seed)
+        assert torch.equal(nv.compile(model, nv.Config(activations="bf16"))(x),
+                           _eager_nvfp4(model, x))
+        torch._dynamo.reset()
+
+
+def test_config_rules_apply_under_the_backend(caplog):
+    model = _block()
+    config = nv.Config(activations="nvfp4", skip_output_head=False, min_weight_numel=64 * 128 + 1)
+    with caplog.at_level(logging.INFO, logger="nvfp4_inductor"):
+        y, code = run_and_get_code(nv.compile(model, config), torch.randn(2, 64, dtype=torch.bfloat16))
+    assert "converted 0 linear weights, skipped 3" in caplog.text
+    assert "torch.ops.nvfp4.linear" not in "\n".join(code)
+
+
+def test_plain_torch_compile_warns_and_keeps_bf16():
+    model = _block()
+    x = torch.randn(4, 64, dtype=torch.bfloat16)
+    with torch.no_grad(), pytest.warns(UserWarning, match="parameters arrived as graph inputs"):
+        y = torch.compile(model, backend="nvfp4")(x)
+    with torch.no_grad():
+        assert torch.equal(y, model(x))
+
+
+def test_grad_enabled_warns_and_keeps_bf16():
+    model = _block()
+    x = torch.randn(4, 64, dtype=torch.bfloat16)
+    with torch._dynamo.config.patch(prepare_freezing=True), pytest.warns(UserWarning, match="gradients are enabled"):
+        y = torch.compile(model, backend="nvfp4")(x)
+    assert y.shape == (4, 32)
+
+
+def test_modes_options_and_bad_config():
+    model = _block()
+    x = torch.randn(4, 64, dtype=torch.bfloat16)
+    for mode in ("default", "reduce-overhead", "max-autotune-no-cudagraphs"):
+        torch._dynamo.reset()
+        assert torch.equal(nv.compile(model, nv.Config(activations="bf16"), mode=mode)(x),
+                           _eager_nvfp4(model, x))
+    torch._dynamo.reset()
+    with pytest.raises(Exception, match="must be an nvfp4_inductor.Config"):
+        torch.compile(model, backend="nvfp4", options={"nvfp4": "bf16"})(x)
+
+
+def test_converted_model_compiles_through_the_backend():
+    model = _block()
+    nv.convert(model, nv.Config(activations="bf16"))
+    x = torch.randn(4, 64, dtype=torch.bfloat16)
+    y, code = run_and_get_code(nv.compile(model), x)
+    with torch.no_grad():
+        assert torch.equal(y, model(x))
+    assert "torch.ops.nvfp4.linear.default(" in "\n".join(code)
