@@ -14,33 +14,12 @@ import torch
 from torch import nn
 
 from . import _compat
-from .convert import OUTPUT_HEAD_NAMES, Config, _resolve_activation
+from .convert import Config, _resolve_activation, layer_skip_reason
 from .rewrite import LinearToNVFP4, log
 
 __all__ = ["nvfp4_backend", "compile"]
 
 CONFIG_KEY = "nvfp4"  # options={"nvfp4": Config(...)} carries the package's options
-
-
-class _Keep:
-    """Config's layer rules on (parameter name, weight shape) -> reason to stay bf16, or None."""
-
-    def __init__(self, config: Config):
-        self.config = config
-        self.cache_key = (config.activations, config.skip_output_head, config.min_weight_numel,
-                          config.include is not None)
-
-    def __call__(self, name: str, shape: tuple) -> str | None:
-        # Dynamo names parameters "L__self___lm_head.weight" or "L__s___lm_head_weight".
-        stem = name.replace(".", "_").removesuffix("_weight")
-        if self.config.skip_output_head and any(
-                stem == head or stem.endswith("_" + head) for head in OUTPUT_HEAD_NAMES):
-            return "output head (Config.skip_output_head)"
-        if shape[0] * shape[1] < self.config.min_weight_numel:
-            return f"{shape[0] * shape[1]} weights < Config.min_weight_numel"
-        if self.config.include is not None and not self.config.include(name, None):
-            return "excluded by Config.include"
-        return None
 
 
 def _inductor_patches(mode, options: dict) -> dict:
@@ -68,7 +47,10 @@ def nvfp4_backend(gm: torch.fx.GraphModule, example_inputs, mode=None, options=N
     devices = {t.device.type for t in example_inputs if isinstance(t, torch.Tensor)}
     sample = next((t for t in example_inputs if isinstance(t, torch.Tensor)), torch.empty(0))
     names = [name for name, _ in gm.named_parameters()] + [name for name, _ in gm.named_buffers()]
-    rewrite = LinearToNVFP4(_resolve_activation(config.activations, sample), names, _Keep(config))
+    # Config's decisions, taken here (the pass sees no modules) and part of the pass's cache key.
+    keep = {name: layer_skip_reason(config, name, tuple(p.shape))
+            for name, p in gm.named_parameters() if p.dim() == 2}
+    rewrite = LinearToNVFP4(_resolve_activation(config.activations, sample), names, keep)
     patches.update({"freezing": True, "joint_custom_post_pass": rewrite})
     if devices <= {"cpu"}:
         patches["cpp.weight_prepack"] = False  # else freezing turns linears into mkldnn ops first

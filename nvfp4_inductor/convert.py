@@ -30,6 +30,7 @@ class Config:
     include: called with (qualified name, module); a layer is converted only where it returns
         True. None converts every eligible layer.
     skip_output_head: leave layers whose last name component is one of OUTPUT_HEAD_NAMES in bf16.
+    Under backend="nvfp4", include receives the graph's parameter name and module None.
     min_weight_numel: leave smaller layers (out * in below this) in bf16.
     """
 
@@ -100,19 +101,32 @@ class ConversionReport:
         return "\n".join(lines)
 
 
-def _skip_reason(name: str, module: nn.Linear, config: Config) -> str | None:
-    out_features, in_features = module.weight.shape
+def _is_output_head(name: str) -> bool:
+    """A module path ("model.lm_head") or a Dynamo parameter name ("L__self___lm_head_weight")
+    whose last component is one of OUTPUT_HEAD_NAMES."""
+    stem = name.replace(".", "_").removesuffix("_weight")
+    return any(stem == head or stem.endswith("_" + head) for head in OUTPUT_HEAD_NAMES)
+
+
+def layer_skip_reason(config: Config, name: str, shape, module: nn.Module | None = None) -> str | None:
+    """Why Config leaves the linear `name` with an (out, in) weight in bf16, or None to convert.
+    Used by convert() and by backend="nvfp4" (which knows no module: module None there)."""
+    out_features, in_features = shape
     if in_features % BLOCK_SIZE or out_features % BLOCK_SIZE:
         return f"shape ({out_features}, {in_features}) is not a multiple of {BLOCK_SIZE}"
-    if module.weight.dtype not in (torch.bfloat16, torch.float16, torch.float32):
-        return f"weight dtype {module.weight.dtype} is not a float format NVFP4 converts"
-    if config.skip_output_head and name.rsplit(".", 1)[-1] in OUTPUT_HEAD_NAMES:
+    if config.skip_output_head and _is_output_head(name):
         return "output head (Config.skip_output_head)"
     if out_features * in_features < config.min_weight_numel:
         return f"{out_features * in_features} weights < Config.min_weight_numel"
     if config.include is not None and not config.include(name, module):
         return "excluded by Config.include"
     return None
+
+
+def _skip_reason(name: str, module: nn.Linear, config: Config) -> str | None:
+    if module.weight.dtype not in (torch.bfloat16, torch.float16, torch.float32):
+        return f"weight dtype {module.weight.dtype} is not a float format NVFP4 converts"
+    return layer_skip_reason(config, name, tuple(module.weight.shape), module)
 
 
 def convert(model: nn.Module, config: Config | None = None) -> ConversionReport:

@@ -50,13 +50,13 @@ def _skip_reason(weight: fx.Node) -> str | None:
 class LinearToNVFP4(_compat.CustomGraphPass):
     """Rewrites the linears of a frozen inference graph to nvfp4:: ops; counts what it did.
 
-    param_names: the names of the graph's lifted parameters, in order (for reports and for
-    keep(name, shape) -> reason or None, which leaves a weight in bf16)."""
+    param_names: the names of the graph's lifted parameters, in order. keep: parameter name ->
+    the reason it stays bf16, or None to convert (names it lacks are converted)."""
 
-    def __init__(self, activation: str, param_names: list[str], keep=None):
+    def __init__(self, activation: str, param_names: list[str], keep: dict | None = None):
         self.activation = activation
         self.param_names = param_names
-        self.keep = keep
+        self.keep = keep or {}
         self.converted: list[str] = []
         self.skipped: dict[str, str] = {}
 
@@ -77,9 +77,7 @@ class LinearToNVFP4(_compat.CustomGraphPass):
             if weight is None:
                 continue
             name = names[weight]
-            reason = _skip_reason(weight)
-            if reason is None and self.keep is not None:
-                reason = self.keep(name, tuple(weight.meta["val"].shape))
+            reason = _skip_reason(weight) or self.keep.get(name)
             if reason is not None:
                 self.skipped[name] = reason
                 continue
@@ -100,4 +98,4 @@ class LinearToNVFP4(_compat.CustomGraphPass):
     def uuid(self) -> bytes:
         """Keys the FX graph cache: the package sources and the options."""
         return _compat.get_hash_for_files(_PACKAGE_FILES) + repr(
-            (self.activation, self.param_names, getattr(self.keep, "cache_key", None))).encode()
+            (self.activation, self.param_names, sorted(self.keep.items()))).encode()
