@@ -121,3 +121,19 @@ def test_converted_model_compiles_through_the_backend():
     with torch.no_grad():
         assert torch.equal(y, model(x))
     assert "torch.ops.nvfp4.linear.default(" in "\n".join(code)
+
+
+def test_three_dimensional_inputs_and_fp32_models():
+    model = _block()
+    x = torch.randn(2, 5, 64, dtype=torch.bfloat16)
+    y, code = run_and_get_code(nv.compile(model, nv.Config(activations="bf16")), x)
+    assert torch.equal(y, _eager_nvfp4(model, x))
+    assert "torch.ops.nvfp4.linear.default(" in "\n".join(code)
+    torch._dynamo.reset()
+    model32 = _block().float()
+    x32 = torch.randn(3, 64)
+    assert torch.equal(nv.compile(model32, nv.Config(activations="nvfp4"))(x32),
+                       model32.lm_head(nv.linear(torch.relu(nv.linear(
+                           x32, nv.quantize(model32.up.weight), model32.up.bias,
+                           activation="nvfp4")), nv.quantize(model32.down.weight),
+                           activation="nvfp4")).detach())
