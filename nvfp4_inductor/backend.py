@@ -15,7 +15,7 @@ from torch import nn
 
 from . import _compat
 from .convert import Config, _resolve_activation, layer_skip_reason
-from .rewrite import LinearToNVFP4, log
+from .rewrite import LinearToNVFP4
 
 __all__ = ["nvfp4_backend", "compile"]
 
@@ -54,9 +54,7 @@ def nvfp4_backend(gm: torch.fx.GraphModule, example_inputs, mode=None, options=N
     patches.update({"freezing": True, "joint_custom_post_pass": rewrite})
     if devices <= {"cpu"}:
         patches["cpp.weight_prepack"] = False  # else freezing turns linears into mkldnn ops first
-    compiled = _compat.compile_fx(gm, example_inputs, config_patches=patches)
-    log.info("nvfp4: %s", {"converted": rewrite.converted, "skipped": rewrite.skipped})
-    return compiled
+    return _compat.compile_fx(gm, example_inputs, config_patches=patches)  # the pass logs its counts
 
 
 def compile(model, config: Config | None = None, *, mode=None, options=None, **compile_kwargs):

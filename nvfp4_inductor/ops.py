@@ -2,9 +2,9 @@
 
 The default implementation is the pure-torch reference (it runs on any device); the Triton kernels
 are registered for the CUDA dispatch key (imported on first use, so the package imports without
-Triton). Scales cross op boundaries as
-uint8 holding e4m3 bits: `opcheck` cannot handle float8 op inputs on the CPU build, and the bits
-are the interchange format anyway (the public API views them as float8_e4m3fn).
+Triton). Scales cross op boundaries as uint8 holding e4m3 bits: `opcheck` cannot handle float8
+op inputs on the CPU build, and the bits are the interchange format anyway (the public API views
+them as float8_e4m3fn).
 """
 
 import torch
