@@ -137,3 +137,14 @@ def test_three_dimensional_inputs_and_fp32_models():
                            x32, nv.quantize(model32.up.weight), model32.up.bias,
                            activation="nvfp4")), nv.quantize(model32.down.weight),
                            activation="nvfp4")).detach())
+
+
+def test_fx_graph_cache_is_not_bypassed():
+    # A custom pass without uuid() makes Inductor bypass its FX graph cache.
+    from torch._dynamo.utils import counters
+
+    counters.clear()
+    model = _block()
+    nv.compile(model, nv.Config(activations="bf16"))(torch.randn(4, 64, dtype=torch.bfloat16))
+    assert counters["inductor"]["fxgraph_cache_bypass"] == 0
+    assert counters["inductor"]["fxgraph_cache_miss"] + counters["inductor"]["fxgraph_cache_hit"] >= 1
