@@ -157,7 +157,8 @@ def test_backend_on_cuda(mode):
     model = _block().cuda()
     x = torch.randn(4, 64, dtype=torch.bfloat16, device="cuda")
     compiled = nv.compile(model, nv.Config(activations="bf16"), mode=mode)
-    for _ in range(3):  # reduce-overhead: warm-up, record, replay
-        y, code = run_and_get_code(compiled, x)
-    assert "torch.ops.nvfp4.linear.default(" in "\n".join(code) or mode == "reduce-overhead"
+    y, code = run_and_get_code(compiled, x)  # the first call compiles
+    assert "torch.ops.nvfp4.linear.default(" in "\n".join(code)
+    for _ in range(2):  # reduce-overhead: record, then replay
+        y = compiled(x)
     torch.testing.assert_close(y, _eager_nvfp4(model, x), rtol=1e-2, atol=1e-2)
