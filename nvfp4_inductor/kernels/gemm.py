@@ -72,10 +72,8 @@ def nvfp4_mainloop(
         b_mask = in_k[:, None] & col_ok[None, :]
         b = tl.load(b_ptr + cols.to(tl.int64)[None, :] * (K // 2) + byte_cols[:, None], mask=b_mask,
                     other=0)
-        b_scale_offsets = _scale_offsets(cols[None, :], byte_cols[:, None], K, b_scale_cols_pad,
-                                         SWIZZLED)
+        a_mask = row_ok[:, None] & in_k[None, :]
         if MMA == MMA_DOT_SCALED:
-            a_mask = row_ok[:, None] & in_k[None, :]
             a = tl.load(a_ptr + rows.to(tl.int64)[:, None] * (K // 2) + byte_cols[None, :],
                         mask=a_mask, other=0)
             scale_cols = k0 // BLOCK + tl.arange(0, BLOCK_K // BLOCK)
@@ -88,9 +86,10 @@ def nvfp4_mainloop(
             acc = tl.dot_scaled(a, a_s.to(tl.float8e4nv, bitcast=True), "e2m1",
                                 b, b_s.to(tl.float8e4nv, bitcast=True), "e2m1", acc)
         else:
-            b_bits = tl.load(b_scale_ptr + b_scale_offsets, mask=b_mask, other=0)
+            b_bits = tl.load(b_scale_ptr + _scale_offsets(cols[None, :], byte_cols[:, None], K,
+                                                          b_scale_cols_pad, SWIZZLED),
+                             mask=b_mask, other=0)
             b_low, b_high = _decode_nibbles(b, b_bits, OPERAND)
-            a_mask = row_ok[:, None] & in_k[None, :]
             if A_FP4:
                 a = tl.load(a_ptr + rows.to(tl.int64)[:, None] * (K // 2) + byte_cols[None, :],
                             mask=a_mask, other=0)
@@ -199,9 +198,10 @@ def linear(x, w_data, w_scale, w_g, bias, w_swizzled: bool, activation: str):
         return y.to(x.dtype).reshape(*lead, n)
     major, _ = torch.cuda.get_device_capability(x.device)
     if activation == "nvfp4":
-        mma = MMA_DOT_SCALED if major >= 10 and w_swizzled else MMA_DEQUANT
+        mma = (gemm_configs.MMA_DOT_SCALED if major >= 10 and w_swizzled
+               else gemm_configs.MMA_DEQUANT)
         y = gemm(a, a_scale, a_g, w_data, w_scale, w_g, bias, x.dtype, w_swizzled, True, mma)
     else:
         a = x2 if x2.dtype == torch.bfloat16 else x2.to(torch.bfloat16)
-        y = gemm(a, None, None, w_data, w_scale, w_g, bias, x.dtype, w_swizzled, False, MMA_DEQUANT)
+        y = gemm(a, None, None, w_data, w_scale, w_g, bias, x.dtype, w_swizzled, False)
     return y.reshape(*lead, n)
