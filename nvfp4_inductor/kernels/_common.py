@@ -157,6 +157,17 @@ def swizzled_scale_offset(row, col, cols_pad):
 
 
 @triton.jit
+def scale_offsets(rows, block_cols, K, scale_cols_pad, SWIZZLED: tl.constexpr):
+    """Rows and block columns (broadcastable tensors) -> byte offsets of their e4m3 scales, in the
+    plain (rows, K/16) layout or the swizzled one."""
+    if SWIZZLED:
+        offsets = swizzled_scale_offset(rows, block_cols, scale_cols_pad)
+    else:
+        offsets = rows.to(tl.int64) * (K // BLOCK) + block_cols
+    return offsets
+
+
+@triton.jit
 def load_pair_words(x_ptr, pair_offsets, mask):
     """Load elements (2i, 2i + 1) of a bf16 / fp16 / fp32 tensor as one 32- / 64-bit word per
     pair (pair_offsets count pairs; x must be aligned to a pair). Kept raw until split_pair_words,

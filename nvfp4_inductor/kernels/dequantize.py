@@ -14,7 +14,7 @@ import triton
 import triton.language as tl
 
 from ..format import BLOCK_SIZE
-from ._common import BLOCK, e2m1_decode, e4m3_bits_to_f32, store_pairs, swizzled_scale_offset
+from ._common import BLOCK, e2m1_decode, e4m3_bits_to_f32, scale_offsets, store_pairs
 
 BLOCK_M = 16
 BLOCK_K = 256
@@ -51,11 +51,8 @@ def _dequantize_kernel(
 
     block_cols = tl.program_id(1) * (BLOCK_K // BLOCK) + tl.arange(0, BLOCK_K // BLOCK)
     block_mask = load_ok[:, None] & (block_cols < K // BLOCK)[None, :]
-    if SWIZZLE:
-        scale_offsets = swizzled_scale_offset(src[:, None], block_cols[None, :], scale_cols_pad)
-    else:
-        scale_offsets = src[:, None] * (K // BLOCK) + block_cols[None, :]
-    scale_bits = tl.load(scale_ptr + scale_offsets, mask=block_mask, other=0).to(tl.int32)
+    offsets = scale_offsets(src[:, None], block_cols[None, :], K, scale_cols_pad, SWIZZLE)
+    scale_bits = tl.load(scale_ptr + offsets, mask=block_mask, other=0).to(tl.int32)
     scale = e4m3_bits_to_f32(scale_bits)[:, :, None]
     if not HAS_G:  # e2m1 * block scale only (exact in bf16 / fp16), for callers that apply g later
         g = 1.0

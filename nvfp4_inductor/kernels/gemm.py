@@ -21,21 +21,10 @@ import triton.language as tl
 
 from ..format import BLOCK_SIZE
 from . import gemm_configs
-from ._common import BLOCK, e2m1_decode, e4m3_bits_to_f32, swizzled_scale_offset
+from ._common import BLOCK, e2m1_decode, e4m3_bits_to_f32, scale_offsets
 
 MMA_DEQUANT: tl.constexpr = tl.constexpr(gemm_configs.MMA_DEQUANT)
 MMA_DOT_SCALED: tl.constexpr = tl.constexpr(gemm_configs.MMA_DOT_SCALED)
-
-
-@triton.jit
-def _scale_offsets(rows, byte_cols, K, scale_cols_pad, SWIZZLED: tl.constexpr):
-    """Rows (row tensor) and byte columns (K/2 units, column tensor) -> offsets of their scales."""
-    block_cols = byte_cols // (BLOCK // 2)
-    if SWIZZLED:
-        offsets = swizzled_scale_offset(rows, block_cols, scale_cols_pad)
-    else:
-        offsets = rows.to(tl.int64) * (K // BLOCK) + block_cols
-    return offsets
 
 
 @triton.jit
@@ -77,24 +66,24 @@ def nvfp4_mainloop(
             a = tl.load(a_ptr + rows.to(tl.int64)[:, None] * (K // 2) + byte_cols[None, :],
                         mask=a_mask, other=0)
             scale_cols = k0 // BLOCK + tl.arange(0, BLOCK_K // BLOCK)
-            a_s = tl.load(a_scale_ptr + _scale_offsets(rows[:, None], scale_cols[None, :] * (BLOCK // 2),
-                                                       K, a_scale_cols_pad, SWIZZLED),
+            a_s = tl.load(a_scale_ptr + scale_offsets(rows[:, None], scale_cols[None, :], K,
+                                                      a_scale_cols_pad, SWIZZLED),
                           mask=row_ok[:, None] & (scale_cols < K // BLOCK)[None, :], other=0)
-            b_s = tl.load(b_scale_ptr + _scale_offsets(cols[:, None], scale_cols[None, :] * (BLOCK // 2),
-                                                       K, b_scale_cols_pad, SWIZZLED),
+            b_s = tl.load(b_scale_ptr + scale_offsets(cols[:, None], scale_cols[None, :], K,
+                                                      b_scale_cols_pad, SWIZZLED),
                           mask=col_ok[:, None] & (scale_cols < K // BLOCK)[None, :], other=0)
             acc = tl.dot_scaled(a, a_s.to(tl.float8e4nv, bitcast=True), "e2m1",
                                 b, b_s.to(tl.float8e4nv, bitcast=True), "e2m1", acc)
         else:
-            b_bits = tl.load(b_scale_ptr + _scale_offsets(cols[None, :], byte_cols[:, None], K,
-                                                          b_scale_cols_pad, SWIZZLED),
+            b_bits = tl.load(b_scale_ptr + scale_offsets(cols[None, :], byte_cols[:, None] // (BLOCK // 2), K,
+                                                         b_scale_cols_pad, SWIZZLED),
                              mask=b_mask, other=0)
             b_low, b_high = _decode_nibbles(b, b_bits, OPERAND)
             if A_FP4:
                 a = tl.load(a_ptr + rows.to(tl.int64)[:, None] * (K // 2) + byte_cols[None, :],
                             mask=a_mask, other=0)
-                a_bits = tl.load(a_scale_ptr + _scale_offsets(rows[:, None], byte_cols[None, :], K,
-                                                              a_scale_cols_pad, SWIZZLED),
+                a_bits = tl.load(a_scale_ptr + scale_offsets(rows[:, None], byte_cols[None, :] // (BLOCK // 2), K,
+                                                             a_scale_cols_pad, SWIZZLED),
                                  mask=a_mask, other=0)
                 a_even, a_odd = _decode_nibbles(a, a_bits, OPERAND)
             else:

@@ -40,6 +40,7 @@ from ._common import (
     pair_sign_bits,
     split_pair_words,
     max_propagate_nan,
+    scale_offsets,
     swizzled_scale_offset,
 )
 
@@ -158,12 +159,12 @@ def _quantize_tile(
     block_cols = (t % tiles_k) * (BLOCK_K // BLOCK) + tl.arange(0, BLOCK_K // BLOCK)
     real = row_ok[:, None] & (block_cols < K // BLOCK)[None, :]
     bits = tl.where(real, bits, 0).to(tl.uint8)
-    if SWIZZLE:
-        offsets = swizzled_scale_offset(rows[:, None], block_cols[None, :], scale_cols_pad)
-        in_pad = (rows < scale_rows_pad)[:, None] & (block_cols < scale_cols_pad)[None, :]
-        tl.store(scale_ptr + offsets, bits, mask=in_pad)
+    if SWIZZLE:  # the padding inside the stored tiles is written too
+        mask = (rows < scale_rows_pad)[:, None] & (block_cols < scale_cols_pad)[None, :]
     else:
-        tl.store(scale_ptr + rows64 * (K // BLOCK) + block_cols[None, :], bits, mask=real)
+        mask = real
+    offsets = scale_offsets(rows[:, None], block_cols[None, :], K, scale_cols_pad, SWIZZLE)
+    tl.store(scale_ptr + offsets, bits, mask=mask)
 
 
 @triton.jit
