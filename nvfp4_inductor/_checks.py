@@ -132,9 +132,15 @@ def check_out_dtype(dtype) -> None:
         raise TypeError(f"dtype must be one of {_dtype_names(FLOAT_DTYPES)}; got {dtype}")
 
 
-def check_dequantize_rows_args(data, scale, global_scale, swizzled, indices, dtype) -> int:
+def check_dequantize_args(data, scale, global_scale, swizzled, dtype) -> int:
+    """NVFP4 parts and an output dtype -> K."""
     k = check_nvfp4("q", data, scale, global_scale, swizzled)
     check_out_dtype(dtype)
+    return k
+
+
+def check_dequantize_rows_args(data, scale, global_scale, swizzled, indices, dtype) -> int:
+    k = check_dequantize_args(data, scale, global_scale, swizzled, dtype)
     if data.dim() != 2:
         raise ValueError(f"q must be 2-D (rows, K) to gather rows; got shape {(*data.shape[:-1], k)}")
     check_tensor("indices", indices, (torch.int32, torch.int64))

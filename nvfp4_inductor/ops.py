@@ -62,16 +62,14 @@ def dequantize(
     data: Tensor, scale: Tensor, global_scale: Tensor, swizzled: bool, dtype: torch.dtype
 ) -> Tensor:
     """NVFP4 parts -> (..., K) of dtype (bf16, fp16 or fp32)."""
-    k = _checks.check_nvfp4("q", data, scale, global_scale, swizzled)
-    _checks.check_out_dtype(dtype)
+    k = _checks.check_dequantize_args(data, scale, global_scale, swizzled, dtype)
     plain = _plain_scale(scale, data.shape[:-1], k, swizzled)
     return reference.dequantize(data, plain, global_scale, dtype)
 
 
 @dequantize.register_fake
 def _(data, scale, global_scale, swizzled, dtype):
-    k = _checks.check_nvfp4("q", data, scale, global_scale, swizzled)
-    _checks.check_out_dtype(dtype)
+    k = _checks.check_dequantize_args(data, scale, global_scale, swizzled, dtype)
     return data.new_empty((*data.shape[:-1], k), dtype=dtype)
 
 
@@ -87,8 +85,7 @@ def _(x, global_scale, per_row, swizzle):
 def _(data, scale, global_scale, swizzled, dtype):
     from .kernels.dequantize import dequantize as dequantize_triton
 
-    _checks.check_nvfp4("q", data, scale, global_scale, swizzled)
-    _checks.check_out_dtype(dtype)
+    _checks.check_dequantize_args(data, scale, global_scale, swizzled, dtype)
     return dequantize_triton(data, scale, global_scale, swizzled, dtype)
 
 
