@@ -11,7 +11,7 @@ from typing import Callable
 import torch
 from torch import nn
 
-from . import api
+from . import _checks, api
 from .format import BLOCK_SIZE
 
 __all__ = ["Config", "NVFP4Linear", "ConversionReport", "convert"]
@@ -124,7 +124,7 @@ def layer_skip_reason(config: Config, name: str, shape, module: nn.Module | None
 
 
 def _skip_reason(name: str, module: nn.Linear, config: Config) -> str | None:
-    if module.weight.dtype not in (torch.bfloat16, torch.float16, torch.float32):
+    if module.weight.dtype not in _checks.FLOAT_DTYPES:
         return f"weight dtype {module.weight.dtype} is not a float format NVFP4 converts"
     return layer_skip_reason(config, name, tuple(module.weight.shape), module)
 

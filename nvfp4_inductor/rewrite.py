@@ -18,7 +18,7 @@ from pathlib import Path
 import torch
 from torch import fx
 
-from . import _compat
+from . import _checks, _compat
 from .format import BLOCK_SIZE
 
 log = logging.getLogger("nvfp4_inductor")
@@ -39,7 +39,7 @@ def _skip_reason(weight: fx.Node) -> str | None:
     value = weight.meta.get("val")
     if value is None or value.dim() != 2:
         return "not a 2-D weight"
-    if value.dtype not in (torch.bfloat16, torch.float16, torch.float32):
+    if value.dtype not in _checks.FLOAT_DTYPES:
         return f"weight dtype {value.dtype}"
     n, k = value.shape
     if n % BLOCK_SIZE or k % BLOCK_SIZE:
