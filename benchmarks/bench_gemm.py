@@ -13,7 +13,7 @@ import torch
 import triton
 
 import nvfp4_inductor as nv
-from bench_quantize import copy_bandwidth_gbs, graph_us
+from bench_quantize import copy_bandwidth_gbs, stream_us
 from nvfp4_inductor.kernels import gemm_configs
 
 SHAPES = [(4096, 4096), (4096, 14336), (14336, 4096), (8192, 28672)]  # (K, N)
@@ -21,7 +21,7 @@ MS = [1, 16, 64, 256, 4096]
 
 
 def cycled_us(fn, weights) -> float:
-    return graph_us(lambda: [fn(w) for w in weights], calls=2, reps=10) / len(weights)
+    return stream_us(fn, weights, rounds=2)
 
 
 def main() -> None:
