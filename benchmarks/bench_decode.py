@@ -1,0 +1,216 @@
+"""Decode tokens/s under CUDA graphs: bf16 vs NVFP4 W4A16 vs W4A4, same run, same model.
+
+    python benchmarks/bench_decode.py            # the table (about 3-4 minutes, compiles included)
+    python benchmarks/bench_decode.py --check    # correctness checks only; exit status 1 on a failure
+
+The model is examples/decode.py's Llama-style decoder with 8 layers of Llama-3-8B shapes (hidden
+4096, 32 query / 8 KV heads of 128, MLP 14336; vocab 32000; the output head stays bf16), random
+weights. Each variant is compiled with mode="reduce-overhead" and static shapes: bf16 with
+`torch.compile`, NVFP4 with `nvfp4_inductor.compile` (backend="nvfp4"). Per batch size (1, 8) the
+KV cache is filled to the context (512) token by token through the compiled decode step, then
+`--steps` greedy decode steps (model call + argmax, on the host's clock: launch overhead included)
+are timed, median of 3. Also checked per variant and batch: zero CUDA-graph skips (Inductor's
+counter) and no host sync in a replayed decode step (`torch.cuda.set_sync_debug_mode("error")`).
+
+Floor: a decode step must read every weight once (bf16: 2 bytes per weight; NVFP4: 0.5625 for the
+converted linears, 2 for the output head) plus the KV cache; the floor tokens/s is batch /
+(bytes / copy bandwidth measured here). The embedding reads one row per token (ignored).
+Peak memory is `torch.cuda.max_memory_allocated` over the variant's compile and run; the NVFP4
+rows include the bf16 weights, which the model object still holds (the compiled graphs hold the
+NVFP4 copies as frozen constants, one copy per compiled graph).
+"""
+
+import argparse
+import copy
+import gc
+import statistics
+import sys
+import time
+from pathlib import Path
+
+import torch
+import triton
+from bench_quantize import copy_bandwidth_gbs
+from torch._dynamo.utils import counters
+
+import nvfp4_inductor as nv
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "examples"))
+import decode  # the model and the decode loop of examples/decode.py
+
+TARGETS = {"nvfp4 W4A16": 2.5, "nvfp4 W4A4": 2.0}  # x bf16 tokens/s at batch 1 (issue #6)
+NVFP4_BYTES_PER_WEIGHT = 0.5 + 1 / 16  # E2M1 code + one E4M3 scale per 16 (global scales ignored)
+
+
+def step_bytes(model: decode.Transformer, nvfp4: bool, batch: int) -> float:
+    """Bytes a decode step must read: the linear weights, and the whole bf16 KV cache (attention
+    covers every slot, masked)."""
+    total = 0.0
+    for name, module in model.named_modules():
+        if isinstance(module, torch.nn.Linear):
+            per_weight = 2 if (not nvfp4 or name == "lm_head") else NVFP4_BYTES_PER_WEIGHT
+            total += module.weight.numel() * per_weight
+    cfg = model.cfg
+    return total + 2 * cfg.layers * batch * cfg.kv_heads * model.max_len * cfg.head_dim * 2
+
+
+def decode_from(step, token, pos, steps):
+    """steps greedy decode steps from (token (B, 1), pos (1,)), both on the device; -> token."""
+    for _ in range(steps):
+        torch.compiler.cudagraph_mark_step_begin()
+        token = step(token, pos).argmax(-1, keepdim=True)
+        pos += 1
+    return token
+
+
+def sync_free_step(step, batch, start) -> str:
+    """One replayed decode step under sync debug mode "error": "ok", or the error."""
+    token = torch.zeros(batch, 1, dtype=torch.long, device="cuda")
+    pos = torch.full((1,), start, dtype=torch.long, device="cuda")
+    decode_from(step, token, pos.clone(), 1)  # the same graph just before: a replay follows
+    torch.cuda.synchronize()
+    torch.cuda.set_sync_debug_mode("error")
+    try:
+        decode_from(step, token, pos, 1)
+        result = "ok"
+    except RuntimeError as error:
+        result = f"SYNC: {str(error).splitlines()[0]}"
+    finally:
+        torch.cuda.set_sync_debug_mode(0)
+    torch.cuda.synchronize()
+    return result
+
+
+def run_variant(model, config, batches, context, steps):
+    """-> one row per batch: dict of the measurements."""
+    step = decode.compile_variant(model, config, "reduce-overhead")
+    rows = []
+    for batch in batches:
+        model.setup_cache(batch)
+        torch.cuda.synchronize()
+        torch.cuda.reset_peak_memory_stats()
+        skips = counters["inductor"]["cudagraph_skips"]
+        token = torch.zeros(batch, 1, dtype=torch.long, device="cuda")
+        pos = torch.zeros(1, dtype=torch.long, device="cuda")
+        begin = time.perf_counter()
+        token = decode_from(step, token, pos, 3)  # compile, warm up, record the CUDA graph
+        torch.cuda.synchronize()
+        compile_s = time.perf_counter() - begin
+        decode_from(step, token, pos, context - 3)  # the rest of the context, through the graph
+        times = [decode.decode_seconds(step, batch, context, steps, "cuda") for _ in range(3)]
+        rows.append({
+            "batch": batch, "tokens_s": batch * steps / statistics.median(times), "compile_s": compile_s,
+            "peak_gib": torch.cuda.max_memory_allocated() / 2**30,
+            "skips": counters["inductor"]["cudagraph_skips"] - skips,
+            "sync": sync_free_step(step, batch, context),
+            "floor_tokens_s": None})
+    del step
+    return rows
+
+
+def check(model, steps) -> bool:
+    """Correctness only, batch 1: compiled NVFP4 vs the same model converted eagerly, agreement
+    with bf16 (teacher-forced), CUDA-graph skips, host syncs. -> True when all pass."""
+    ok = True
+    generator = torch.Generator().manual_seed(0)
+    prompt = torch.randint(0, model.cfg.vocab, (1, 16), generator=generator).cuda()
+    torch._dynamo.reset()
+    model.setup_cache(1)
+    bf16_choices = decode.greedy(decode.compile_variant(model, None, "reduce-overhead"), prompt, steps)
+    for name, config in list(decode.VARIANTS.items())[1:]:
+        torch._dynamo.reset()
+        model.setup_cache(1)
+        skips = counters["inductor"]["cudagraph_skips"]
+        step = decode.compile_variant(model, config, "reduce-overhead", fullgraph=True)
+        choices = decode.greedy(step, prompt, steps, forced=bf16_choices)
+        agreement = (choices == bf16_choices).float().mean().item()
+        # Compiled vs eager NVFP4 on the same tokens (a copy converted with nv.convert: the same
+        # quantized weights), logits of the prefill and 4 decode steps.
+        eager = copy.deepcopy(model)
+        nv.convert(eager, config)
+        model.setup_cache(1)
+        eager.setup_cache(1)
+        pos = torch.arange(16, device="cuda")
+        worst = 0.0
+        with torch.no_grad():
+            for i in range(5):
+                tokens = prompt if i == 0 else bf16_choices[:, i - 1:i]
+                torch.compiler.cudagraph_mark_step_begin()
+                got = step(tokens, pos).float()
+                want = eager(tokens, pos).float()
+                worst = max(worst, ((got - want).norm() / want.norm()).item())
+                pos = pos[-1:] + 1
+        del eager
+        sync = sync_free_step(step, 1, 16 + 5)
+        new_skips = counters["inductor"]["cudagraph_skips"] - skips
+        passed = worst < 2e-2 and new_skips == 0 and sync == "ok"
+        ok &= passed
+        print(f"{name}: {'PASS' if passed else 'FAIL'}  compiled vs eager NVFP4 relative error "
+              f"{worst:.2e} (< 2e-2), cudagraph skips {new_skips}, sync check {sync}, "
+              f"agreement with bf16 {100 * agreement:.1f}% of {steps} steps (teacher-forced)")
+        del step
+    return ok
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--check", action="store_true", help="correctness checks only")
+    parser.add_argument("--batches", type=int, nargs="+", default=[1, 8])
+    parser.add_argument("--context", type=int, default=512)
+    parser.add_argument("--steps", type=int, default=64, help="timed decode steps per repeat")
+    parser.add_argument("--layers", type=int, default=8)
+    args = parser.parse_args()
+    torch._dynamo.config.cache_size_limit = 64
+    cfg = decode.PRESETS["llama3-8b-8layers"]
+    if args.layers != cfg.layers:
+        cfg = decode.ModelConfig(**{**cfg.__dict__, "layers": args.layers})
+    print(f"GPU: {torch.cuda.get_device_name()}, torch {torch.__version__}, triton {triton.__version__}")
+    print(f"model: {cfg}; context {args.context}, batches {args.batches}")
+    max_len = args.context + args.steps + 8
+    model = decode.build_model(cfg, max_len, max(args.batches), "cuda")
+    if args.check:
+        sys.exit(0 if check(model, 32) else 1)
+
+    copy_gbs = copy_bandwidth_gbs()
+    print(f"device copy: {copy_gbs:.0f} GB/s (read + write); bf16 weights "
+          f"{torch.cuda.memory_allocated() / 2**30:.2f} GiB allocated before compiling")
+    results = {}
+    for name, config in decode.VARIANTS.items():
+        torch._dynamo.reset()  # drops the previous variant's graphs and CUDA-graph pools
+        gc.collect()
+        torch.cuda.empty_cache()
+        results[name] = run_variant(model, config, args.batches, args.context, args.steps)
+        for row in results[name]:
+            nbytes = step_bytes(model, config is not None, row["batch"])
+            row["floor_tokens_s"] = row["batch"] / (nbytes / (copy_gbs * 1e9))
+
+    print(f"\n{'variant':>12} {'batch':>5} {'tokens/s':>9} {'vs bf16':>8} {'floor tok/s':>11} "
+          f"{'% floor':>7} {'peak GiB':>8} {'compile s':>9} {'skips':>5} {'sync':>5}")
+    for name, rows in results.items():
+        for row, base in zip(rows, results["bf16"]):
+            print(f"{name:>12} {row['batch']:5d} {row['tokens_s']:9.1f} "
+                  f"{row['tokens_s'] / base['tokens_s']:7.2f}x {row['floor_tokens_s']:11.1f} "
+                  f"{100 * row['tokens_s'] / row['floor_tokens_s']:6.1f}% {row['peak_gib']:8.2f} "
+                  f"{row['compile_s']:9.1f} {row['skips']:5d} {row['sync']:>5}")
+    print("(compile s: the first 3 decode calls at that batch: compile, warm-up, CUDA-graph record;"
+          " floor: weights + KV cache read once at the copy bandwidth)")
+    failures = []
+    if 1 in args.batches:
+        index = args.batches.index(1)
+        base = results["bf16"][index]["tokens_s"]
+        for name, target in TARGETS.items():
+            ratio = results[name][index]["tokens_s"] / base
+            met = ratio >= target
+            failures += [] if met else [name]
+            print(f"target {name} >= {target}x bf16 tokens/s at batch 1: {ratio:.2f}x "
+                  f"{'MET' if met else 'NOT MET'}")
+    clean = all(r["skips"] == 0 and r["sync"] == "ok" for rows in results.values() for r in rows)
+    print(f"target zero CUDA-graph skips and no host sync in a decode step: {'MET' if clean else 'NOT MET'}")
+    for name, rows in results.items():
+        for row in rows:
+            if row["sync"] != "ok":
+                print(f"  {name} batch {row['batch']}: {row['sync']}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,262 @@
+"""examples/decode.py: the Llama-style model and its decode loop, eager, through backend="nvfp4"
+on the CPU, and (marked gpu) captured in CUDA graphs under mode="reduce-overhead"."""
+
+import copy
+import logging
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+import torch.nn.functional as F
+from torch._dynamo.utils import counters
+from torch._inductor.utils import run_and_get_code
+
+import nvfp4_inductor as nv
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "examples"))
+import decode
+
+CFG = decode.PRESETS["tiny"]
+LINEARS = 7 * CFG.layers  # wq, wk, wv, wo, w1, w2, w3 per layer; lm_head stays bf16
+MAX_LEN = 32
+# Compiled vs eager NVFP4 logits (|logits| ~ 0.5): measured max difference 3.4e-3 on the CPU
+# (Inductor fuses the norms and rotary embeddings in another order).
+TOL = {"rtol": 2e-2, "atol": 2e-2}
+
+
+@pytest.fixture(autouse=True)
+def _fresh_dynamo():
+    torch._dynamo.reset()
+    yield
+    torch._dynamo.reset()
+
+
+def _tokens(batch, length, seed=1):
+    generator = torch.Generator().manual_seed(seed)
+    return torch.randint(0, CFG.vocab, (batch, length), generator=generator)
+
+
+def _eager_nvfp4(model, activations):
+    """A copy of model with its linears converted eagerly (NVFP4Linear): the same quantized
+    weights as the backend makes (dynamic per-tensor global scale), and its own KV cache."""
+    reference = copy.deepcopy(model)
+    report = nv.convert(reference, nv.Config(activations=activations))
+    assert len(report.converted) == LINEARS and list(report.skipped) == ["lm_head"]
+    return reference
+
+
+def _run_steps(step, tokens, device, clone=True):
+    """Feeds tokens (B, n) one position at a time from position 0 -> list of logits (B, vocab)."""
+    pos = torch.zeros(1, dtype=torch.long, device=device)
+    out = []
+    for i in range(tokens.shape[1]):
+        torch.compiler.cudagraph_mark_step_begin()
+        logits = step(tokens[:, i:i + 1].to(device), pos)
+        out.append(logits.clone() if clone else logits)  # a replay overwrites CUDA-graph outputs
+        pos = pos + 1
+    return out
+
+
+# --- the model, eagerly --------------------------------------------------------------------------
+
+def test_attention_matches_sdpa_with_repeated_kv_heads():
+    torch.manual_seed(0)
+    model = decode.build_model(CFG, MAX_LEN, 2, "cpu").float()
+    model.setup_cache(2)
+    attn, seq = model.layers[0].attn, 7
+    x = torch.randn(2, seq, CFG.hidden)
+    pos = torch.arange(seq)
+    mask = model.key_pos <= pos[:, None]
+    cos, sin = model.rope_cos[pos], model.rope_sin[pos]
+    with torch.no_grad():
+        out = attn(x, pos, cos, sin, mask)
+        q = attn.wq(x).view(2, seq, CFG.heads, CFG.head_dim).transpose(1, 2)
+        k = attn.wk(x).view(2, seq, CFG.kv_heads, CFG.head_dim).transpose(1, 2)
+        v = attn.wv(x).view(2, seq, CFG.kv_heads, CFG.head_dim).transpose(1, 2)
+        q, k = decode.apply_rope(q, cos, sin), decode.apply_rope(k, cos, sin)
+        rep = CFG.heads // CFG.kv_heads  # query head h reads KV head h // rep
+        ref = F.scaled_dot_product_attention(q, k.repeat_interleave(rep, 1), v.repeat_interleave(rep, 1),
+                                             is_causal=True)
+        ref = attn.wo(ref.transpose(1, 2).reshape(2, seq, -1))
+    torch.testing.assert_close(out, ref, rtol=1e-4, atol=1e-5)
+    torch.testing.assert_close(attn.k_cache[:, :, :seq], k)  # the cache holds the rotated keys
+    assert attn.k_cache[:, :, seq:].eq(0).all()
+
+
+def test_decode_steps_match_a_longer_prefill():
+    # The KV cache, positions and mask: prefill of 5 tokens + 4 decode steps gives the logits of
+    # a 6..9-token prefill. fp32, so only summation order differs.
+    model = decode.build_model(CFG, MAX_LEN, 2, "cpu").float()
+    tokens = _tokens(2, 9)
+    with torch.no_grad():
+        model.setup_cache(2)
+        model(tokens[:, :5], torch.arange(5))
+        for t in range(5, 9):
+            stepped = model(tokens[:, t:t + 1], torch.tensor([t]))
+            model.setup_cache(2)
+            full = model(tokens[:, :t + 1], torch.arange(t + 1))
+            torch.testing.assert_close(stepped, full, rtol=1e-4, atol=1e-5)
+            model.setup_cache(2)
+            model(tokens[:, :t + 1], torch.arange(t + 1))  # the cache as the stepping left it
+
+
+def test_greedy_teacher_forcing():
+    model = decode.build_model(CFG, MAX_LEN, 2, "cpu")
+
+    def step(tokens, pos):
+        with torch.no_grad():
+            return model(tokens, pos)
+
+    prompt = _tokens(2, 4)
+    free = decode.greedy(step, prompt, 6)
+    assert free.shape == (2, 6)
+    assert torch.equal(decode.greedy(step, prompt, 6, forced=free), free)  # fed its own choices
+    other = torch.randint(0, CFG.vocab, (2, 6))
+    forced = decode.greedy(step, prompt, 6, forced=other)
+    assert torch.equal(forced[:, 0], free[:, 0])  # the prefill's choice does not depend on it
+    with torch.no_grad():
+        model.setup_cache(2)
+        model(prompt, torch.arange(4))
+        expected = model(other[:, :1], torch.tensor([4])).argmax(-1)
+    assert torch.equal(forced[:, 1], expected)
+
+
+# --- through backend="nvfp4" on the CPU ----------------------------------------------------------
+
+def test_decode_through_the_backend_on_cpu(caplog):
+    # One graph (every call is a (2, 1) decode step), fullgraph: a graph break is an error.
+    model = decode.build_model(CFG, MAX_LEN, 2, "cpu")
+    reference = _eager_nvfp4(model, "bf16")
+    step = nv.compile(model, nv.Config(activations="bf16"), fullgraph=True, dynamic=False)
+    tokens = _tokens(2, 6)
+    counters.clear()
+    with caplog.at_level(logging.INFO, logger="nvfp4_inductor"):
+        (first, *rest), code = run_and_get_code(_run_steps, step, tokens, "cpu")
+    source = "\n".join(code)
+    assert source.count("torch.ops.nvfp4.linear.default(") == LINEARS
+    assert "torch.ops.nvfp4.quantize" not in source  # weights quantized at compile time
+    assert f"converted {LINEARS} linear weights, skipped 1" in caplog.text
+    assert counters["stats"]["unique_graphs"] == 1  # no recompiles across positions
+    with torch.no_grad():
+        expected = _run_steps(reference, tokens, "cpu")
+    for got, want in zip([first, *rest], expected):
+        torch.testing.assert_close(got, want, **TOL)
+    for layer, ref_layer in zip(model.layers, reference.layers):  # the in-place cache writes landed
+        torch.testing.assert_close(layer.attn.k_cache, ref_layer.attn.k_cache, **TOL)
+        torch.testing.assert_close(layer.attn.v_cache, ref_layer.attn.v_cache, **TOL)
+        assert layer.attn.k_cache[:, :, :6].ne(0).any(dim=-1).all()
+    # The NVFP4 error is well above the tolerance (measured 0.064), so a silent bf16 fall-back
+    # would not pass the comparison above.
+    bf16 = decode.build_model(CFG, MAX_LEN, 2, "cpu")
+    with torch.no_grad():
+        bf16_logits = _run_steps(bf16, tokens, "cpu")
+    assert max((a - b).abs().max().item() for a, b in zip(bf16_logits, expected)) > 2 * TOL["atol"]
+
+
+# --- on a GPU, captured in CUDA graphs -----------------------------------------------------------
+
+GPU_ACTIVATIONS = ["bf16", "nvfp4"]  # W4A16, W4A4
+
+
+def _gpu_setup(activations, batch=2):
+    model = decode.build_model(CFG, MAX_LEN, batch, "cuda")
+    reference = _eager_nvfp4(model, activations)
+    step = nv.compile(model, nv.Config(activations=activations), mode="reduce-overhead",
+                      fullgraph=True, dynamic=False)
+    return model, reference, step
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("activations", GPU_ACTIVATIONS)
+def test_cudagraph_replay_matches_eager(activations):
+    model, reference, step = _gpu_setup(activations)
+    prompt, tokens = _tokens(2, 5).cuda(), _tokens(2, 8, seed=2).cuda()
+    counters.clear()
+    torch.compiler.cudagraph_mark_step_begin()
+    got = [step(prompt, torch.arange(5, device="cuda")).clone()]  # the prefill graph
+    pos = torch.full((1,), 5, device="cuda")
+    ptrs = []
+    for i in range(tokens.shape[1]):  # warm-up, record, then replays of the decode graph
+        torch.compiler.cudagraph_mark_step_begin()
+        logits = step(tokens[:, i:i + 1], pos)
+        ptrs.append(logits.data_ptr())
+        got.append(logits.clone())
+        pos += 1
+    torch.cuda.synchronize()
+    assert counters["inductor"]["cudagraph_skips"] == 0
+    assert len(set(ptrs[3:])) == 1, "replays return the graph's static output buffer"
+    with torch.no_grad():
+        expected = [reference(prompt, torch.arange(5, device="cuda"))]
+        expected += _run_steps_from(reference, tokens, 5)
+    for i, (g, e) in enumerate(zip(got, expected)):
+        torch.testing.assert_close(g, e, **TOL, msg=lambda m, i=i: f"step {i}: {m}")
+    for layer, ref_layer in zip(model.layers, reference.layers):
+        torch.testing.assert_close(layer.attn.k_cache, ref_layer.attn.k_cache, **TOL)
+
+
+def _run_steps_from(model, tokens, start):
+    pos = torch.full((1,), start, device=tokens.device)
+    out = []
+    for i in range(tokens.shape[1]):
+        out.append(model(tokens[:, i:i + 1], pos))
+        pos = pos + 1
+    return out
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("activations", GPU_ACTIVATIONS)
+def test_decode_step_makes_no_host_sync(activations):
+    _, _, step = _gpu_setup(activations)
+    token = _tokens(2, 1).cuda()
+    pos = torch.zeros(1, dtype=torch.long, device="cuda")
+    counters.clear()
+    for _ in range(4):  # compile, warm up, record, replay
+        torch.compiler.cudagraph_mark_step_begin()
+        token = step(token, pos).argmax(-1, keepdim=True)
+        pos += 1
+    torch.cuda.synchronize()
+    torch.cuda.set_sync_debug_mode("error")
+    try:  # one full decode step as the generate loop runs it: a sync raises here
+        for _ in range(2):
+            torch.compiler.cudagraph_mark_step_begin()
+            token = step(token, pos).argmax(-1, keepdim=True)
+            pos += 1
+    finally:
+        torch.cuda.set_sync_debug_mode(0)
+    torch.cuda.synchronize()
+    assert counters["inductor"]["cudagraph_skips"] == 0
+    assert int(pos) == 6
+
+
+@pytest.mark.gpu
+def test_batch_size_change_records_a_new_graph():
+    model, reference, step = _gpu_setup("bf16", batch=1)
+    counters.clear()
+    for batch, seed in ((1, 3), (2, 4), (1, 5)):  # back to 1: new cache buffers, same shapes
+        model.setup_cache(batch)
+        reference.setup_cache(batch)
+        tokens = _tokens(batch, 5, seed).cuda()
+        got = _run_steps(step, tokens, "cuda")
+        with torch.no_grad():
+            expected = _run_steps(reference, tokens, "cuda")
+        for g, e in zip(got, expected):
+            assert g.shape == (batch, CFG.vocab)
+            torch.testing.assert_close(g, e, **TOL)
+    assert counters["inductor"]["cudagraph_skips"] == 0
+
+
+@pytest.mark.gpu
+def test_bf16_variant_under_cudagraphs_matches_eager():
+    # The baseline of the example and the benchmark: plain Inductor, same model and loop.
+    model = decode.build_model(CFG, MAX_LEN, 2, "cuda")
+    reference = copy.deepcopy(model)
+    step = decode.compile_variant(model, None, "reduce-overhead", fullgraph=True)
+    tokens = _tokens(2, 6).cuda()
+    counters.clear()
+    got = _run_steps(step, tokens, "cuda")
+    with torch.no_grad():
+        expected = _run_steps(reference, tokens, "cuda")
+    for g, e in zip(got, expected):
+        torch.testing.assert_close(g, e, **TOL)
+    assert counters["inductor"]["cudagraph_skips"] == 0
