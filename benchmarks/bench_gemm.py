@@ -11,9 +11,9 @@ import math
 
 import torch
 import triton
+from bench_quantize import copy_bandwidth_gbs, stream_us
 
 import nvfp4_inductor as nv
-from bench_quantize import copy_bandwidth_gbs, stream_us
 from nvfp4_inductor.kernels import gemm_configs
 
 SHAPES = [(4096, 4096), (4096, 14336), (14336, 4096), (8192, 28672)]  # (K, N)
@@ -30,10 +30,11 @@ def main() -> None:
     copy = copy_bandwidth_gbs()
     l2 = torch.cuda.get_device_properties().L2_cache_size
     print(f"device copy: {copy:.0f} GB/s")
-    print("W4A16 / W4A4: the default path (dequantize + cuBLAS for bf16 x); triton: the NVFP4 GEMM"
-          " kernel forced. x: speed-up over bf16 cuBLAS (>1 is faster).")
-    print(f"\n{'K':>6} {'N':>6} {'M':>5} {'bf16 us':>9} {'W4A16 us':>9} {'W4A4 us':>9} {'triton16':>9}"
-          f" {'triton4':>9} {'floor us':>9} {'W4A16 x':>8} {'W4A4 x':>7} {'tri16 x':>8} {'floor x':>8}")
+    print("W4A16 / W4A4: the default path (M <= 16: the skinny split-K kernel; above: dequantize +"
+          " cuBLAS); deq16: W4A16 through dequantize + cuBLAS, forced (the default before the skinny"
+          " kernel). x: speed-up over bf16 cuBLAS (>1 is faster).")
+    print(f"\n{'K':>6} {'N':>6} {'M':>5} {'bf16 us':>9} {'W4A16 us':>9} {'W4A4 us':>9} {'deq16 us':>9}"
+          f" {'floor us':>9} {'W4A16 x':>8} {'W4A4 x':>7} {'deq16 x':>8} {'floor x':>8}")
     for k, n in SHAPES:
         copies = max(2, math.ceil(3 * l2 / (n * k * 2)))
         w_bf16 = [torch.randn(n, k, dtype=torch.bfloat16, device="cuda") for _ in range(copies)]
@@ -43,14 +44,13 @@ def main() -> None:
             bf16 = cycled_us(lambda w: x @ w.T, w_bf16)
             w4a16 = cycled_us(lambda w: nv.linear(x, w), w_fp4)
             w4a4 = cycled_us(lambda w: nv.linear(x, w, activation="nvfp4"), w_fp4)
-            gemm_configs.FORCE_PATH = "triton"
-            tri16 = cycled_us(lambda w: nv.linear(x, w), w_fp4) if m <= 256 else math.nan
-            tri4 = cycled_us(lambda w: nv.linear(x, w, activation="nvfp4"), w_fp4) if m <= 256 else math.nan
+            gemm_configs.FORCE_PATH = "dequant_cublas"
+            deq16 = cycled_us(lambda w: nv.linear(x, w), w_fp4)
             gemm_configs.FORCE_PATH = None
             floor = (n * k * 0.5625 + 2 * m * k + 2 * m * n) / copy / 1e3
-            print(f"{k:>6} {n:>6} {m:>5} {bf16:9.1f} {w4a16:9.1f} {w4a4:9.1f} {tri16:9.1f} {tri4:9.1f}"
-                  f" {floor:9.1f} {bf16 / w4a16:8.2f} {bf16 / w4a4:7.2f} {bf16 / tri16:8.2f}"
-                  f" {bf16 / floor:8.2f}")
+            print(f"{k:>6} {n:>6} {m:>5} {bf16:9.1f} {w4a16:9.1f} {w4a4:9.1f} {deq16:9.1f}"
+                  f" {floor:9.1f} {bf16 / w4a16:8.2f} {bf16 / w4a4:7.2f} {bf16 / deq16:8.2f}"
+                  f" {bf16 / floor:8.2f}", flush=True)
         del w_bf16, w_fp4
 
 

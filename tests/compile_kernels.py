@@ -20,6 +20,7 @@ from triton.compiler import ASTSource  # noqa: E402
 from nvfp4_inductor.kernels import dequantize as dk  # noqa: E402
 from nvfp4_inductor.kernels import gemm as gk  # noqa: E402
 from nvfp4_inductor.kernels import gemm_configs  # noqa: E402
+from nvfp4_inductor.kernels import gemm_splitk as sk  # noqa: E402
 from nvfp4_inductor.kernels import quantize as qk  # noqa: E402
 
 # What the JIT specializes at launch: pointers and these integer sizes divisible by 16.
@@ -52,7 +53,16 @@ GEMM_SIGNATURE = {
     **{name: "constexpr" for name in ("MMA", "A_FP4", "SWIZZLED", "B_G_PER_ROW", "HAS_BIAS",
                                       "OPERAND", "BLOCK_M", "BLOCK_N", "BLOCK_K")},
 }
+SPLITK_SIGNATURE = {
+    "x_ptr": "*bf16", "w_ptr": "*u8", "w_scale_ptr": "*u8", "w_g_ptr": "*fp32", "bias_ptr": "*bf16",
+    "out_ptr": "*bf16", "partial_ptr": "*fp32", "M": "i32", "N": "i32", "K": "i32",
+    "w_scale_cols_pad": "i32", "tiles_per_split": "i32", "stride_xm": "i32", "stride_om": "i32",
+    **{name: "constexpr" for name in ("SWIZZLED", "W_G_PER_ROW", "HAS_BIAS", "SPLIT", "USE_ASM",
+                                      "OPERAND", "EVEN", "BLOCK_M", "BLOCK_N", "BLOCK_K")},
+}
 WGMMA = r"wgmma\.mma_async"
+MMA_SYNC_BF16 = r"mma\.sync\.aligned\.m16n8k16\.row\.col\.f32\.bf16\.bf16\.f32"
+WORD_DECODE = r"mul\.rn\.bf16x2"  # the inline-PTX decode made it into the kernel
 TCGEN05_BLOCK_SCALE = r"tcgen05\.mma\.cta_group::1\.kind::mxf4nvf4\.block_scale"
 
 
@@ -86,11 +96,25 @@ def gemm_cases(sm):
                    [WGMMA] if bm >= 64 else [], stages)
 
 
+def splitk_cases():
+    """The skinny kernel in each shipped configuration and for every M bucket up to SPLITK_MAX_M,
+    with and without masks; 2-warp tiles must multiply with mma.sync."""
+    for bn, bk, _, warps, stages in {gemm_configs.SPLITK_CONFIG, gemm_configs.SPLITK_CONFIG_WIDE_N}:
+        for bm, even, swizzled in itertools.product((16,), (False, True), (False, True)):
+            yield (f"splitk-{bm}x{bn}x{bk}-w{warps}-even{int(even)}-swizzle{int(swizzled)}",
+                   sk._splitk_kernel, SPLITK_SIGNATURE,
+                   {"SWIZZLED": swizzled, "W_G_PER_ROW": False, "HAS_BIAS": True, "SPLIT": True,
+                    "USE_ASM": True, "OPERAND": triton.language.bfloat16, "EVEN": even,
+                    "BLOCK_M": bm, "BLOCK_N": bn, "BLOCK_K": bk}, warps,
+                   [WORD_DECODE] + ([MMA_SYNC_BF16] if warps == 2 else []), stages)
+
+
 def cases(sm):
     if sm >= 100:
         yield from gemm_cases(sm)
         return
     yield from gemm_cases(sm)
+    yield from splitk_cases()
     block_m, block_k, num_warps = qk.LARGE_TILE
     for dtype, mode, swizzle in itertools.product(DTYPES, range(4), [False, True]):
         yield (f"quantize-{dtype}-g{mode}-swizzle{int(swizzle)}", qk._quantize_kernel,

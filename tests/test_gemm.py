@@ -9,7 +9,7 @@ import pytest
 import torch
 
 import nvfp4_inductor as nv
-from nvfp4_inductor.kernels import gemm, gemm_configs
+from nvfp4_inductor.kernels import gemm, gemm_configs, gemm_splitk
 
 OPS = torch.ops.nvfp4
 
@@ -66,7 +66,7 @@ def test_gemm_per_row_weight_scale_and_output_dtypes(kernel_device):
 @pytest.mark.parametrize("m", [1, 7, 33, 257])
 @pytest.mark.parametrize("n, k", [(48, 64), (80, 160), (1024, 1056)])
 @pytest.mark.parametrize("activation", ["bf16", "nvfp4"])
-@pytest.mark.parametrize("path", ["dequant_cublas", "triton"])
+@pytest.mark.parametrize("path", gemm_configs.PATHS)
 def test_linear_on_cuda_matches_reference(m, n, k, activation, path, monkeypatch):
     monkeypatch.setattr(gemm_configs, "FORCE_PATH", path)
     gen = torch.Generator().manual_seed(m + n + k)
@@ -82,11 +82,43 @@ def test_linear_on_cuda_matches_reference(m, n, k, activation, path, monkeypatch
 
 
 def test_linear_path_choice():
-    # bf16 x: dequantize + cuBLAS (measured faster than the first Triton GEMM at every M);
-    # fp16 / fp32 x: the Triton GEMM (a bf16 cuBLAS output would round once more).
-    assert gemm_configs.linear_path(1, 4096, 4096, torch.bfloat16, "bf16") == "dequant_cublas"
+    # M <= 16: the skinny split-K kernel; above, bf16 x: dequantize + cuBLAS; fp16 / fp32 x: the
+    # Triton GEMM (a bf16 cuBLAS output would round once more). Measured in gemm_configs.
+    assert gemm_configs.linear_path(1, 4096, 4096, torch.bfloat16, "bf16") == "splitk"
+    assert gemm_configs.linear_path(16, 4096, 4096, torch.float32, "nvfp4") == "splitk"
+    assert gemm_configs.linear_path(17, 4096, 4096, torch.bfloat16, "bf16") == "dequant_cublas"
     assert gemm_configs.linear_path(4096, 4096, 4096, torch.bfloat16, "nvfp4") == "dequant_cublas"
-    assert gemm_configs.linear_path(1, 4096, 4096, torch.float32, "bf16") == "triton"
+    assert gemm_configs.linear_path(64, 4096, 4096, torch.float32, "bf16") == "triton"
+
+
+@pytest.mark.parametrize("m, n, k, swizzled, config", [
+    (1, 16, 16, False, (16, 16, 64, 1, 4, 1)),       # K shorter than the tile
+    (5, 48, 160, True, (16, 32, 64, 2, 4, 1)),       # odd M, N not a tile multiple, 2 splits
+    (16, 130, 512, False, (16, 64, 128, 3, 4, 1)),   # uneven splits (4 tiles over 3)
+    (3, 64, 256, True, (16, 64, 256, 1, 4, 1)),      # even: no masks, one split
+])
+def test_splitk_mainloop_matches_reference(kernel_device, m, n, k, swizzled, config):
+    """The skinny kernel's index formulas and fp32 epilogue, at fresh random inputs with a wide
+    range of x and per-row weight scales. On a GPU the word decode (inline PTX) runs; under the
+    interpreter the byte decode builds the same operand."""
+    gen = torch.Generator().manual_seed(m * 31 + n + k)
+    operand = torch.bfloat16 if kernel_device == "cuda" else torch.float16
+    x = (torch.randn(m, k, generator=gen) * 100).to(operand)
+    w = nv.quantize(torch.randn(n, k, generator=gen) * torch.logspace(-2, 2, n)[:, None],
+                    swizzle=swizzled, per_row=m % 2 == 1)
+    bias = torch.randn(n, generator=gen)
+    parts = [t.to(kernel_device) for t in (w.data, w.scale.view(torch.uint8), w.global_scale)]
+    y = gemm_splitk.gemm_splitk(x.to(kernel_device), *parts, bias.to(kernel_device), torch.float32,
+                                swizzled, config=config)
+    assert _rel(y, x.double() @ w.dequantize(torch.float32).double().T + bias.double()) <= 1e-5
+
+
+def test_splitk_config_fills_the_gpu():
+    for m, n, k in [(1, 4096, 4096), (16, 28672, 8192), (7, 4096, 14336), (1, 64, 16)]:
+        block_m, block_n, block_k, splits, _, _ = gemm_configs.splitk_config(m, n, k, 132)
+        assert block_m >= max(16, m) and 1 <= splits <= -(-k // block_k)
+        programs = -(-n // block_n) * splits
+        assert programs >= min(4 * 132, -(-n // block_n) * -(-k // block_k))
 
 
 @pytest.mark.gpu

@@ -171,6 +171,19 @@ def linear(x, w_data, w_scale, w_g, bias, w_swizzled: bool, activation: str):
     if activation == "nvfp4":
         a, a_scale, a_g = quantize(x2, None, False, w_swizzled)
     path = gemm_configs.linear_path(x2.shape[0], n, k, x.dtype, activation)
+    if path == "splitk":
+        # Small M: the skinny kernel reads x as bf16. W4A4 first dequantizes its (few) quantized
+        # rows without the global scale (e2m1 * block scale is exact in bf16); both global scales
+        # go to the epilogue.
+        from .gemm_splitk import gemm_splitk
+
+        g = w_g
+        if activation == "nvfp4":
+            a = dequantize(a, a_scale, None, w_swizzled, torch.bfloat16)
+            g = w_g * a_g
+        else:
+            a = x2.to(torch.bfloat16)
+        return gemm_splitk(a, w_data, w_scale, g, bias, x.dtype, w_swizzled).reshape(*lead, n)
     if path == "dequant_cublas":
         # e2m1 * block scale is exact in bf16 (the global scale would not be: measured 3e-3
         # relative error when folded in), so the global scales, the bias and the rounding to the

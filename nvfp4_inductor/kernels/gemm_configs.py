@@ -25,14 +25,35 @@ def gemm_config(m: int, n: int, k: int, mma: int) -> tuple[int, int, int, int, i
     raise AssertionError("unreachable")
 
 
-# Which implementation nvfp4::linear uses on CUDA. "dequant_cublas": dequantize W (and, for W4A4,
-# the quantized x) to bf16 with the Triton dequantize kernel, then a bf16 cuBLAS GEMM; "triton":
-# the NVFP4 GEMM kernel above. Measured on an H200 (benchmarks/results/bench_gemm_h200_first.txt):
-# the first Triton kernel was 2.3-16x slower than bf16 cuBLAS at every M (its weight decode costs
-# ~20 instructions a weight; the decode floor needs ~4), so dequantize + cuBLAS is the default
-# wherever its bf16 output is exact enough (x in bf16); fp16 / fp32 x keep the Triton kernel.
-# FORCE_PATH overrides the choice (benchmarks use it to measure both).
+# Skinny (split-K, word-decode) kernel for small M, gemm_splitk.py: (BLOCK_N, BLOCK_K, programs
+# per SM, num_warps, num_stages). Two warps make Triton use mma.sync (both operands in registers):
+# measured on an H200 (benchmarks/probe_splitk.py), 2-warp tiles beat every 4- and 8-warp wgmma
+# tile by 1.3-1.7x at M <= 16; 64-row tiles win on the widest weight (N = 28672).
+SPLITK_CONFIG = (128, 128, 4, 2, 4)
+SPLITK_CONFIG_WIDE_N = (64, 128, 4, 2, 4)
+SPLITK_MAX_M = 16  # above, dequantize + cuBLAS measured faster (M = 64: 0.44x vs 0.31-0.41x bf16)
+
+
+def splitk_config(m: int, n: int, k: int, num_sms: int) -> tuple[int, int, int, int, int, int]:
+    """-> (BLOCK_M, BLOCK_N, BLOCK_K, num_splits, num_warps, num_stages) of the skinny kernel."""
+    block_n, block_k, per_sm, warps, stages = SPLITK_CONFIG_WIDE_N if n >= 16384 else SPLITK_CONFIG
+    block_m = max(16, 1 << (m - 1).bit_length())
+    tiles = -(-k // block_k)
+    programs_n = -(-n // block_n)
+    splits = max(1, min(tiles, -(-per_sm * num_sms // programs_n)))
+    return block_m, block_n, block_k, splits, warps, stages
+
+
+# Which implementation nvfp4::linear uses on CUDA:
+#   "splitk": the skinny kernel above, for M <= SPLITK_MAX_M (decode). Measured on an H200 at M = 1:
+#       0.67-0.76x of bf16 cuBLAS, against 0.34-0.47x for dequantize + cuBLAS.
+#   "dequant_cublas": dequantize W (and, for W4A4, the quantized x) to bf16 with the Triton
+#       dequantize kernel, then a bf16 cuBLAS GEMM with an fp32 output: 0.64-0.79x at M = 4096.
+#   "triton": the first NVFP4 GEMM kernel (gemm.py), 2.3-16x slower than bf16 cuBLAS; kept for
+#       fp16 / fp32 x above SPLITK_MAX_M (a bf16 cuBLAS output would round once more).
+# FORCE_PATH overrides the choice (benchmarks and tests use it to measure each).
 FORCE_PATH = None
+PATHS = ("splitk", "dequant_cublas", "triton")
 
 
 def linear_path(m: int, n: int, k: int, x_dtype, activation: str) -> str:
@@ -40,4 +61,6 @@ def linear_path(m: int, n: int, k: int, x_dtype, activation: str) -> str:
 
     if FORCE_PATH is not None:
         return FORCE_PATH
+    if m <= SPLITK_MAX_M:
+        return "splitk"
     return "dequant_cublas" if x_dtype == torch.bfloat16 else "triton"

@@ -1,0 +1,238 @@
+"""Skinny NVFP4 GEMM for small M (decode) on sm_90: y = x @ W^T, W NVFP4 (N, K/2) + e4m3 scales.
+
+At M <= 64 the GEMM is a weight stream: every weight byte is read once and used M times, so the
+kernel must decode weights at HBM speed, about 8 instructions per weight byte on an H200 (SPEC §5).
+Three choices make that possible:
+
+1. Word-level decode (`_decode_words`, inline PTX with pack=4): one 32-bit register holds 4 packed
+   bytes = 8 codes c0..c7 (code t at bits 4t..4t+3, element t of the group). Code t becomes an fp16
+   by placing its magnitude bits at the fp16 mantissa/exponent boundary (bits 9..11) and its sign
+   at bit 15: fp16 bits (i << 9) are exactly e2m1(i) * 2^-14 for all 8 magnitudes (index 1 lands
+   on the fp16 subnormal 2^-15 = 0.5 * 2^-14). Codes t and t + 4 sit exactly 16 bits apart, so one
+   shift places both halves of an fp16x2 register: 4 shift/and/or groups decode 8 codes, and one
+   mul.f16x2 per pair applies the block scale. Output A holds codes (0, 4, 1, 5), output B codes
+   (2, 6, 3, 7) of each group: the K order inside a dot is free, so x is loaded in the same order
+   instead of reordering the weights.
+2. Exact fp16 scaling: the decoded value e2m1 * 2^-14 times fp16(s * 2^7) is e2m1 * s * 2^-7,
+   exact (at most 6 significant bits, smallest bit 2^-17 >= the fp16 subnormal step 2^-24, largest
+   value 6 * 448 * 2^-7 = 21). s * 2^7 <= 57344 fits fp16, and comes from the e4m3 bits in two ops:
+   fp16 bits (e4m3 << 7) are s * 2^-8 (normal and subnormal alike), times 2^15. The 2^7 goes back
+   in the fp32 epilogue with the global scale.
+3. Swap A/B and split K: the decoded weights are the wide operand (BLOCK_N rows, registers), x^T the
+   narrow one (BLOCK_M columns, M padded to 16); K is cut into SPLIT_K ranges so that
+   N / BLOCK_N * SPLIT_K programs fill the GPU, each writing fp32 partials that a second small kernel
+   sums before the epilogue (global scales, bias, output dtype). x is rescaled to fp16 per program
+   (a power of two chosen from the row amax of its K range, exact) so any bf16 range is safe.
+
+Without inline PTX (the Triton interpreter) the same A / B operands are built by gathering the
+bytes per element (`_decode_gather`), so CPU tests check the index formulas and the numerics.
+"""
+
+import torch
+import triton
+import triton.language as tl
+
+from ..format import BLOCK_SIZE
+from . import gemm_configs
+from ._common import BLOCK, e2m1_decode, e4m3_bits_to_f32, scale_offsets
+
+# Order of the 8 codes of a 4-byte group in the two decoded operands (see 1. above).
+_DECODE_ASM: tl.constexpr = tl.constexpr("""
+{
+.reg .b32 v, m, s;
+prmt.b32 v, $4, 0, 0x7170;
+shl.b32 m, v, 6; and.b32 m, m, 0x01C001C0; shl.b32 s, v, 12; and.b32 s, s, 0x80008000;
+or.b32 m, m, s; mul.rn.bf16x2 $0, m, $5;
+shl.b32 m, v, 2; and.b32 m, m, 0x01C001C0; shl.b32 s, v, 8; and.b32 s, s, 0x80008000;
+or.b32 m, m, s; mul.rn.bf16x2 $2, m, $5;
+prmt.b32 v, $4, 0, 0x7372;
+shl.b32 m, v, 6; and.b32 m, m, 0x01C001C0; shl.b32 s, v, 12; and.b32 s, s, 0x80008000;
+or.b32 m, m, s; mul.rn.bf16x2 $1, m, $6;
+shl.b32 m, v, 2; and.b32 m, m, 0x01C001C0; shl.b32 s, v, 8; and.b32 s, s, 0x80008000;
+or.b32 m, m, s; mul.rn.bf16x2 $3, m, $6;
+}
+""")
+
+
+
+_SCALE_BIAS: tl.constexpr = tl.constexpr(2.0**119)  # bf16 (i << 6) is e2m1(i) * 2^-126
+
+
+@triton.jit
+def _operand_scale(bits, OPERAND: tl.constexpr):
+    """int32 e4m3 bits -> the block scale factor of the decode, as OPERAND: bf16 s * 2^119 (for
+    the word decode, whose codes carry 2^-126) or fp16 s * 2^-7 (the byte decode); NaN for 0x7F."""
+    s = e4m3_bits_to_f32(bits)
+    if OPERAND == tl.bfloat16:
+        s = s * _SCALE_BIAS
+    else:
+        s = s * (1.0 / 128.0)
+    return s.to(OPERAND)
+
+
+@triton.jit
+def _decode_words(packed, scale):
+    """uint8 packed codes, bf16 s * 2^119 (same shape) -> bf16 (low, high) nibble values
+    e2m1 * s * 2^-7, exact (inline PTX, 4 bytes per instance)."""
+    return tl.inline_asm_elementwise(
+        _DECODE_ASM, "=r,=r,=r,=r,r,r,r", [packed, scale],
+        dtype=(tl.bfloat16, tl.bfloat16), is_pure=True, pack=4,
+    )
+
+
+@triton.jit
+def _decode_bytes(packed, scale):
+    """The same values from plain Triton ops, one byte at a time (the interpreter's path):
+    packed codes, fp16 s * 2^-7 -> fp16 (low, high) nibble values e2m1 * s * 2^-7, exact."""
+    b = packed.to(tl.int32)
+    low = e2m1_decode(b & 0xF).to(tl.float16) * scale
+    high = e2m1_decode(b >> 4).to(tl.float16) * scale
+    return low, high
+
+
+@triton.jit
+def splitk_mainloop(
+    x_ptr, w_ptr, w_scale_ptr, M, N, K, stride_xm, w_scale_cols_pad, pid_n, tile_begin, tile_end,
+    SWIZZLED: tl.constexpr, USE_ASM: tl.constexpr, OPERAND: tl.constexpr, EVEN: tl.constexpr,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+):
+    """fp32 (BLOCK_N, BLOCK_M) = 2^-7 * (W . x^T) over the K-tiles [tile_begin, tile_end), block
+    scales applied, global scale not (the epilogue multiplies by 2^7 * g). x is read as OPERAND."""
+    cols_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    n_ok = cols_n < N
+    ms = tl.arange(0, BLOCK_M)
+    m_ok = ms < M
+    x_rows = x_ptr + ms.to(tl.int64)[None, :] * stride_xm
+    w_rows = w_ptr + cols_n.to(tl.int64)[:, None] * (K // 2)
+    acc = tl.zeros((BLOCK_N, BLOCK_M), tl.float32)
+    for t in range(tile_begin, tile_end):
+        k0 = t * BLOCK_K
+        # One e4m3 scale per 16 elements = 8 bytes: decoded once per block, broadcast over the
+        # block's bytes in 3-D (BLOCK_N, blocks, 8); the decoded (low, high) nibbles are joined and
+        # viewed as the 2-D (BLOCK_N, BLOCK_K) tile in natural K order.
+        block_cols = k0 // BLOCK + tl.arange(0, BLOCK_K // BLOCK)
+        s_ptrs = w_scale_ptr + scale_offsets(cols_n[:, None], block_cols[None, :], K, w_scale_cols_pad,
+                                             SWIZZLED)
+        byte3 = (block_cols * (BLOCK // 2))[None, :, None] + tl.arange(0, BLOCK // 2)[None, None, :]
+        if EVEN:  # N % BLOCK_N == 0 and K % BLOCK_K == 0: no masks (they cost ~1 instruction a byte)
+            s_bits = tl.load(s_ptrs)
+            packed = tl.load(w_rows[:, :, None] + byte3)
+        else:
+            s_bits = tl.load(s_ptrs, mask=n_ok[:, None] & (block_cols < K // BLOCK)[None, :], other=0)
+            packed = tl.load(w_rows[:, :, None] + byte3, mask=n_ok[:, None, None] & (byte3 < K // 2),
+                             other=0)
+        scale = tl.broadcast_to(_operand_scale(s_bits.to(tl.int32), OPERAND)[:, :, None],
+                                (BLOCK_N, BLOCK_K // BLOCK, BLOCK // 2))
+        if USE_ASM:
+            low, high = _decode_words(packed, scale)
+        else:
+            low, high = _decode_bytes(packed, scale)
+        w = tl.reshape(tl.join(low, high), (BLOCK_N, BLOCK_K))
+        ks = k0 + tl.arange(0, BLOCK_K)
+        if EVEN:
+            x = tl.load(x_rows + ks[:, None], mask=m_ok[None, :], other=0.0)
+        else:
+            x = tl.load(x_rows + ks[:, None], mask=(ks < K)[:, None] & m_ok[None, :], other=0.0)
+        acc = tl.dot(w, x.to(OPERAND), acc)
+    return acc
+
+
+@triton.jit
+def _epilogue(acc, ms, cols_n, M, N, w_g_ptr, bias_ptr, out_ptr, stride_om,
+              W_G_PER_ROW: tl.constexpr, HAS_BIAS: tl.constexpr):
+    """acc (BLOCK_N, BLOCK_M) fp32 sums of e2m1 * s * 2^-7 * x -> out[m, n] = acc * 2^7 * g + bias."""
+    n_ok = cols_n < N
+    if W_G_PER_ROW:
+        g = tl.load(w_g_ptr + cols_n, mask=n_ok, other=0.0)[:, None]
+    else:
+        g = tl.load(w_g_ptr)
+    y = acc * 128.0 * g
+    if HAS_BIAS:
+        y = y + tl.load(bias_ptr + cols_n, mask=n_ok, other=0.0).to(tl.float32)[:, None]
+    mask = n_ok[:, None] & (ms < M)[None, :]
+    tl.store(out_ptr + ms.to(tl.int64)[None, :] * stride_om + cols_n[:, None],
+             y.to(out_ptr.dtype.element_ty), mask=mask)
+
+
+@triton.jit
+def _splitk_kernel(
+    # pointers
+    x_ptr, w_ptr, w_scale_ptr, w_g_ptr, bias_ptr, out_ptr, partial_ptr,
+    # sizes
+    M, N, K, w_scale_cols_pad, tiles_per_split,
+    # strides
+    stride_xm, stride_om,
+    # meta-parameters
+    SWIZZLED: tl.constexpr, W_G_PER_ROW: tl.constexpr, HAS_BIAS: tl.constexpr,
+    SPLIT: tl.constexpr, USE_ASM: tl.constexpr, OPERAND: tl.constexpr, EVEN: tl.constexpr,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+):
+    pid_n = tl.program_id(0)
+    pid_k = tl.program_id(1)
+    tile_begin = pid_k * tiles_per_split
+    tile_end = tl.minimum(tile_begin + tiles_per_split, tl.cdiv(K, BLOCK_K))
+    acc = splitk_mainloop(x_ptr, w_ptr, w_scale_ptr, M, N, K, stride_xm, w_scale_cols_pad, pid_n,
+                          tile_begin, tile_end, SWIZZLED, USE_ASM, OPERAND, EVEN, BLOCK_M, BLOCK_N, BLOCK_K)
+    ms = tl.arange(0, BLOCK_M)
+    cols_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    if SPLIT:
+        # partials (num_splits, BLOCK_M, N) fp32, summed by _reduce_kernel
+        mask = (cols_n < N)[:, None] & (ms < M)[None, :]
+        tl.store(partial_ptr + (pid_k * BLOCK_M + ms)[None, :].to(tl.int64) * N + cols_n[:, None], acc,
+                 mask=mask)
+    else:
+        _epilogue(acc, ms, cols_n, M, N, w_g_ptr, bias_ptr, out_ptr, stride_om, W_G_PER_ROW, HAS_BIAS)
+
+
+@triton.jit
+def _reduce_kernel(
+    partial_ptr, w_g_ptr, bias_ptr, out_ptr, M, N, num_splits, stride_om,
+    W_G_PER_ROW: tl.constexpr, HAS_BIAS: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+):
+    cols_n = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
+    ms = tl.arange(0, BLOCK_M)
+    mask = (cols_n < N)[:, None] & (ms < M)[None, :]
+    acc = tl.zeros((BLOCK_N, BLOCK_M), tl.float32)
+    for s in range(num_splits):
+        acc += tl.load(partial_ptr + (s * BLOCK_M + ms)[None, :].to(tl.int64) * N + cols_n[:, None],
+                       mask=mask, other=0.0)
+    _epilogue(acc, ms, cols_n, M, N, w_g_ptr, bias_ptr, out_ptr, stride_om, W_G_PER_ROW, HAS_BIAS)
+
+
+def gemm_splitk(x, w_data, w_scale, w_g, bias, out_dtype, swizzled, config=None, use_asm=None):
+    """x (M, K) (bf16 on the GPU: the word decode multiplies in bf16; fp16 under the interpreter),
+    M <= 64; W NVFP4 (N, K/2) + uint8 scale bits + g (() or (N,)) -> (M, N) out_dtype."""
+    m, k = x.shape
+    n = w_data.shape[0]
+    out = torch.empty((m, n), dtype=out_dtype, device=x.device)
+    if m == 0:
+        return out
+    if use_asm is None:
+        use_asm = x.is_cuda
+    if config is None:
+        num_sms = torch.cuda.get_device_properties(x.device).multi_processor_count if x.is_cuda else 8
+        config = gemm_configs.splitk_config(m, n, k, num_sms)
+    block_m, block_n, block_k, splits, warps, stages = config
+    tiles = triton.cdiv(k, block_k)
+    tiles_per_split = triton.cdiv(tiles, splits)
+    splits = triton.cdiv(tiles, tiles_per_split)  # no empty split
+    scale_cols_pad = w_scale.shape[1] if swizzled else k // BLOCK_SIZE
+    partial = torch.empty((splits, block_m, n), dtype=torch.float32, device=x.device) if splits > 1 else out
+    dummy = w_g
+    common = {"W_G_PER_ROW": w_g.dim() > 0, "HAS_BIAS": bias is not None}
+    _splitk_kernel[(triton.cdiv(n, block_n), splits)](
+        x, w_data, w_scale, w_g, bias if bias is not None else dummy, out, partial,
+        m, n, k, scale_cols_pad, tiles_per_split,
+        x.stride(0), out.stride(0),
+        SWIZZLED=swizzled, SPLIT=splits > 1, USE_ASM=use_asm,
+        OPERAND=tl.bfloat16 if use_asm else tl.float16, EVEN=n % block_n == 0 and k % block_k == 0,
+        BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_K=block_k, num_warps=warps, num_stages=stages,
+        **common,
+    )
+    if splits > 1:
+        reduce_n = 128
+        _reduce_kernel[(triton.cdiv(n, reduce_n),)](
+            partial, w_g, bias if bias is not None else dummy, out, m, n, splits, out.stride(0),
+            BLOCK_M=block_m, BLOCK_N=reduce_n, num_warps=4, **common,
+        )
+    return out
