@@ -17,9 +17,10 @@ from .api import (
 )
 
 from .backend import compile  # noqa: A004  (nvfp4_inductor.compile, like torch.compile)
+from .calibrate import collect_hessians
 
 __all__ = [
     "NVFP4", "quantize", "dequantize", "dequantize_rows", "swizzle_scales", "unswizzle_scales",
-    "linear", "Config", "convert", "NVFP4Linear", "ConversionReport", "compile",
+    "linear", "Config", "convert", "NVFP4Linear", "ConversionReport", "compile", "collect_hessians",
 ]
 __version__ = "0.1.0"

@@ -146,3 +146,33 @@ def check_dequantize_rows_args(data, scale, global_scale, swizzled, indices, dty
     check_tensor("indices", indices, (torch.int32, torch.int64))
     check_same_device("indices", indices, "q.data", data)
     return k
+
+
+WEIGHT_METHODS = ("rtn", "mse", "hessian")
+
+
+def check_weight_method(method, hessian) -> None:
+    """method: one of WEIGHT_METHODS; hessian given exactly when method is "hessian"."""
+    if not isinstance(method, str):
+        raise TypeError(f"method must be a str, one of {WEIGHT_METHODS}; got {type(method).__name__}")
+    if method not in WEIGHT_METHODS:
+        raise ValueError(f"method must be one of {WEIGHT_METHODS}; got {method!r}")
+    if method == "hessian" and hessian is None:
+        raise ValueError('method="hessian" needs hessian: the (K/16, 16, 16) calibration matrices '
+                         "(nvfp4_inductor.collect_hessians)")
+    if method != "hessian" and hessian is not None:
+        raise ValueError(f'hessian is only used with method="hessian"; got method={method!r}')
+
+
+def check_quantize_weight_args(x, global_scale, method: str, hessian) -> None:
+    """Weights (..., K) for a scale search: a per-tensor global scale (given or dynamic) and, for
+    "hessian", fp32 matrices (K/16, 16, 16) on x's device."""
+    check_quantize_args(x, global_scale, False)
+    check_weight_method(method, hessian)
+    if hessian is not None:
+        check_tensor("hessian", hessian, (torch.float32,))
+        check_same_device("hessian", hessian, "x", x)
+        expected = (x.shape[-1] // BLOCK_SIZE, BLOCK_SIZE, BLOCK_SIZE)
+        if tuple(hessian.shape) != expected:
+            raise ValueError(f"hessian must have shape {expected} (K/16 blocks of 16x16 for K = "
+                             f"{x.shape[-1]}); got {tuple(hessian.shape)}")

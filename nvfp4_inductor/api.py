@@ -64,16 +64,31 @@ def _global_scale_tensor(global_scale, x: Tensor, per_row: bool) -> Tensor | Non
     return torch.tensor(float(global_scale), dtype=torch.float32, device=x.device)
 
 
-def quantize(x: Tensor, global_scale=None, *, swizzle: bool = False, per_row: bool = False) -> NVFP4:
+def quantize(x: Tensor, global_scale=None, *, swizzle: bool = False, per_row: bool = False,
+             method: str = "rtn", hessian: Tensor | None = None) -> NVFP4:
     """(..., K) bf16/fp16/fp32, K % 16 == 0 -> NVFP4.
 
     global_scale None: computed on the device from amax (per tensor, or per row with per_row).
     Given (a float, or an fp32 tensor of shape () or, with per_row, x.shape[:-1]): used as is,
     the static scale for calibrated / CUDA-graph use. swizzle: scales in the 128x4-tile layout.
+    method (for weights, per-tensor global scale only): "rtn" (round to nearest, the default),
+    "mse" (per block the e4m3 scale with the smallest squared error), "hessian" (the smallest
+    (w - w_hat)^T H (w - w_hat); hessian: fp32 (K/16, 16, 16) blocks of X^T X, see
+    collect_hessians). The codes are always round-to-nearest-even for the chosen scale.
     """
     _checks.check_float_input("x", x)
+    _checks.check_weight_method(method, hessian)
+    if method != "rtn" and per_row:
+        raise ValueError(f'method={method!r} needs a per-tensor global scale; per_row=True is only '
+                         'supported with method="rtn"')
     g = _global_scale_tensor(global_scale, x, per_row)
-    data, scale, g = ops.quantize(x, g, per_row, swizzle)
+    if method == "rtn":
+        data, scale, g = ops.quantize(x, g, per_row, swizzle)
+    else:
+        if g is not None and g.dim() != 0:
+            raise ValueError(f"method={method!r} needs a per-tensor global scale of shape (); got "
+                             f"shape {tuple(g.shape)}")
+        data, scale, g = ops.quantize_weight(x, g, method, hessian, swizzle)
     return NVFP4(data, scale.view(_E4M3), g, x.shape, swizzle)
 
 

@@ -28,12 +28,22 @@ def _inductor_patches(mode, options: dict) -> dict:
     return patches
 
 
+def _check_weight_method(config: Config) -> None:
+    if config.weight_method == "hessian":
+        raise ValueError(
+            'backend="nvfp4" cannot use weight_method="hessian" (the graph has no calibration '
+            "data keyed by its parameter names): run nvfp4_inductor.convert(model, "
+            'Config(weight_method="hessian", hessians=collect_hessians(model, batches))) first, '
+            "then compile the converted model")
+
+
 def nvfp4_backend(gm: torch.fx.GraphModule, example_inputs, mode=None, options=None):
     """The Dynamo backend: Inductor with freezing and the NVFP4 linear rewrite."""
     options = dict(options or {})
     config = options.pop(CONFIG_KEY, None) or Config()
     if not isinstance(config, Config):
         raise TypeError(f"options['{CONFIG_KEY}'] must be an nvfp4_inductor.Config; got {config!r}")
+    _check_weight_method(config)
     patches = _inductor_patches(mode, options)
     lifted = sum(isinstance(t, nn.Parameter) for t in example_inputs)
     if torch.is_grad_enabled() or lifted:
@@ -50,7 +60,8 @@ def nvfp4_backend(gm: torch.fx.GraphModule, example_inputs, mode=None, options=N
     # Config's decisions, taken here (the pass sees no modules) and part of the pass's cache key.
     keep = {name: layer_skip_reason(config, name, tuple(p.shape))
             for name, p in gm.named_parameters() if p.dim() == 2}
-    rewrite = LinearToNVFP4(_resolve_activation(config.activations, sample), names, keep)
+    rewrite = LinearToNVFP4(_resolve_activation(config.activations, sample), names, keep,
+                            config.weight_method)
     patches.update({"freezing": True, "joint_custom_post_pass": rewrite})
     if devices <= {"cpu"}:
         patches["cpp.weight_prepack"] = False  # else freezing turns linears into mkldnn ops first
@@ -60,6 +71,8 @@ def nvfp4_backend(gm: torch.fx.GraphModule, example_inputs, mode=None, options=N
 def compile(model, config: Config | None = None, *, mode=None, options=None, **compile_kwargs):
     """torch.compile(model, backend="nvfp4") for inference: every call runs under torch.no_grad()
     with Dynamo preparing freezing, so the weights are quantized once, at compile time."""
+    if config is not None:
+        _check_weight_method(config)
     # torch.compile takes mode or options, not both: the mode travels as the options it stands for.
     options = {**_inductor_patches(mode, options or {}), CONFIG_KEY: config or Config()}
     compiled = torch.compile(model, backend="nvfp4", options=options, **compile_kwargs)

@@ -32,12 +32,19 @@ class Config:
     skip_output_head: leave layers whose last name component is one of OUTPUT_HEAD_NAMES in bf16.
     Under backend="nvfp4", include receives the graph's parameter name and module None.
     min_weight_numel: leave smaller layers (out * in below this) in bf16.
+    weight_method: how block scales are chosen: "rtn" (round to nearest), "mse" (smallest squared
+        error per block) or "hessian" (smallest (w - w_hat)^T H (w - w_hat) per block).
+    hessians: for "hessian", {layer name: (in_features/16, 16, 16) fp32}, e.g. from
+        nvfp4_inductor.collect_hessians; every converted layer needs one. Not supported under
+        backend="nvfp4" (convert() first, then compile).
     """
 
     activations: str = "auto"
     include: Callable[[str, nn.Module], bool] | None = None
     skip_output_head: bool = True
     min_weight_numel: int = 0
+    weight_method: str = "rtn"
+    hessians: dict | None = field(default=None, compare=False)  # tensors: not hashed / compared
 
     def __post_init__(self):
         if self.activations not in ACTIVATION_MODES:
@@ -46,6 +53,10 @@ class Config:
             raise TypeError(f"include must be callable (name, module) -> bool or None; got {self.include!r}")
         if not isinstance(self.min_weight_numel, int) or self.min_weight_numel < 0:
             raise ValueError(f"min_weight_numel must be an int >= 0; got {self.min_weight_numel!r}")
+        if self.hessians is not None and not isinstance(self.hessians, dict):
+            raise TypeError(f"hessians must be a dict {{layer name: tensor}} or None; got "
+                            f"{type(self.hessians).__name__}")
+        _checks.check_weight_method(self.weight_method, self.hessians)
 
 
 def _resolve_activation(mode: str, x: torch.Tensor) -> str:
@@ -71,9 +82,12 @@ class NVFP4Linear(nn.Module):
         self.bias = None if bias is None else nn.Parameter(bias.detach(), requires_grad=False)
 
     @classmethod
-    def from_linear(cls, linear: nn.Linear, activations: str = "auto") -> "NVFP4Linear":
-        """Quantize an nn.Linear's weight (dynamic per-tensor global scale)."""
-        return cls(api.quantize(linear.weight.detach()), linear.bias, activations)
+    def from_linear(cls, linear: nn.Linear, activations: str = "auto", method: str = "rtn",
+                    hessian: torch.Tensor | None = None) -> "NVFP4Linear":
+        """Quantize an nn.Linear's weight (dynamic per-tensor global scale; block scales by
+        method, see nvfp4_inductor.quantize)."""
+        weight = api.quantize(linear.weight.detach(), method=method, hessian=hessian)
+        return cls(weight, linear.bias, activations)
 
     def nvfp4_weight(self) -> api.NVFP4:
         return api.NVFP4(self.weight, self.weight_scale, self.weight_scale_2,
@@ -129,6 +143,26 @@ def _skip_reason(name: str, module: nn.Linear, config: Config) -> str | None:
     return layer_skip_reason(config, name, tuple(module.weight.shape), module)
 
 
+def _layer_hessians(config: Config, layers) -> dict:
+    """For weight_method "hessian": each converted layer's H, checked and on its weight's device,
+    before any layer is replaced (a missing one is an error, not a silent bf16 layer)."""
+    if config.weight_method != "hessian":
+        return {}
+    missing = [name for name, _ in layers if name not in config.hessians]
+    if missing:
+        raise ValueError(f"Config.hessians has no calibration Hessian for layers {missing} "
+                         "(collect_hessians(model, batches) collects one per nn.Linear)")
+    found = {}
+    for name, module in layers:
+        h = config.hessians[name]
+        _checks.check_tensor(f"hessians[{name!r}]", h, (torch.float32,))
+        expected = (module.in_features // BLOCK_SIZE, BLOCK_SIZE, BLOCK_SIZE)
+        if tuple(h.shape) != expected:
+            raise ValueError(f"hessians[{name!r}] must have shape {expected}; got {tuple(h.shape)}")
+        found[name] = h.to(module.weight.device)
+    return found
+
+
 def convert(model: nn.Module, config: Config | None = None) -> ConversionReport:
     """Replace, in place, every eligible nn.Linear of model by an NVFP4Linear; returns a report.
 
@@ -141,13 +175,16 @@ def convert(model: nn.Module, config: Config | None = None) -> ConversionReport:
     report = ConversionReport()
     targets = [(name, module) for name, module in model.named_modules()
                if type(module) is nn.Linear]  # subclasses may change forward: left alone
+    reasons = {name: _skip_reason(name, module, config) for name, module in targets}
+    hessians = _layer_hessians(config, [(n, m) for n, m in targets if reasons[n] is None])
     for name, module in targets:
-        reason = _skip_reason(name, module, config)
+        reason = reasons[name]
         if reason is not None:
             report.skipped[name] = reason
             continue
         with torch.no_grad():
-            replacement = NVFP4Linear.from_linear(module, config.activations)
+            replacement = NVFP4Linear.from_linear(module, config.activations, config.weight_method,
+                                                  hessians.get(name))
         parent_name, _, child = name.rpartition(".")
         parent = model.get_submodule(parent_name) if parent_name else model
         setattr(parent, child, replacement)

@@ -10,11 +10,12 @@ them as float8_e4m3fn).
 import torch
 from torch import Tensor
 
-from . import _checks, reference
+from . import _checks, reference, scale_search
 from .format import BLOCK_SIZE
 
 __all__ = [
-    "quantize", "dequantize", "dequantize_rows", "swizzle_scales", "unswizzle_scales", "linear",
+    "quantize", "quantize_weight", "dequantize", "dequantize_rows", "swizzle_scales",
+    "unswizzle_scales", "linear",
 ]
 
 _E4M3 = torch.float8_e4m3fn
@@ -54,6 +55,45 @@ def _(x, global_scale, per_row, swizzle):
     data = x.new_empty((*lead, k // 2), dtype=torch.uint8)
     scale = x.new_empty(_scale_shape(lead, k, swizzle), dtype=torch.uint8)
     g = x.new_empty(lead if per_row else (), dtype=torch.float32)
+    return data, scale, g
+
+
+@torch.library.custom_op("nvfp4::quantize_weight", mutates_args=())
+def quantize_weight(
+    x: Tensor, global_scale: Tensor | None, method: str, hessian: Tensor | None, swizzle: bool
+) -> tuple[Tensor, Tensor, Tensor]:
+    """(..., K) weights -> quantize's outputs, block scales chosen by method ("rtn", "mse",
+    "hessian" with H (K/16, 16, 16) fp32); per-tensor global scale, dynamic when None."""
+    _checks.check_quantize_weight_args(x, global_scale, method, hessian)
+    lead, k = x.shape[:-1], x.shape[-1]
+    data, scale, g = scale_search.quantize(x, global_scale, method, hessian)
+    scale = scale.view(torch.uint8)
+    if swizzle:
+        scale = reference.swizzle_scales(scale.reshape(lead.numel(), k // BLOCK_SIZE))
+    return data, scale, g
+
+
+@quantize_weight.register_fake
+def _(x, global_scale, method, hessian, swizzle):
+    _checks.check_quantize_weight_args(x, global_scale, method, hessian)
+    lead, k = x.shape[:-1], x.shape[-1]
+    data = x.new_empty((*lead, k // 2), dtype=torch.uint8)
+    scale = x.new_empty(_scale_shape(lead, k, swizzle), dtype=torch.uint8)
+    return data, scale, x.new_empty((), dtype=torch.float32)
+
+
+@quantize_weight.register_kernel("cuda")
+def _(x, global_scale, method, hessian, swizzle):
+    from .kernels.quantize import quantize as quantize_triton
+    from .kernels.scale_search import search
+
+    _checks.check_quantize_weight_args(x, global_scale, method, hessian)
+    if method == "rtn":
+        return quantize_triton(x, global_scale, False, swizzle)
+    lead, k = x.shape[:-1], x.shape[-1]
+    data, scale, g, _ = search(x, global_scale, method, hessian)
+    if swizzle:
+        scale = reference.swizzle_scales(scale.reshape(lead.numel(), k // BLOCK_SIZE))
     return data, scale, g
 
 

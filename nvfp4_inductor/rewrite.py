@@ -9,6 +9,8 @@ the parameters are the first placeholders. `aten.mm(x, permute(W, [1, 0]))` and
 
 and freezing's constant folding then runs the quantize on the real weights once, at compile time:
 the compiled code holds the NVFP4 weights as frozen constants and calls only nvfp4.linear.
+With a weight method other than "rtn" (Config.weight_method "mse") the quantize is
+`nvfp4.quantize_weight(W, None, method, None, False)`, folded the same way.
 """
 
 import logging
@@ -51,10 +53,16 @@ class LinearToNVFP4(_compat.CustomGraphPass):
     """Rewrites the linears of a frozen inference graph to nvfp4:: ops; counts what it did.
 
     param_names: the names of the graph's lifted parameters, in order. keep: parameter name ->
-    the reason it stays bf16, or None to convert (names it lacks are converted)."""
+    the reason it stays bf16, or None to convert (names it lacks are converted). weight_method:
+    "rtn" or "mse" (block scale search; "hessian" needs calibration data the graph lacks)."""
 
-    def __init__(self, activation: str, param_names: list[str], keep: dict | None = None):
+    def __init__(self, activation: str, param_names: list[str], keep: dict | None = None,
+                 weight_method: str = "rtn"):
+        if weight_method not in ("rtn", "mse"):
+            raise ValueError(f'backend="nvfp4" supports weight_method "rtn" and "mse"; got '
+                             f"{weight_method!r}")
         self.activation = activation
+        self.weight_method = weight_method
         self.param_names = param_names
         self.keep = keep or {}
         self.converted: list[str] = []
@@ -82,8 +90,12 @@ class LinearToNVFP4(_compat.CustomGraphPass):
                 self.skipped[name] = reason
                 continue
             with graph.inserting_before(node):
-                quantized = graph.call_function(torch.ops.nvfp4.quantize.default,
-                                                (weight, None, False, False))
+                if self.weight_method == "rtn":
+                    quantized = graph.call_function(torch.ops.nvfp4.quantize.default,
+                                                    (weight, None, False, False))
+                else:
+                    quantized = graph.call_function(torch.ops.nvfp4.quantize_weight.default,
+                                                    (weight, None, self.weight_method, None, False))
                 parts = [graph.call_function(operator.getitem, (quantized, i)) for i in range(3)]
                 y = graph.call_function(torch.ops.nvfp4.linear.default,
                                         (x, *parts, bias, False, self.activation))
@@ -98,4 +110,5 @@ class LinearToNVFP4(_compat.CustomGraphPass):
     def uuid(self) -> bytes:
         """Keys the FX graph cache: the package sources and the options."""
         return _compat.get_hash_for_files(_PACKAGE_FILES) + repr(
-            (self.activation, self.param_names, sorted(self.keep.items()))).encode()
+            (self.activation, self.param_names, sorted(self.keep.items()), self.weight_method)
+        ).encode()
