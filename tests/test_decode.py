@@ -170,7 +170,14 @@ def _gpu_setup(activations, batch=2):
 @pytest.mark.gpu
 @pytest.mark.parametrize("activations", GPU_ACTIVATIONS)
 def test_cudagraph_replay_matches_eager(activations):
+    # References: the same graphs compiled without CUDA graphs (same kernels: only capture and
+    # replay differ), and for W4A16 also the eager NVFP4 model. Not eager for W4A4: quantizing
+    # activations is discontinuous, and a one-ulp change of the embeddings moved the tiny model's
+    # W4A4 logits by 5% (CPU, measured; compiled vs eager: 5%), vs 0.6% for W4A16.
     model, reference, step = _gpu_setup(activations)
+    no_graphs_model = copy.deepcopy(model)
+    no_graphs = nv.compile(no_graphs_model, nv.Config(activations=activations), fullgraph=True,
+                           dynamic=False)
     prompt, tokens = _tokens(2, 5).cuda(), _tokens(2, 8, seed=2).cuda()
     counters.clear()
     torch.compiler.cudagraph_mark_step_begin()
@@ -186,13 +193,18 @@ def test_cudagraph_replay_matches_eager(activations):
     torch.cuda.synchronize()
     assert counters["inductor"]["cudagraph_skips"] == 0
     assert len(set(ptrs[3:])) == 1, "replays return the graph's static output buffer"
-    with torch.no_grad():
-        expected = [reference(prompt, torch.arange(5, device="cuda"))]
-        expected += _run_steps_from(reference, tokens, 5)
-    for i, (g, e) in enumerate(zip(got, expected)):
-        torch.testing.assert_close(g, e, **TOL, msg=lambda m, i=i: f"step {i}: {m}")
-    for layer, ref_layer in zip(model.layers, reference.layers):
-        torch.testing.assert_close(layer.attn.k_cache, ref_layer.attn.k_cache, **TOL)
+    same_kernels = [no_graphs(prompt, torch.arange(5, device="cuda"))]
+    same_kernels += _run_steps_from(no_graphs, tokens, 5)
+    for i, (g, e) in enumerate(zip(got, same_kernels)):
+        torch.testing.assert_close(g, e, rtol=1e-3, atol=1e-3, msg=lambda m, i=i: f"step {i}: {m}")
+    for layer, ref_layer in zip(model.layers, no_graphs_model.layers):
+        torch.testing.assert_close(layer.attn.k_cache, ref_layer.attn.k_cache, rtol=1e-3, atol=1e-3)
+    if activations == "bf16":
+        with torch.no_grad():
+            expected = [reference(prompt, torch.arange(5, device="cuda"))]
+            expected += _run_steps_from(reference, tokens, 5)
+        for i, (g, e) in enumerate(zip(got, expected)):
+            torch.testing.assert_close(g, e, **TOL, msg=lambda m, i=i: f"step {i}: {m}")
 
 
 def _run_steps_from(model, tokens, start):
