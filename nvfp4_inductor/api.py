@@ -78,6 +78,8 @@ def quantize(x: Tensor, global_scale=None, *, swizzle: bool = False, per_row: bo
     """
     _checks.check_float_input("x", x)
     _checks.check_weight_method(method, hessian)
+    if hessian is not None:
+        _checks.check_tensor("hessian", hessian, (torch.float32,))
     if method != "rtn" and per_row:
         raise ValueError(f'method={method!r} needs a per-tensor global scale; per_row=True is only '
                          'supported with method="rtn"')

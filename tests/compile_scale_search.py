@@ -1,7 +1,7 @@
 """Compile the scale-search kernel variants for sm_90 without a GPU (run as a script, in a process
 without TRITON_INTERPRET); prints one JSON object per case: {"case", "ok", "error", "ptx_checks",
 "ptx"} (ptx: the PTX's size and its fp32 fma count, for the record).
-    python tests/compile_scale_search.py [sm]
+    python tests/compile_scale_search.py [sm] [dtype ...]   (dtypes: bf16 fp16 fp32, default all)
 """
 
 import itertools
@@ -31,7 +31,8 @@ NO_FMA = r"!fma\.rn\.f32"
 def main() -> None:
     sm = int(sys.argv[1]) if len(sys.argv) > 1 else 90
     target = GPUTarget("cuda", sm, 32)
-    for dtype, hessian, prune in itertools.product(["bf16", "fp16", "fp32"], [False, True],
+    dtypes = sys.argv[2:] or ["bf16", "fp16", "fp32"]
+    for dtype, hessian, prune in itertools.product(dtypes, [False, True],
                                                    [True, False]):
         name = f"scale-search-{dtype}-{'hessian' if hessian else 'mse'}-{'prune' if prune else 'full'}"
         result = {"case": name, "ok": True, "error": "", "ptx_checks": {}}
