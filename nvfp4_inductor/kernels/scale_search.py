@@ -318,12 +318,20 @@ def _dynamic_global_scale(x2: torch.Tensor) -> torch.Tensor:
     return global_scale_from_amax(partials.amax())
 
 
-def search(x: torch.Tensor, global_scale: torch.Tensor | None, method: str,
-           hessian: torch.Tensor | None = None, prune: bool = True):
-    """(..., K) weights -> (data uint8 (..., K/2), chosen e4m3 bits uint8 (..., K/16),
-    g fp32 (), chosen errors fp32 (..., K/16)); arguments checked by the caller."""
+def hessian_operands(hessian: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """H (K/16, 16, 16) -> (U, lambda) as the kernel reads them. The eigenvalues sync with the
+    host (cuSOLVER), so a caller timing or graph-capturing search() prepares these once."""
     from ..scale_search import hessian_operand
 
+    u = hessian_operand(hessian).contiguous()
+    return u, hessian_bounds(u)
+
+
+def search(x: torch.Tensor, global_scale: torch.Tensor | None, method: str,
+           hessian: torch.Tensor | None = None, prune: bool = True, operands=None):
+    """(..., K) weights -> (data uint8 (..., K/2), chosen e4m3 bits uint8 (..., K/16),
+    g fp32 (), chosen errors fp32 (..., K/16)); arguments checked by the caller. operands:
+    hessian_operands(hessian), if already computed."""
     lead, k = x.shape[:-1], x.shape[-1]
     x2 = x.reshape(-1, k)
     if x2.stride(-1) != 1:
@@ -335,8 +343,7 @@ def search(x: torch.Tensor, global_scale: torch.Tensor | None, method: str,
     errors = torch.empty((*lead, groups), dtype=torch.float32, device=x.device)
     is_hessian = method == "hessian"
     if is_hessian:
-        u = hessian_operand(hessian).contiguous()
-        lam = hessian_bounds(u)
+        u, lam = operands if operands is not None else hessian_operands(hessian)
     else:
         u = lam = g  # unused pointers
     block_r = INTERPRET_BLOCK_R if os.environ.get("TRITON_INTERPRET") == "1" else BLOCK_R
