@@ -13,6 +13,7 @@ import triton
 from bench_quantize import copy_bandwidth_gbs, stream_us
 
 import nvfp4_inductor as nv
+from nvfp4_inductor.kernels import gemm_configs
 from nvfp4_inductor.kernels import gemm_splitk as gs
 
 SHAPES = [(4096, 4096), (4096, 14336), (14336, 4096), (8192, 28672)]  # (K, N)
@@ -51,6 +52,26 @@ def check() -> None:
     print(f"check: worst rel error {worst:.2e} (fp32 out vs float64 reference); NaN block local: {nan_ok}")
 
 
+def no_decode_module():
+    """The same kernel with the weight decode replaced by one conversion a byte: what the loads,
+    the MMAs and the split-K cost without the decode arithmetic."""
+    import importlib.util
+    import inspect
+
+    source = inspect.getsource(gs).replace(
+        "low, high = _decode_words(packed, scale)", "low = packed.to(tl.bfloat16) * scale\n            high = low")
+    source = source.replace("from ..format import", "from nvfp4_inductor.format import").replace(
+        "from . import gemm_configs", "from nvfp4_inductor.kernels import gemm_configs").replace(
+        "from ._common import", "from nvfp4_inductor.kernels._common import")
+    path = "/tmp/gemm_splitk_nodecode.py"
+    with open(path, "w") as f:
+        f.write(source)
+    spec = importlib.util.spec_from_file_location("gemm_splitk_nodecode", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
 def main() -> None:
     print(f"GPU: {torch.cuda.get_device_name()}, torch {torch.__version__}, triton {triton.__version__}")
     check()
@@ -58,15 +79,16 @@ def main() -> None:
     sms = torch.cuda.get_device_properties().multi_processor_count
     l2 = torch.cuda.get_device_properties().L2_cache_size
     print(f"copy {copy:.0f} GB/s, {sms} SMs")
-    configs = [(128, 128, 4, 2, 4), (64, 128, 4, 2, 4), (64, 256, 4, 2, 3), (128, 256, 4, 2, 3),
-               (128, 128, 8, 2, 4), (128, 128, 4, 4, 4), (64, 256, 4, 4, 3), (256, 128, 4, 8, 3)]
+    configs = [(64, 64, 8, 2, 4), (128, 64, 8, 2, 4), (64, 64, 8, 2, 2), (64, 64, 16, 2, 4),
+               (32, 64, 8, 1, 4), (64, 32, 8, 2, 4)]
+    nd = no_decode_module()
     print("configs (BLOCK_N, BLOCK_K, programs per SM, warps, stages):", configs)
     for k, n in SHAPES:
         copies = max(2, math.ceil(3 * l2 / (n * k * 2)))
         w_bf16 = [torch.randn(n, k, dtype=torch.bfloat16, device="cuda") for _ in range(copies)]
         w_fp4 = [nv.quantize(w) for w in w_bf16]
         parts = [(q.data, q.scale.view(torch.uint8), q.global_scale) for q in w_fp4]
-        for m in (1, 16, 64):
+        for m in (1, 16):
             x = torch.randn(m, k, dtype=torch.bfloat16, device="cuda")
             bf16 = stream_us(lambda w: x @ w.T, w_bf16, rounds=2)
             floor = (n * k * 0.5625) / copy / 1e3
@@ -83,6 +105,10 @@ def main() -> None:
                     print(f"  config {cfg} failed: {type(exc).__name__}: {str(exc)[:200]}")
                     t = math.nan
                 row.append((t, cfg))
+            cfg = gemm_configs.splitk_config(m, n, k, sms)
+            t_nd = stream_us(lambda p: nd.gemm_splitk(x, p[0], p[1], p[2], None, torch.bfloat16, False,
+                                                      config=cfg), parts, rounds=2)
+            print(f"  no-decode probe, default config {cfg}: {t_nd:.1f} us")
             best = min(row, key=lambda r: r[0] if r[0] == r[0] else 1e9)
             cells = " ".join(f"{t:7.1f}" for t, _ in row)
             print(f"K={k:>5} N={n:>5} M={m:>3} bf16 {bf16:7.1f} floor {floor:6.1f} | {cells} | best {best[0]:.1f} us"

@@ -56,7 +56,7 @@ GEMM_SIGNATURE = {
 SPLITK_SIGNATURE = {
     "x_ptr": "*bf16", "w_ptr": "*u8", "w_scale_ptr": "*u8", "w_g_ptr": "*fp32", "bias_ptr": "*bf16",
     "out_ptr": "*bf16", "partial_ptr": "*fp32", "M": "i32", "N": "i32", "K": "i32",
-    "w_scale_cols_pad": "i32", "tiles_per_split": "i32", "stride_xm": "i32", "stride_om": "i32",
+    "w_scale_cols": "i32", "tiles_per_split": "i32", "stride_xm": "i32", "stride_om": "i32",
     **{name: "constexpr" for name in ("SWIZZLED", "W_G_PER_ROW", "HAS_BIAS", "SPLIT", "USE_ASM",
                                       "OPERAND", "EVEN", "BLOCK_M", "BLOCK_N", "BLOCK_K")},
 }

@@ -68,6 +68,8 @@ def test_gemm_per_row_weight_scale_and_output_dtypes(kernel_device):
 @pytest.mark.parametrize("activation", ["bf16", "nvfp4"])
 @pytest.mark.parametrize("path", gemm_configs.PATHS)
 def test_linear_on_cuda_matches_reference(m, n, k, activation, path, monkeypatch):
+    if path == "splitk" and m > gemm_configs.SPLITK_MAX_M:
+        pytest.skip("the skinny kernel serves M <= SPLITK_MAX_M")
     monkeypatch.setattr(gemm_configs, "FORCE_PATH", path)
     gen = torch.Generator().manual_seed(m + n + k)
     x = torch.randn(m, k, generator=gen, dtype=torch.bfloat16)

@@ -28,9 +28,11 @@ def gemm_config(m: int, n: int, k: int, mma: int) -> tuple[int, int, int, int, i
 # Skinny (split-K, word-decode) kernel for small M, gemm_splitk.py: (BLOCK_N, BLOCK_K, programs
 # per SM, num_warps, num_stages). Two warps make Triton use mma.sync (both operands in registers):
 # measured on an H200 (benchmarks/probe_splitk.py), 2-warp tiles beat every 4- and 8-warp wgmma
-# tile by 1.3-1.7x at M <= 16; 64-row tiles win on the widest weight (N = 28672).
-SPLITK_CONFIG = (128, 128, 4, 2, 4)
-SPLITK_CONFIG_WIDE_N = (64, 128, 4, 2, 4)
+# tile by 1.3-1.7x at M <= 16; small K-tiles (64) and 8 programs per SM beat larger ones (the
+# kernel is bound by the L1/shared-memory pipe that stages the packed tile, see benchmarks/NOTES.md);
+# 16 programs per SM win on the widest weight (N = 28672).
+SPLITK_CONFIG = (64, 64, 8, 2, 4)
+SPLITK_CONFIG_WIDE_N = (64, 64, 16, 2, 4)
 SPLITK_MAX_M = 16  # above, dequantize + cuBLAS measured faster (M = 64: 0.44x vs 0.31-0.41x bf16)
 
 
@@ -46,7 +48,7 @@ def splitk_config(m: int, n: int, k: int, num_sms: int) -> tuple[int, int, int, 
 
 # Which implementation nvfp4::linear uses on CUDA:
 #   "splitk": the skinny kernel above, for M <= SPLITK_MAX_M (decode). Measured on an H200 at M = 1:
-#       0.67-0.76x of bf16 cuBLAS, against 0.34-0.47x for dequantize + cuBLAS.
+#       0.77-0.88x of bf16 cuBLAS, against 0.34-0.48x for dequantize + cuBLAS.
 #   "dequant_cublas": dequantize W (and, for W4A4, the quantized x) to bf16 with the Triton
 #       dequantize kernel, then a bf16 cuBLAS GEMM with an fp32 output: 0.64-0.79x at M = 4096.
 #   "triton": the first NVFP4 GEMM kernel (gemm.py), 2.3-16x slower than bf16 cuBLAS; kept for
