@@ -30,28 +30,34 @@ def main() -> None:
     copy = copy_bandwidth_gbs()
     l2 = torch.cuda.get_device_properties().L2_cache_size
     print(f"device copy: {copy:.0f} GB/s")
-    print("W4A16 / W4A4: the default path (M <= 16: the skinny split-K kernel; above: dequantize +"
-          " cuBLAS); deq16: W4A16 through dequantize + cuBLAS, forced (the default before the skinny"
-          " kernel). x: speed-up over bf16 cuBLAS (>1 is faster).")
-    print(f"\n{'K':>6} {'N':>6} {'M':>5} {'bf16 us':>9} {'W4A16 us':>9} {'W4A4 us':>9} {'deq16 us':>9}"
-          f" {'floor us':>9} {'W4A16 x':>8} {'W4A4 x':>7} {'deq16 x':>8} {'floor x':>8}")
+    print("W4A16 / W4A4: nvfp4_inductor.linear (M <= 16: the skinny split-K kernel; above: dequantize +"
+          " cuBLAS); tiled16 / tiled4: nvfp4::linear_tiled, what backend='nvfp4' calls (weights in the"
+          " tiled layout); deq16: W4A16 through dequantize + cuBLAS, forced. x: speed-up over bf16"
+          " cuBLAS (>1 is faster); floor: NVFP4 bytes at the copy bandwidth.")
+    print(f"\n{'K':>6} {'N':>6} {'M':>5} {'bf16 us':>8} {'W4A16':>7} {'W4A4':>7} {'tiled16':>8} {'tiled4':>7}"
+          f" {'deq16':>7} {'floor':>6} | {'W4A16 x':>7} {'W4A4 x':>6} {'tiled16 x':>9} {'tiled4 x':>8}"
+          f" {'deq16 x':>7} {'floor x':>7}")
+    ops = torch.ops.nvfp4
     for k, n in SHAPES:
         copies = max(2, math.ceil(3 * l2 / (n * k * 2)))
         w_bf16 = [torch.randn(n, k, dtype=torch.bfloat16, device="cuda") for _ in range(copies)]
         w_fp4 = [nv.quantize(w) for w in w_bf16]
+        w_tiled = [(*ops.tile_weight(q.data, q.scale.view(torch.uint8)), q.global_scale) for q in w_fp4]
         for m in MS:
             x = torch.randn(m, k, dtype=torch.bfloat16, device="cuda")
             bf16 = cycled_us(lambda w: x @ w.T, w_bf16)
             w4a16 = cycled_us(lambda w: nv.linear(x, w), w_fp4)
             w4a4 = cycled_us(lambda w: nv.linear(x, w, activation="nvfp4"), w_fp4)
+            t16 = cycled_us(lambda w: ops.linear_tiled(x, *w, None, n, "bf16"), w_tiled)
+            t4 = cycled_us(lambda w: ops.linear_tiled(x, *w, None, n, "nvfp4"), w_tiled)
             gemm_configs.FORCE_PATH = "dequant_cublas"
             deq16 = cycled_us(lambda w: nv.linear(x, w), w_fp4)
             gemm_configs.FORCE_PATH = None
             floor = (n * k * 0.5625 + 2 * m * k + 2 * m * n) / copy / 1e3
-            print(f"{k:>6} {n:>6} {m:>5} {bf16:9.1f} {w4a16:9.1f} {w4a4:9.1f} {deq16:9.1f}"
-                  f" {floor:9.1f} {bf16 / w4a16:8.2f} {bf16 / w4a4:7.2f} {bf16 / deq16:8.2f}"
-                  f" {bf16 / floor:8.2f}", flush=True)
-        del w_bf16, w_fp4
+            times = (w4a16, w4a4, t16, t4, deq16, floor)
+            print(f"{k:>6} {n:>6} {m:>5} {bf16:8.1f} " + " ".join(f"{t:7.1f}" for t in times) + " | "
+                  + " ".join(f"{bf16 / t:7.2f}" for t in times), flush=True)
+        del w_bf16, w_fp4, w_tiled
 
 
 if __name__ == "__main__":

@@ -13,7 +13,7 @@ import triton
 from bench_quantize import copy_bandwidth_gbs, stream_us
 
 import nvfp4_inductor as nv
-from nvfp4_inductor.kernels import gemm_configs
+from nvfp4_inductor import tiled as tiled_layout
 from nvfp4_inductor.kernels import gemm_splitk as gs
 
 SHAPES = [(4096, 4096), (4096, 14336), (14336, 4096), (8192, 28672)]  # (K, N)
@@ -41,6 +41,18 @@ def check() -> None:
                 worst = max(worst, e)
                 if e > 1e-5:
                     print(f"FAIL m={m} n={n} k={k} swizzled={swizzled} x_scale={x_scale}: rel {e:.2e}")
+    # the tiled layout (tile_weight), padded N and K
+    for m, n, k in [(1, 4096, 4096), (7, 1056, 1040)]:
+        x = torch.randn(m, k, generator=gen).to(torch.bfloat16)
+        q = nv.quantize(torch.randn(n, k, generator=gen))
+        cfg = (16, 64, 64, 3, 2, 4)
+        td, ts = tiled_layout.tile(q.data.cuda(), q.scale.view(torch.uint8).cuda())
+        y = gs.gemm_splitk(x.cuda(), td, ts, q.global_scale.cuda(), None, torch.float32, False, config=cfg,
+                           tiled_n=n)
+        e = rel(y, x.double() @ q.dequantize(torch.float32).double().T)
+        worst = max(worst, e)
+        if e > 1e-5:
+            print(f"FAIL tiled m={m} n={n} k={k}: rel {e:.2e}")
     # a NaN block makes exactly its row's outputs NaN
     x = torch.randn(3, 256, generator=gen).to(torch.bfloat16)
     w = torch.randn(64, 256, generator=gen)
@@ -79,15 +91,15 @@ def main() -> None:
     sms = torch.cuda.get_device_properties().multi_processor_count
     l2 = torch.cuda.get_device_properties().L2_cache_size
     print(f"copy {copy:.0f} GB/s, {sms} SMs")
-    configs = [(64, 64, 8, 2, 4), (128, 64, 8, 2, 4), (64, 64, 8, 2, 2), (64, 64, 16, 2, 4),
-               (32, 64, 8, 1, 4), (64, 32, 8, 2, 4)]
-    nd = no_decode_module()
+    configs = [(64, 64, 8, 2, 4), (128, 64, 8, 2, 4), (64, 128, 8, 2, 4), (128, 128, 4, 2, 4),
+               (64, 64, 16, 2, 4), (64, 256, 4, 2, 3)]
     print("configs (BLOCK_N, BLOCK_K, programs per SM, warps, stages):", configs)
     for k, n in SHAPES:
         copies = max(2, math.ceil(3 * l2 / (n * k * 2)))
         w_bf16 = [torch.randn(n, k, dtype=torch.bfloat16, device="cuda") for _ in range(copies)]
         w_fp4 = [nv.quantize(w) for w in w_bf16]
         parts = [(q.data, q.scale.view(torch.uint8), q.global_scale) for q in w_fp4]
+        tiled = [(*tiled_layout.tile(p[0], p[1]), p[2]) for p in parts]
         for m in (1, 16):
             x = torch.randn(m, k, dtype=torch.bfloat16, device="cuda")
             bf16 = stream_us(lambda w: x @ w.T, w_bf16, rounds=2)
@@ -101,14 +113,14 @@ def main() -> None:
                 try:
                     t = stream_us(lambda p: gs.gemm_splitk(x, p[0], p[1], p[2], None, torch.bfloat16, False,
                                                            config=cfg), parts, rounds=2)
+                    if (bn, bk) == (tiled_layout.TILE_N, tiled_layout.TILE_K):
+                        t_tiled = stream_us(lambda p: gs.gemm_splitk(x, p[0], p[1], p[2], None, torch.bfloat16,
+                                                                     False, config=cfg, tiled_n=n), tiled, rounds=2)
+                        row.append((t_tiled, ("tiled", cfg)))
                 except Exception as exc:  # noqa: BLE001 - a config that does not compile is reported
                     print(f"  config {cfg} failed: {type(exc).__name__}: {str(exc)[:200]}")
                     t = math.nan
                 row.append((t, cfg))
-            cfg = gemm_configs.splitk_config(m, n, k, sms)
-            t_nd = stream_us(lambda p: nd.gemm_splitk(x, p[0], p[1], p[2], None, torch.bfloat16, False,
-                                                      config=cfg), parts, rounds=2)
-            print(f"  no-decode probe, default config {cfg}: {t_nd:.1f} us")
             best = min(row, key=lambda r: r[0] if r[0] == r[0] else 1e9)
             cells = " ".join(f"{t:7.1f}" for t, _ in row)
             print(f"K={k:>5} N={n:>5} M={m:>3} bf16 {bf16:7.1f} floor {floor:6.1f} | {cells} | best {best[0]:.1f} us"

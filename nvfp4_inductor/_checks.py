@@ -127,6 +127,40 @@ def check_linear_args(x, w_data, w_scale, w_global_scale, bias, w_swizzled, acti
             )
 
 
+def check_tile_args(data, scale) -> None:
+    check_tensor("data", data, (torch.uint8,))
+    check_tensor("scale", scale, (torch.uint8,))
+    if data.dim() != 2 or tuple(scale.shape) != (data.shape[0], data.shape[1] * 2 // BLOCK_SIZE):
+        raise ValueError(f"tile_weight needs data (N, K/2) and plain scales (N, K/16) with K % 16 == 0; "
+                         f"got {tuple(data.shape)} and {tuple(scale.shape)}")
+    check_same_device("scale", scale, "data", data)
+
+
+def check_linear_tiled_args(x, w_data, w_scale, w_global_scale, bias, n, activation) -> None:
+    from .tiled import tiled_shapes
+
+    if activation not in ACTIVATIONS:
+        raise ValueError(f"activation must be one of {ACTIVATIONS}; got {activation!r}")
+    check_float_input("x", x)
+    if not isinstance(n, int) or n <= 0 or n % BLOCK_SIZE:
+        raise ValueError(f"n must be a positive multiple of {BLOCK_SIZE}; got {n!r}")
+    data_shape, scale_shape = tiled_shapes(n, x.shape[-1])
+    for name, t, shape in (("w.data", w_data, data_shape), ("w.scale", w_scale, scale_shape)):
+        check_tensor(name, t, (torch.uint8,))
+        check_same_device(name, t, "x", x)
+        if tuple(t.shape) != shape:
+            raise ValueError(f"tiled {name} for N={n}, K={x.shape[-1]} must have shape {shape}; got "
+                             f"{tuple(t.shape)}")
+    check_tensor("w.global_scale", w_global_scale, (torch.float32,))
+    if tuple(w_global_scale.shape) not in ((), (n,)):
+        raise ValueError(f"w.global_scale must have shape () or ({n},); got {tuple(w_global_scale.shape)}")
+    if bias is not None:
+        check_tensor("bias", bias, FLOAT_DTYPES)
+        check_same_device("bias", bias, "x", x)
+        if tuple(bias.shape) != (n,):
+            raise ValueError(f"bias must have shape ({n},) (N); got {tuple(bias.shape)}")
+
+
 def check_out_dtype(dtype) -> None:
     if dtype not in FLOAT_DTYPES:
         raise TypeError(f"dtype must be one of {_dtype_names(FLOAT_DTYPES)}; got {dtype}")

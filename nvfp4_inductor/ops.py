@@ -10,12 +10,12 @@ them as float8_e4m3fn).
 import torch
 from torch import Tensor
 
-from . import _checks, reference, scale_search
+from . import _checks, reference, scale_search, tiled
 from .format import BLOCK_SIZE
 
 __all__ = [
     "quantize", "quantize_weight", "dequantize", "dequantize_rows", "swizzle_scales",
-    "unswizzle_scales", "linear",
+    "unswizzle_scales", "linear", "tile_weight", "linear_tiled",
 ]
 
 _E4M3 = torch.float8_e4m3fn
@@ -227,3 +227,47 @@ def _(x, w_data, w_scale, w_global_scale, bias, w_swizzled, activation):
 def _(x, w_data, w_scale, w_global_scale, bias, w_swizzled, activation):
     _checks.check_linear_args(x, w_data, w_scale, w_global_scale, bias, w_swizzled, activation)
     return x.new_empty((*x.shape[:-1], w_data.shape[0]))
+
+
+@torch.library.custom_op("nvfp4::tile_weight", mutates_args=())
+def tile_weight(data: Tensor, scale: Tensor) -> tuple[Tensor, Tensor]:
+    """uint8 (N, K/2) codes + plain (N, K/16) scale bits -> the tiled layout (nvfp4_inductor.tiled)."""
+    _checks.check_tile_args(data, scale)
+    return tiled.tile(data, scale)
+
+
+@tile_weight.register_fake
+def _(data, scale):
+    _checks.check_tile_args(data, scale)
+    data_shape, scale_shape = tiled.tiled_shapes(data.shape[0], data.shape[1] * 2)
+    return data.new_empty(data_shape), scale.new_empty(scale_shape)
+
+
+@torch.library.custom_op("nvfp4::linear_tiled", mutates_args=())
+def linear_tiled(
+    x: Tensor,
+    w_data: Tensor,
+    w_scale: Tensor,
+    w_global_scale: Tensor,
+    bias: Tensor | None,
+    n: int,
+    activation: str,
+) -> Tensor:
+    """nvfp4::linear with W (N = n rows) in the tiled layout -> (..., N) in x.dtype."""
+    _checks.check_linear_tiled_args(x, w_data, w_scale, w_global_scale, bias, n, activation)
+    data, scale = tiled.untile(w_data, w_scale, n, x.shape[-1])
+    return reference.linear(x, data, scale.view(_E4M3), w_global_scale, bias, activation)
+
+
+@linear_tiled.register_kernel("cuda")
+def _(x, w_data, w_scale, w_global_scale, bias, n, activation):
+    from .kernels.gemm import linear_tiled as linear_tiled_triton
+
+    _checks.check_linear_tiled_args(x, w_data, w_scale, w_global_scale, bias, n, activation)
+    return linear_tiled_triton(x, w_data, w_scale, w_global_scale, bias, n, activation)
+
+
+@linear_tiled.register_fake
+def _(x, w_data, w_scale, w_global_scale, bias, n, activation):
+    _checks.check_linear_tiled_args(x, w_data, w_scale, w_global_scale, bias, n, activation)
+    return x.new_empty((*x.shape[:-1], n))

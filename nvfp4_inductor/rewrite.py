@@ -5,10 +5,12 @@ the parameters are the first placeholders. `aten.mm(x, permute(W, [1, 0]))` and
 `aten.addmm(b, x, permute(W, [1, 0]))` with W such a parameter become
 
     data, scale, g = nvfp4.quantize(W, None, False, False)
-    y = nvfp4.linear(x, data, scale, g, b, False, activation)
+    data, scale = nvfp4.tile_weight(data, scale)
+    y = nvfp4.linear_tiled(x, data, scale, g, b, N, activation)
 
-and freezing's constant folding then runs the quantize on the real weights once, at compile time:
-the compiled code holds the NVFP4 weights as frozen constants and calls only nvfp4.linear.
+and freezing's constant folding then runs the quantize and the tiling on the real weights once, at
+compile time: the compiled code holds the NVFP4 weights as frozen constants, in the layout the
+skinny decode GEMM reads fastest (nvfp4_inductor/tiled.py), and calls only nvfp4.linear_tiled.
 With a weight method other than "rtn" (Config.weight_method "mse") the quantize is
 `nvfp4.quantize_weight(W, None, method, None, False)`, folded the same way.
 """
@@ -96,9 +98,12 @@ class LinearToNVFP4(_compat.CustomGraphPass):
                 else:
                     quantized = graph.call_function(torch.ops.nvfp4.quantize_weight.default,
                                                     (weight, None, self.weight_method, None, False))
-                parts = [graph.call_function(operator.getitem, (quantized, i)) for i in range(3)]
-                y = graph.call_function(torch.ops.nvfp4.linear.default,
-                                        (x, *parts, bias, False, self.activation))
+                data, scale, g = (graph.call_function(operator.getitem, (quantized, i)) for i in range(3))
+                tiled = graph.call_function(torch.ops.nvfp4.tile_weight.default, (data, scale))
+                data, scale = (graph.call_function(operator.getitem, (tiled, i)) for i in range(2))
+                n = weight.meta["val"].shape[0]
+                y = graph.call_function(torch.ops.nvfp4.linear_tiled.default,
+                                        (x, data, scale, g, bias, n, self.activation))
             y.meta.update(node.meta)
             node.replace_all_uses_with(y)
             graph.erase_node(node)

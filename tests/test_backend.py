@@ -55,8 +55,9 @@ def test_linears_become_nvfp4_quantized_once(caplog):
         y, code = run_and_get_code(compiled, x)
     assert torch.equal(y, _eager_nvfp4(model, x))
     source = "\n".join(code)
-    assert source.count("torch.ops.nvfp4.linear.default(") == 2  # up, down; the head stays bf16
-    assert "torch.ops.nvfp4.quantize" not in source  # weights were quantized at compile time
+    assert source.count("torch.ops.nvfp4.linear_tiled.default(") == 2  # up, down; the head stays bf16
+    # weights were quantized and tiled at compile time
+    assert "torch.ops.nvfp4.quantize" not in source and "tile_weight" not in source
     assert "converted 2 linear weights, skipped 1" in caplog.text
     assert "output head" in caplog.text
     # Another batch size recompiles; the weights are again frozen constants, not requantized.
@@ -128,7 +129,7 @@ def test_three_dimensional_inputs_and_fp32_models():
     x = torch.randn(2, 5, 64, dtype=torch.bfloat16)
     y, code = run_and_get_code(nv.compile(model, nv.Config(activations="bf16")), x)
     assert torch.equal(y, _eager_nvfp4(model, x))
-    assert "torch.ops.nvfp4.linear.default(" in "\n".join(code)
+    assert "torch.ops.nvfp4.linear_tiled.default(" in "\n".join(code)
     torch._dynamo.reset()
     model32 = _block().float()
     x32 = torch.randn(3, 64)
@@ -153,12 +154,11 @@ def test_fx_graph_cache_is_not_bypassed():
 @pytest.mark.gpu
 @pytest.mark.parametrize("mode", ["default", "reduce-overhead"])
 def test_backend_on_cuda(mode):
-    # Written without a GPU run yet (device time of the session that added it was spent).
     model = _block().cuda()
     x = torch.randn(4, 64, dtype=torch.bfloat16, device="cuda")
     compiled = nv.compile(model, nv.Config(activations="bf16"), mode=mode)
     y, code = run_and_get_code(compiled, x)  # the first call compiles
-    assert "torch.ops.nvfp4.linear.default(" in "\n".join(code)
+    assert "torch.ops.nvfp4.linear_tiled.default(" in "\n".join(code)
     for _ in range(2):  # reduce-overhead: record, then replay
         y = compiled(x)
     torch.testing.assert_close(y, _eager_nvfp4(model, x), rtol=1e-2, atol=1e-2)

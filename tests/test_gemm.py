@@ -115,6 +115,38 @@ def test_splitk_mainloop_matches_reference(kernel_device, m, n, k, swizzled, con
     assert _rel(y, x.double() @ w.dequantize(torch.float32).double().T + bias.double()) <= 1e-5
 
 
+@pytest.mark.parametrize("m, n, k", [(1, 64, 64), (5, 80, 208), (16, 128, 512)])
+def test_splitk_on_tiled_weights_matches_reference(kernel_device, m, n, k):
+    from nvfp4_inductor import tiled
+
+    gen = torch.Generator().manual_seed(m + n * 3 + k)
+    operand = torch.bfloat16 if kernel_device == "cuda" else torch.float16
+    x = (torch.randn(m, k, generator=gen) * 10).to(operand)
+    w = nv.quantize(torch.randn(n, k, generator=gen))
+    data_t, scale_t = tiled.tile(w.data, w.scale.view(torch.uint8))
+    config = gemm_configs.splitk_config(m, n, k, 4, tiled=True)
+    y = gemm_splitk.gemm_splitk(x.to(kernel_device), data_t.to(kernel_device), scale_t.to(kernel_device),
+                                w.global_scale.to(kernel_device), None, torch.float32, False,
+                                config=config, tiled_n=n)
+    assert _rel(y, x.double() @ w.dequantize(torch.float32).double().T) <= 1e-5
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("m", [1, 7, 16, 33])
+@pytest.mark.parametrize("activation", ["bf16", "nvfp4"])
+def test_linear_tiled_on_cuda_matches_reference(m, activation):
+    gen = torch.Generator().manual_seed(m)
+    x = torch.randn(2, m, 1040, generator=gen, dtype=torch.bfloat16)  # K padded to 1088 in tiles
+    bias = torch.randn(1056, generator=gen, dtype=torch.bfloat16)
+    w = nv.quantize(torch.randn(1056, 1040, generator=gen), per_row=m % 2 == 1)
+    data_t, scale_t = OPS.tile_weight(w.data, w.scale.view(torch.uint8))
+    want = nv.linear(x, w, bias, activation=activation)  # CPU: the reference
+    got = OPS.linear_tiled(x.cuda(), data_t.cuda(), scale_t.cuda(), w.global_scale.cuda(), bias.cuda(),
+                           1056, activation)
+    assert got.dtype == torch.bfloat16 and got.shape == (2, m, 1056)
+    assert _rel(got, want.float()) <= 1e-3
+
+
 def test_splitk_config_fills_the_gpu():
     for m, n, k in [(1, 4096, 4096), (16, 28672, 8192), (7, 4096, 14336), (1, 64, 16)]:
         block_m, block_n, block_k, splits, _, _ = gemm_configs.splitk_config(m, n, k, 132)

@@ -160,3 +160,41 @@ def test_static_global_scale_forms():
 def test_reference_pack_unpack_round_trip():
     codes = torch.randint(0, 16, (5, 64), dtype=torch.uint8)
     assert torch.equal(reference.unpack_nibbles(reference.pack_nibbles(codes)), codes)
+
+
+# --- the tiled weight layout (nvfp4_inductor/tiled.py) ------------------------------------------
+
+@pytest.mark.parametrize("n, k", [(64, 64), (80, 48), (16, 208), (200, 1040)])
+def test_tile_untile_round_trip_and_padding(n, k):
+    from nvfp4_inductor import tiled
+
+    data, scale, _ = _q_args(torch.randn(n, k))
+    torch.library.opcheck(OPS.tile_weight.default, (data, scale))
+    data_t, scale_t = OPS.tile_weight(data, scale)
+    assert (data_t.shape, scale_t.shape) == tiled.tiled_shapes(n, k)
+    back = tiled.untile(data_t, scale_t, n, k)
+    assert torch.equal(back[0], data) and torch.equal(back[1], scale)
+    # index formula of the module docstring, at a row and column inside the last tile
+    r, b = n - 1, k // 2 - 1
+    tiles_k = -(-k // tiled.TILE_K)
+    tn, tk = r // tiled.TILE_N, b // (tiled.TILE_K // 2)
+    flat = ((tn * tiles_k + tk) * tiled.TILE_N + r % tiled.TILE_N) * (tiled.TILE_K // 2) + b % (tiled.TILE_K // 2)
+    assert data_t[flat] == data[r, b]
+    padding = data_t.numel() - data.numel()
+    assert int(data_t.count_nonzero()) <= data_t.numel() - padding  # the padding is zeros
+
+
+@pytest.mark.parametrize("m", [1, 17])
+@pytest.mark.parametrize("activation", ["bf16", "nvfp4"])
+def test_linear_tiled_equals_linear(m, activation):
+    x = torch.randn(m, 80, dtype=torch.bfloat16)
+    w = nv.quantize(torch.randn(48, 80), per_row=m == 17)
+    bias = torch.randn(48, dtype=torch.bfloat16)
+    data_t, scale_t = OPS.tile_weight(w.data, w.scale.view(torch.uint8))
+    args = (x, data_t, scale_t, w.global_scale, bias, 48, activation)
+    torch.library.opcheck(OPS.linear_tiled.default, args)
+    assert torch.equal(OPS.linear_tiled(*args), nv.linear(x, w, bias, activation=activation))
+    with pytest.raises(ValueError, match="tiled w.data for N=48, K=80 must have shape"):
+        OPS.linear_tiled(x, data_t[:-1], scale_t, w.global_scale, bias, 48, activation)
+    with pytest.raises(ValueError, match="n must be a positive multiple of 16"):
+        OPS.linear_tiled(x, data_t, scale_t, w.global_scale, bias, 40, activation)

@@ -235,7 +235,7 @@ def test_backend_with_mse_and_hessian_error():
     config = nv.Config(activations="bf16", weight_method="mse", skip_output_head=False)
     y, code = run_and_get_code(nv.compile(model, config), x)
     source = "\n".join(code)
-    assert source.count("torch.ops.nvfp4.linear.default(") == 2
+    assert source.count("torch.ops.nvfp4.linear_tiled.default(") == 2
     assert "nvfp4.quantize_weight" not in source  # folded at compile time
     with torch.no_grad():
         h = nv.linear(x, nv.quantize(model[0].weight, method="mse"), model[0].bias)

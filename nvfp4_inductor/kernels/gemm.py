@@ -168,22 +168,12 @@ def linear(x, w_data, w_scale, w_g, bias, w_swizzled: bool, activation: str):
     x2 = x.reshape(-1, k)
     if x2.stride(-1) != 1:
         x2 = x2.contiguous()
-    if activation == "nvfp4":
-        a, a_scale, a_g = quantize(x2, None, False, w_swizzled)
     path = gemm_configs.linear_path(x2.shape[0], n, k, x.dtype, activation)
     if path == "splitk":
-        # Small M: the skinny kernel reads x as bf16. W4A4 first dequantizes its (few) quantized
-        # rows without the global scale (e2m1 * block scale is exact in bf16); both global scales
-        # go to the epilogue.
-        from .gemm_splitk import gemm_splitk
-
-        g = w_g
-        if activation == "nvfp4":
-            a = dequantize(a, a_scale, None, w_swizzled, torch.bfloat16)
-            g = w_g * a_g
-        else:
-            a = x2.to(torch.bfloat16)
-        return gemm_splitk(a, w_data, w_scale, g, bias, x.dtype, w_swizzled).reshape(*lead, n)
+        return _linear_splitk(x2, w_data, w_scale, w_g, bias, w_swizzled, activation, x.dtype,
+                              None).reshape(*lead, n)
+    if activation == "nvfp4":
+        a, a_scale, a_g = quantize(x2, None, False, w_swizzled)
     if path == "dequant_cublas":
         # e2m1 * block scale is exact in bf16 (the global scale would not be: measured 3e-3
         # relative error when folded in), so the global scales, the bias and the rounding to the
@@ -207,3 +197,38 @@ def linear(x, w_data, w_scale, w_g, bias, w_swizzled: bool, activation: str):
         a = x2 if x2.dtype == torch.bfloat16 else x2.to(torch.bfloat16)
         y = gemm(a, None, None, w_data, w_scale, w_g, bias, x.dtype, w_swizzled, False)
     return y.reshape(*lead, n)
+
+
+def _linear_splitk(x2, w_data, w_scale, w_g, bias, w_swizzled, activation, out_dtype, tiled_n):
+    """Small M: the skinny kernel reads x as bf16. W4A4 first quantizes x and dequantizes its (few)
+    rows without the global scale (e2m1 * block scale is exact in bf16); both global scales go to
+    the epilogue."""
+    from .dequantize import dequantize
+    from .gemm_splitk import gemm_splitk
+    from .quantize import quantize
+
+    g = w_g
+    if activation == "nvfp4":
+        a, a_scale, a_g = quantize(x2, None, False, False)
+        a = dequantize(a, a_scale, None, False, torch.bfloat16)
+        g = w_g * a_g
+    else:
+        a = x2.to(torch.bfloat16)
+    return gemm_splitk(a, w_data, w_scale, g, bias, out_dtype, w_swizzled, tiled_n=tiled_n)
+
+
+def linear_tiled(x, w_data, w_scale, w_g, bias, n: int, activation: str):
+    """nvfp4::linear_tiled on CUDA: W in the tiled layout (nvfp4_inductor.tiled). Small M runs the
+    skinny kernel on it; larger M untiles the weight (one pass over its 0.56 bytes a weight,
+    against a GEMM that at M = 4096 costs ~50x that) and takes nvfp4::linear's path."""
+    from ..tiled import untile
+
+    lead, k = x.shape[:-1], x.shape[-1]
+    x2 = x.reshape(-1, k)
+    if x2.stride(-1) != 1:
+        x2 = x2.contiguous()
+    if gemm_configs.linear_path(x2.shape[0], n, k, x.dtype, activation) == "splitk":
+        return _linear_splitk(x2, w_data, w_scale, w_g, bias, False, activation, x.dtype,
+                              n).reshape(*lead, n)
+    data, scale = untile(w_data, w_scale, n, k)
+    return linear(x, data, scale, w_g, bias, False, activation)

@@ -36,9 +36,21 @@ SPLITK_CONFIG_WIDE_N = (64, 64, 16, 2, 4)
 SPLITK_MAX_M = 16  # above, dequantize + cuBLAS measured faster (M = 64: 0.44x vs 0.31-0.41x bf16)
 
 
-def splitk_config(m: int, n: int, k: int, num_sms: int) -> tuple[int, int, int, int, int, int]:
+# The same kernel on weights in the tiled layout (nvfp4_inductor/tiled.py, BLOCK_N x BLOCK_K =
+# TILE_N x TILE_K = 64 x 64), measured on an H200 at M = 1: 8 programs per SM 1.25-1.59x bf16
+# cuBLAS; 16 per SM best on the widest weight (67.5 vs 74.0 us at N = 28672).
+TILED_CONFIG = (64, 64, 8, 2, 4)
+TILED_CONFIG_WIDE_N = (64, 64, 16, 2, 4)
+
+
+def splitk_config(m: int, n: int, k: int, num_sms: int, tiled: bool = False
+                  ) -> tuple[int, int, int, int, int, int]:
     """-> (BLOCK_M, BLOCK_N, BLOCK_K, num_splits, num_warps, num_stages) of the skinny kernel."""
-    block_n, block_k, per_sm, warps, stages = SPLITK_CONFIG_WIDE_N if n >= 16384 else SPLITK_CONFIG
+    wide = n >= 16384
+    if tiled:
+        block_n, block_k, per_sm, warps, stages = TILED_CONFIG_WIDE_N if wide else TILED_CONFIG
+    else:
+        block_n, block_k, per_sm, warps, stages = SPLITK_CONFIG_WIDE_N if wide else SPLITK_CONFIG
     block_m = max(16, 1 << (m - 1).bit_length())
     tiles = -(-k // block_k)
     programs_n = -(-n // block_n)

@@ -33,6 +33,7 @@ import triton
 import triton.language as tl
 
 from ..format import BLOCK_SIZE
+from ..tiled import TILE_K, TILE_N
 from . import gemm_configs
 from ._common import BLOCK, FP8_NAN, e2m1_decode, scale_offsets
 
@@ -96,7 +97,7 @@ def _decode_bytes(packed, scale):
 def splitk_mainloop(
     x_ptr, w_ptr, w_scale_ptr, M, N, K, stride_xm, w_scale_cols, pid_n, tile_begin, tile_end,
     SWIZZLED: tl.constexpr, USE_ASM: tl.constexpr, OPERAND: tl.constexpr, EVEN: tl.constexpr,
-    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+    TILED: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
 ):
     """fp32 (BLOCK_N, BLOCK_M) = 2^-7 * (W . x^T) over the K-tiles [tile_begin, tile_end), block
     scales applied, global scale not (the epilogue multiplies by 2^7 * g). x is read as OPERAND."""
@@ -106,6 +107,7 @@ def splitk_mainloop(
     m_ok = ms < M
     x_rows = x_ptr + ms.to(tl.int64)[None, :] * stride_xm
     w_rows = w_ptr + cols_n.to(tl.int64)[:, None] * (K // 2)
+    k_pad = tl.cdiv(K, BLOCK_K) * BLOCK_K
     acc = tl.zeros((BLOCK_N, BLOCK_M), tl.float32)
     for t in range(tile_begin, tile_end):
         k0 = t * BLOCK_K
@@ -122,7 +124,14 @@ def splitk_mainloop(
             # prefetches; byte loads were not pipelined and stalled every iteration.
             s_ptrs = w_scale_ptr + cols_n.to(tl.int64)[:, None] * w_scale_cols + block_cols[None, :]
         byte3 = (block_cols * (BLOCK // 2))[None, :, None] + tl.arange(0, BLOCK // 2)[None, None, :]
-        if EVEN:  # N % BLOCK_N == 0 and K % BLOCK_K == 0: no masks (they cost ~1 instruction a byte)
+        if TILED:  # tile_weight's layout: each (BLOCK_N, BLOCK_K) tile is one contiguous run
+            tile = pid_n.to(tl.int64) * (k_pad // BLOCK_K) + t
+            packed = tl.load(w_ptr + tile * (BLOCK_N * BLOCK_K // 2) + tl.arange(0, BLOCK_N * BLOCK_K // 2))
+            packed = tl.reshape(packed, (BLOCK_N, BLOCK_K // BLOCK, BLOCK // 2))
+            s_bits = tl.load(w_scale_ptr + tile * (BLOCK_N * BLOCK_K // BLOCK)
+                             + tl.arange(0, BLOCK_N * BLOCK_K // BLOCK))
+            s_bits = tl.reshape(s_bits, (BLOCK_N, BLOCK_K // BLOCK))
+        elif EVEN:  # N % BLOCK_N == 0 and K % BLOCK_K == 0: no masks (they cost ~1 instruction a byte)
             s_bits = tl.load(s_ptrs)
             packed = tl.load(w_rows[:, :, None] + byte3)
         else:
@@ -173,14 +182,14 @@ def _splitk_kernel(
     # meta-parameters
     SWIZZLED: tl.constexpr, W_G_PER_ROW: tl.constexpr, HAS_BIAS: tl.constexpr,
     SPLIT: tl.constexpr, USE_ASM: tl.constexpr, OPERAND: tl.constexpr, EVEN: tl.constexpr,
-    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+    TILED: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
 ):
     pid_n = tl.program_id(0)
     pid_k = tl.program_id(1)
     tile_begin = pid_k * tiles_per_split
     tile_end = tl.minimum(tile_begin + tiles_per_split, tl.cdiv(K, BLOCK_K))
     acc = splitk_mainloop(x_ptr, w_ptr, w_scale_ptr, M, N, K, stride_xm, w_scale_cols, pid_n,
-                          tile_begin, tile_end, SWIZZLED, USE_ASM, OPERAND, EVEN, BLOCK_M, BLOCK_N, BLOCK_K)
+                          tile_begin, tile_end, SWIZZLED, USE_ASM, OPERAND, EVEN, TILED, BLOCK_M, BLOCK_N, BLOCK_K)
     ms = tl.arange(0, BLOCK_M)
     cols_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
     if SPLIT:
@@ -207,11 +216,14 @@ def _reduce_kernel(
     _epilogue(acc, ms, cols_n, M, N, w_g_ptr, bias_ptr, out_ptr, stride_om, W_G_PER_ROW, HAS_BIAS)
 
 
-def gemm_splitk(x, w_data, w_scale, w_g, bias, out_dtype, swizzled, config=None, use_asm=None):
+def gemm_splitk(x, w_data, w_scale, w_g, bias, out_dtype, swizzled, config=None, use_asm=None,
+                tiled_n=None):
     """x (M, K) (bf16 on the GPU: the word decode multiplies in bf16; fp16 under the interpreter),
-    M <= 64; W NVFP4 (N, K/2) + uint8 scale bits + g (() or (N,)) -> (M, N) out_dtype."""
+    M <= 64; W NVFP4 (N, K/2) + uint8 scale bits + g (() or (N,)) -> (M, N) out_dtype.
+    tiled_n: W is in the tiled layout of nvfp4_inductor.tiled, with N = tiled_n rows (the config
+    must then use BLOCK_N, BLOCK_K = TILE_N, TILE_K)."""
     m, k = x.shape
-    n = w_data.shape[0]
+    n = w_data.shape[0] if tiled_n is None else tiled_n
     if m > 64:
         raise ValueError(f"the skinny NVFP4 GEMM takes at most 64 rows; got {m}")
     out = torch.empty((m, n), dtype=out_dtype, device=x.device)
@@ -221,8 +233,10 @@ def gemm_splitk(x, w_data, w_scale, w_g, bias, out_dtype, swizzled, config=None,
         use_asm = x.is_cuda
     if config is None:
         num_sms = torch.cuda.get_device_properties(x.device).multi_processor_count if x.is_cuda else 8
-        config = gemm_configs.splitk_config(m, n, k, num_sms)
+        config = gemm_configs.splitk_config(m, n, k, num_sms, tiled=tiled_n is not None)
     block_m, block_n, block_k, splits, warps, stages = config
+    if tiled_n is not None and (block_n, block_k) != (TILE_N, TILE_K):
+        raise ValueError(f"tiled weights need BLOCK_N, BLOCK_K = {TILE_N}, {TILE_K}; got {block_n}, {block_k}")
     tiles = triton.cdiv(k, block_k)
     tiles_per_split = triton.cdiv(tiles, splits)
     splits = triton.cdiv(tiles, tiles_per_split)  # no empty split
@@ -236,6 +250,7 @@ def gemm_splitk(x, w_data, w_scale, w_g, bias, out_dtype, swizzled, config=None,
         x.stride(0), out.stride(0),
         SWIZZLED=swizzled, SPLIT=splits > 1, USE_ASM=use_asm,
         OPERAND=tl.bfloat16 if use_asm else tl.float16, EVEN=n % block_n == 0 and k % block_k == 0,
+        TILED=tiled_n is not None,
         BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_K=block_k, num_warps=warps, num_stages=stages,
         **common,
     )

@@ -1,0 +1,50 @@
+"""The tiled weight layout of the skinny GEMM (kernels/gemm_splitk.py): NVFP4 codes and plain scale
+bits cut into (TILE_N, TILE_K) tiles, each tile's rows stored contiguously, tile after tile:
+
+    data_tiled[((tn * tiles_k + tk) * TILE_N + r) * TILE_K/2 + b] = data[tn * TILE_N + r, tk * TILE_K/2 + b]
+    scale_tiled[((tn * tiles_k + tk) * TILE_N + r) * TILE_K/16 + c] = scale[tn * TILE_N + r, tk * TILE_K/16 + c]
+
+zero-padded to multiples of (TILE_N, TILE_K) (zero codes and zero scales contribute nothing). A
+program of the skinny kernel then reads each K-step as one contiguous 2 KiB run (16-byte vectors,
+every sector used) instead of 64 rows x 32 bytes: measured on an H200, 1.25-1.6x bf16 cuBLAS at
+M = 1 instead of 0.76-0.85x (the row-major reads left the L1 pipe 88% busy at 15% of DRAM
+bandwidth). Weights are laid out this way once, when they are quantized by the backend; the
+interchange layout (SPEC §3) is what users and checkpoints see.
+"""
+
+from torch import Tensor
+
+from .format import BLOCK_SIZE
+
+TILE_N = 64
+TILE_K = 64
+
+
+def tiled_shapes(n: int, k: int) -> tuple[tuple[int], tuple[int]]:
+    """(N, K) -> the 1-D shapes of the tiled codes and scale bits."""
+    n_pad, k_pad = -(-n // TILE_N) * TILE_N, -(-k // TILE_K) * TILE_K
+    return (n_pad * k_pad // 2,), (n_pad * k_pad // BLOCK_SIZE,)
+
+
+def tile(data: Tensor, scale: Tensor) -> tuple[Tensor, Tensor]:
+    """uint8 (N, K/2) codes, uint8 plain (N, K/16) scale bits -> the tiled 1-D pair."""
+    n, k = data.shape[0], data.shape[1] * 2
+    n_pad, k_pad = -(-n // TILE_N) * TILE_N, -(-k // TILE_K) * TILE_K
+    out = []
+    for part, per in ((data, 2), (scale, BLOCK_SIZE)):
+        padded = part.new_zeros((n_pad, k_pad // per))
+        padded[:n, : k // per] = part
+        out.append(padded.view(n_pad // TILE_N, TILE_N, k_pad // TILE_K, TILE_K // per)
+                   .permute(0, 2, 1, 3).reshape(-1))
+    return out[0], out[1]
+
+
+def untile(data_tiled: Tensor, scale_tiled: Tensor, n: int, k: int) -> tuple[Tensor, Tensor]:
+    """The inverse of tile: -> uint8 (N, K/2) codes and plain (N, K/16) scale bits."""
+    n_pad, k_pad = -(-n // TILE_N) * TILE_N, -(-k // TILE_K) * TILE_K
+    out = []
+    for part, per in ((data_tiled, 2), (scale_tiled, BLOCK_SIZE)):
+        full = (part.view(n_pad // TILE_N, k_pad // TILE_K, TILE_N, TILE_K // per)
+                .permute(0, 2, 1, 3).reshape(n_pad, k_pad // per))
+        out.append(full[:n, : k // per].contiguous())
+    return out[0], out[1]
