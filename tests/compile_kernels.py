@@ -42,7 +42,8 @@ ROW_G_SIGNATURE = {"x_ptr": None, "g_ptr": "*fp32", "M": "i32", "K": "i32", "str
 DEQUANTIZE_SIGNATURE = {
     "data_ptr": "*u8", "scale_ptr": "*u8", "g_ptr": "*fp32", "index_ptr": "*i64", "out_ptr": None,
     "M": "i32", "K": "i32", "src_rows": "i32", "scale_cols_pad": "i32",
-    **{name: "constexpr" for name in ("PER_ROW", "HAS_G", "SWIZZLE", "GATHER", "BLOCK_M", "BLOCK_K")},
+    **{name: "constexpr" for name in ("PER_ROW", "HAS_G", "SWIZZLE", "GATHER", "TILED", "BLOCK_M",
+                                      "BLOCK_K")},
 }
 
 
@@ -135,7 +136,10 @@ def cases(sm):
         yield (f"dequantize-{dtype}-row{int(per_row)}-swizzle{int(swizzle)}-gather{int(gather)}",
                dk._dequantize_kernel, {**DEQUANTIZE_SIGNATURE, "out_ptr": f"*{dtype}"},
                {"PER_ROW": per_row, "HAS_G": True, "SWIZZLE": swizzle, "GATHER": gather,
-                "BLOCK_M": dk.BLOCK_M, "BLOCK_K": dk.BLOCK_K}, dk.NUM_WARPS, [], 1)
+                "TILED": False, "BLOCK_M": dk.BLOCK_M, "BLOCK_K": dk.BLOCK_K}, dk.NUM_WARPS, [], 1)
+    yield ("dequantize-bf16-tiled", dk._dequantize_kernel, {**DEQUANTIZE_SIGNATURE, "out_ptr": "*bf16"},
+           {"PER_ROW": False, "HAS_G": False, "SWIZZLE": False, "GATHER": False, "TILED": True,
+            "BLOCK_M": dk.BLOCK_M, "BLOCK_K": dk.BLOCK_K}, dk.NUM_WARPS, [], 1)
 
 
 def main() -> None:

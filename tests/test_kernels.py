@@ -238,3 +238,16 @@ def test_dequantize_kernel_without_global_scale(kernel_device):
                                         torch.float32)
     assert torch.equal(got.cpu(), want)
     assert torch.equal(want.to(torch.bfloat16).float(), want)  # exact in bf16
+
+
+@pytest.mark.parametrize("n, k", [(64, 64), (80, 208), (130, 1040)])
+def test_dequantize_reads_the_tiled_layout(kernel_device, n, k):
+    from nvfp4_inductor import tiled
+
+    gen = torch.Generator().manual_seed(n + k)
+    q = nv.quantize(torch.randn(n, k, generator=gen) * 5)
+    data_t, scale_t = tiled.tile(q.data, q.scale.view(torch.uint8))
+    got = dequantize_kernels.dequantize(data_t.to(kernel_device), scale_t.to(kernel_device), None, False,
+                                        torch.float32, tiled_nk=(n, k))
+    want = OPS.dequantize(q.data, q.scale.view(torch.uint8), torch.tensor(1.0), False, torch.float32)
+    assert got.shape == (n, k) and torch.equal(got.cpu(), want)

@@ -14,11 +14,23 @@ import triton
 import triton.language as tl
 
 from ..format import BLOCK_SIZE
+from ..tiled import TILE_K, TILE_N
 from ._common import BLOCK, e2m1_decode, e4m3_bits_to_f32, scale_offsets, store_pairs
+
+TILE_N_: tl.constexpr = tl.constexpr(TILE_N)
+TILE_K_: tl.constexpr = tl.constexpr(TILE_K)
 
 BLOCK_M = 16
 BLOCK_K = 256
 NUM_WARPS = 4
+
+
+@triton.jit
+def _tiled_offset(row, col, K, PER: tl.constexpr):
+    """Row and column of the (N, K / PER) codes (PER 2) or scales (PER 16) -> tiled offset."""
+    tiles_k = tl.cdiv(K, TILE_K_)
+    tile = (row // TILE_N_) * tiles_k + col // (TILE_K_ // PER)
+    return (tile * TILE_N_ + row % TILE_N_) * (TILE_K_ // PER) + col % (TILE_K_ // PER)
 
 
 @triton.jit
@@ -29,7 +41,7 @@ def _dequantize_kernel(
     M, K, src_rows, scale_cols_pad,
     # meta-parameters
     PER_ROW: tl.constexpr, HAS_G: tl.constexpr, SWIZZLE: tl.constexpr, GATHER: tl.constexpr,
-    BLOCK_M: tl.constexpr, BLOCK_K: tl.constexpr,
+    TILED: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_K: tl.constexpr,
 ):
     rows = tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)
     row_ok = rows < M
@@ -46,12 +58,16 @@ def _dequantize_kernel(
     # both stay (BLOCK_M, BLOCK_K / 2) tensors and are stored back as one word per pair.
     pair_cols = tl.program_id(1) * (BLOCK_K // 2) + tl.arange(0, BLOCK_K // 2)
     pair_mask = row_ok[:, None] & (pair_cols < K // 2)[None, :]
-    packed = tl.load(data_ptr + src[:, None] * (K // 2) + pair_cols[None, :],
-                     mask=load_ok[:, None] & (pair_cols < K // 2)[None, :], other=0).to(tl.int32)
-
     block_cols = tl.program_id(1) * (BLOCK_K // BLOCK) + tl.arange(0, BLOCK_K // BLOCK)
     block_mask = load_ok[:, None] & (block_cols < K // BLOCK)[None, :]
-    offsets = scale_offsets(src[:, None], block_cols[None, :], K, scale_cols_pad, SWIZZLE)
+    if TILED:  # nvfp4_inductor.tiled's layout (its docstring has the index formulas)
+        data_offsets = _tiled_offset(src[:, None], pair_cols[None, :], K, 2)
+        offsets = _tiled_offset(src[:, None], block_cols[None, :], K, BLOCK)
+    else:
+        data_offsets = src[:, None] * (K // 2) + pair_cols[None, :]
+        offsets = scale_offsets(src[:, None], block_cols[None, :], K, scale_cols_pad, SWIZZLE)
+    packed = tl.load(data_ptr + data_offsets, mask=load_ok[:, None] & (pair_cols < K // 2)[None, :],
+                     other=0).to(tl.int32)
     scale_bits = tl.load(scale_ptr + offsets, mask=block_mask, other=0).to(tl.int32)
     scale = e4m3_bits_to_f32(scale_bits)[:, :, None]
     if not HAS_G:  # e2m1 * block scale only (exact in bf16 / fp16), for callers that apply g later
@@ -73,15 +89,21 @@ def _dequantize_kernel(
     store_pairs(out_ptr, rows.to(tl.int64)[:, None] * (K // 2) + pair_cols[None, :], even, odd, pair_mask)
 
 
-def dequantize(data, scale, global_scale, swizzled: bool, dtype, indices=None):
+def dequantize(data, scale, global_scale, swizzled: bool, dtype, indices=None, tiled_nk=None):
     """NVFP4 parts (checked by the op) -> (..., K) of dtype; with indices (any shape), only the
     rows of the 2-D data named by them, as indices.shape + (K,). global_scale None: leave it out
-    (e2m1 * block scale only)."""
-    k = data.shape[-1] * 2
-    data2 = data.reshape(-1, k // 2)
-    src_rows = data2.shape[0]
+    (e2m1 * block scale only). tiled_nk = (N, K): data and scale are nvfp4_inductor.tiled's 1-D
+    layout of an (N, K) weight."""
+    if tiled_nk is not None:
+        n, k = tiled_nk
+        data2 = data.view(1, -1)
+        src_rows = n
+    else:
+        k = data.shape[-1] * 2
+        data2 = data.reshape(-1, k // 2)
+        src_rows = data2.shape[0]
     if indices is None:
-        out_lead, index = data.shape[:-1], data2  # index: unused placeholder pointer
+        out_lead, index = (data.shape[:-1] if tiled_nk is None else (n,)), data2  # index: unused
         m = src_rows
     else:
         out_lead, index = indices.shape, indices.reshape(-1)
@@ -96,6 +118,6 @@ def dequantize(data, scale, global_scale, swizzled: bool, dtype, indices=None):
         m, k, src_rows, scale_cols_pad,
         PER_ROW=global_scale is not None and global_scale.dim() > 0,
         HAS_G=global_scale is not None, SWIZZLE=swizzled, GATHER=indices is not None,
-        BLOCK_M=BLOCK_M, BLOCK_K=BLOCK_K, num_warps=NUM_WARPS,
+        TILED=tiled_nk is not None, BLOCK_M=BLOCK_M, BLOCK_K=BLOCK_K, num_warps=NUM_WARPS,
     )
     return out

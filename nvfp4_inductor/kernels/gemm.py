@@ -172,24 +172,12 @@ def linear(x, w_data, w_scale, w_g, bias, w_swizzled: bool, activation: str):
     if path == "splitk":
         return _linear_splitk(x2, w_data, w_scale, w_g, bias, w_swizzled, activation, x.dtype,
                               None).reshape(*lead, n)
-    if activation == "nvfp4":
-        a, a_scale, a_g = quantize(x2, None, False, w_swizzled)
     if path == "dequant_cublas":
-        # e2m1 * block scale is exact in bf16 (the global scale would not be: measured 3e-3
-        # relative error when folded in), so the global scales, the bias and the rounding to the
-        # output dtype come after a cuBLAS GEMM with an fp32 output.
-        g = w_g if w_g.dim() == 0 else w_g[None, :]
         w = dequantize(w_data, w_scale, None, w_swizzled, torch.bfloat16)
-        if activation == "nvfp4":
-            a = dequantize(a, a_scale, None, w_swizzled, torch.bfloat16)
-            g = g * a_g
-        else:
-            a = x2.to(torch.bfloat16)
-        y = torch.mm(a, w.T, out_dtype=torch.float32)
-        y = y * g if bias is None else torch.addcmul(bias.float(), y, g)
-        return y.to(x.dtype).reshape(*lead, n)
+        return _linear_dequant_cublas(x2, w, w_g, bias, activation, x.dtype).reshape(*lead, n)
     major, _ = torch.cuda.get_device_capability(x.device)
     if activation == "nvfp4":
+        a, a_scale, a_g = quantize(x2, None, False, w_swizzled)
         mma = (gemm_configs.MMA_DOT_SCALED if major >= 10 and w_swizzled
                else gemm_configs.MMA_DEQUANT)
         y = gemm(a, a_scale, a_g, w_data, w_scale, w_g, bias, x.dtype, w_swizzled, True, mma)
@@ -217,11 +205,30 @@ def _linear_splitk(x2, w_data, w_scale, w_g, bias, w_swizzled, activation, out_d
     return gemm_splitk(a, w_data, w_scale, g, bias, out_dtype, w_swizzled, tiled_n=tiled_n)
 
 
+def _linear_dequant_cublas(x2, w, w_g, bias, activation, out_dtype):
+    """x (M, K), W as bf16 e2m1 * block scale (exact in bf16; the global scale would not be:
+    measured 3e-3 relative error when folded in), so the global scales, the bias and the rounding
+    to the output dtype come after a cuBLAS GEMM with an fp32 output."""
+    from .dequantize import dequantize
+    from .quantize import quantize
+
+    g = w_g if w_g.dim() == 0 else w_g[None, :]
+    if activation == "nvfp4":
+        a, a_scale, a_g = quantize(x2, None, False, False)
+        a = dequantize(a, a_scale, None, False, torch.bfloat16)
+        g = g * a_g
+    else:
+        a = x2.to(torch.bfloat16)
+    y = torch.mm(a, w.T, out_dtype=torch.float32)
+    y = y * g if bias is None else torch.addcmul(bias.float(), y, g)
+    return y.to(out_dtype)
+
+
 def linear_tiled(x, w_data, w_scale, w_g, bias, n: int, activation: str):
     """nvfp4::linear_tiled on CUDA: W in the tiled layout (nvfp4_inductor.tiled). Small M runs the
-    skinny kernel on it; larger M untiles the weight (one pass over its 0.56 bytes a weight,
-    against a GEMM that at M = 4096 costs ~50x that) and takes nvfp4::linear's path."""
-    from ..tiled import untile
+    skinny kernel on it; larger M dequantizes it (the dequantize kernel reads the tiled layout)
+    for a cuBLAS GEMM, whatever x's dtype (x is used as bf16, as W4A16 defines)."""
+    from .dequantize import dequantize
 
     lead, k = x.shape[:-1], x.shape[-1]
     x2 = x.reshape(-1, k)
@@ -230,5 +237,5 @@ def linear_tiled(x, w_data, w_scale, w_g, bias, n: int, activation: str):
     if gemm_configs.linear_path(x2.shape[0], n, k, x.dtype, activation) == "splitk":
         return _linear_splitk(x2, w_data, w_scale, w_g, bias, False, activation, x.dtype,
                               n).reshape(*lead, n)
-    data, scale = untile(w_data, w_scale, n, k)
-    return linear(x, data, scale, w_g, bias, False, activation)
+    w = dequantize(w_data, w_scale, None, False, torch.bfloat16, tiled_nk=(n, k))
+    return _linear_dequant_cublas(x2, w, w_g, bias, activation, x.dtype).reshape(*lead, n)
