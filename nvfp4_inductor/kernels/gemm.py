@@ -187,21 +187,25 @@ def linear(x, w_data, w_scale, w_g, bias, w_swizzled: bool, activation: str):
     return y.reshape(*lead, n)
 
 
-def _linear_splitk(x2, w_data, w_scale, w_g, bias, w_swizzled, activation, out_dtype, tiled_n):
-    """Small M: the skinny kernel reads x as bf16. W4A4 first quantizes x and dequantizes its (few)
-    rows without the global scale (e2m1 * block scale is exact in bf16); both global scales go to
-    the epilogue."""
+def _activation_operand(x2, activation):
+    """x (M, K) -> (bf16 operand, its global scale or None). W4A16 uses x as bf16; W4A4 quantizes
+    x (dynamic per-tensor scale) and dequantizes it without the global scale (e2m1 * block scale
+    is exact in bf16), which then goes to the epilogue with the weight's."""
     from .dequantize import dequantize
-    from .gemm_splitk import gemm_splitk
     from .quantize import quantize
 
-    g = w_g
-    if activation == "nvfp4":
-        a, a_scale, a_g = quantize(x2, None, False, False)
-        a = dequantize(a, a_scale, None, False, torch.bfloat16)
-        g = w_g * a_g
-    else:
-        a = x2.to(torch.bfloat16)
+    if activation != "nvfp4":
+        return x2.to(torch.bfloat16), None
+    a, a_scale, a_g = quantize(x2, None, False, False)
+    return dequantize(a, a_scale, None, False, torch.bfloat16), a_g
+
+
+def _linear_splitk(x2, w_data, w_scale, w_g, bias, w_swizzled, activation, out_dtype, tiled_n):
+    """Small M: the skinny kernel, x as a bf16 operand, both global scales in its epilogue."""
+    from .gemm_splitk import gemm_splitk
+
+    a, a_g = _activation_operand(x2, activation)
+    g = w_g if a_g is None else w_g * a_g
     return gemm_splitk(a, w_data, w_scale, g, bias, out_dtype, w_swizzled, tiled_n=tiled_n)
 
 
@@ -209,16 +213,10 @@ def _linear_dequant_cublas(x2, w, w_g, bias, activation, out_dtype):
     """x (M, K), W as bf16 e2m1 * block scale (exact in bf16; the global scale would not be:
     measured 3e-3 relative error when folded in), so the global scales, the bias and the rounding
     to the output dtype come after a cuBLAS GEMM with an fp32 output."""
-    from .dequantize import dequantize
-    from .quantize import quantize
-
+    a, a_g = _activation_operand(x2, activation)
     g = w_g if w_g.dim() == 0 else w_g[None, :]
-    if activation == "nvfp4":
-        a, a_scale, a_g = quantize(x2, None, False, False)
-        a = dequantize(a, a_scale, None, False, torch.bfloat16)
+    if a_g is not None:
         g = g * a_g
-    else:
-        a = x2.to(torch.bfloat16)
     y = torch.mm(a, w.T, out_dtype=torch.float32)
     y = y * g if bias is None else torch.addcmul(bias.float(), y, g)
     return y.to(out_dtype)
