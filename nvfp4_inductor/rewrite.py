@@ -11,6 +11,8 @@ the parameters are the first placeholders. `aten.mm(x, permute(W, [1, 0]))` and
 and freezing's constant folding then runs the quantize and the tiling on the real weights once, at
 compile time: the compiled code holds the NVFP4 weights as frozen constants, in the layout the
 skinny decode GEMM reads fastest (nvfp4_inductor/tiled.py), and calls only nvfp4.linear_tiled.
+A model converted by nv.convert arrives with `nvfp4.linear(x, W_data, W_scale, ...)` on constant
+NVFP4 buffers; those calls get the same tile_weight + linear_tiled (plain scale layout only).
 With a weight method other than "rtn" (Config.weight_method "mse") the quantize is
 `nvfp4.quantize_weight(W, None, method, None, False)`, folded the same way.
 """
@@ -68,6 +70,7 @@ class LinearToNVFP4(_compat.CustomGraphPass):
         self.param_names = param_names
         self.keep = keep or {}
         self.converted: list[str] = []
+        self.retiled: list[str] = []  # weights already NVFP4 (nv.convert), moved to the tiled layout
         self.skipped: dict[str, str] = {}
 
     def __call__(self, graph: fx.Graph) -> None:
@@ -78,6 +81,9 @@ class LinearToNVFP4(_compat.CustomGraphPass):
         names = {node: (self.param_names[i] if i < len(self.param_names) else node.name)
                  for i, node in enumerate(lifted)}
         for node in list(graph.nodes):
+            if node.op == "call_function" and node.target == torch.ops.nvfp4.linear.default:
+                self._retile(graph, node, names)
+                continue
             if node.op != "call_function" or node.target not in (aten.mm.default, aten.addmm.default):
                 continue
             if node.kwargs:  # addmm with beta / alpha: not a plain linear
@@ -111,6 +117,29 @@ class LinearToNVFP4(_compat.CustomGraphPass):
         graph.eliminate_dead_code()
         log.info("nvfp4: converted %d linear weights, skipped %d %s", len(self.converted),
                  len(self.skipped), self.skipped)
+        if self.retiled:
+            log.info("nvfp4: %d NVFP4 weights moved to the tiled layout", len(self.retiled))
+
+    def _retile(self, graph: fx.Graph, node: fx.Node, names) -> None:
+        """nvfp4.linear on constant NVFP4 weights (a model from nv.convert) -> the same through
+        tile_weight + linear_tiled, tiled once by constant folding like the bf16 weights."""
+        x, data, scale, g, bias, swizzled, activation = node.args
+        if (swizzled or data not in names
+                or not (scale in names or (isinstance(scale, fx.Node) and scale.target == aten.view.dtype
+                                           and scale.args[0] in names))):
+            return
+        with graph.inserting_before(node):
+            tiled = graph.call_function(torch.ops.nvfp4.tile_weight.default, (data, scale))
+            tiled_data, tiled_scale = (graph.call_function(operator.getitem, (tiled, i)) for i in range(2))
+            y = graph.call_function(torch.ops.nvfp4.linear_tiled.default,
+                                    (x, tiled_data, tiled_scale, g, bias, data.meta["val"].shape[0],
+                                     activation))
+        y.meta.update(node.meta)
+        # the old call's recorded input values would constrain the new call's arguments
+        y.meta.pop("eager_input_vals", None)
+        node.replace_all_uses_with(y)
+        graph.erase_node(node)
+        self.retiled.append(names[data])
 
     def uuid(self) -> bytes:
         """Keys the FX graph cache: the package sources and the options."""

@@ -114,14 +114,19 @@ def test_modes_options_and_bad_config():
         torch.compile(model, backend="nvfp4", options={"nvfp4": "bf16"})(x)
 
 
-def test_converted_model_compiles_through_the_backend():
+def test_converted_model_compiles_through_the_backend(caplog):
     model = _block()
     nv.convert(model, nv.Config(activations="bf16"))
     x = torch.randn(4, 64, dtype=torch.bfloat16)
-    y, code = run_and_get_code(nv.compile(model), x)
+    with caplog.at_level(logging.INFO, logger="nvfp4_inductor"):
+        y, code = run_and_get_code(nv.compile(model), x)
     with torch.no_grad():
         assert torch.equal(y, model(x))
-    assert "torch.ops.nvfp4.linear.default(" in "\n".join(code)
+    # the converted layers' NVFP4 weights were tiled at compile time, like quantized bf16 ones
+    source = "\n".join(code)
+    assert source.count("torch.ops.nvfp4.linear_tiled.default(") == 2
+    assert "torch.ops.nvfp4.linear.default(" not in source and "tile_weight" not in source
+    assert "2 NVFP4 weights moved to the tiled layout" in caplog.text
 
 
 def test_three_dimensional_inputs_and_fp32_models():
