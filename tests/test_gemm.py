@@ -147,6 +147,34 @@ def test_linear_tiled_on_cuda_matches_reference(m, activation):
     assert _rel(got, want.float()) <= 1e-3
 
 
+@pytest.mark.skipif(torch.cuda.is_available(), reason="on a GPU the gpu-marked tests run these paths")
+@pytest.mark.parametrize("m", [1, 5, 20])
+@pytest.mark.parametrize("activation", ["bf16", "nvfp4"])
+def test_cuda_linear_launchers_under_the_interpreter(m, activation, monkeypatch):
+    """The CUDA implementations of nvfp4::linear / linear_tiled (path choice, activation operand,
+    epilogue scales, tiled dequantize) run on CPU tensors through the interpreted kernels; cuBLAS's
+    fp32-output mm is stood in for by an fp32 matmul. Tolerance: the interpreter truncates fp32 ->
+    bf16 (up to 1 ulp) where the GPU rounds; the GPU tests hold these paths to 1e-3."""
+    from nvfp4_inductor import tiled
+
+    real_mm = torch.mm
+    monkeypatch.setattr(torch, "mm", lambda a, b, out_dtype=None: (
+        a.float() @ b.float() if out_dtype == torch.float32 else real_mm(a, b)))
+    gen = torch.Generator().manual_seed(m)
+    x = torch.randn(m, 96, generator=gen).to(torch.bfloat16)
+    w = nv.quantize(torch.randn(48, 96, generator=gen), per_row=m == 5)
+    bias = torch.randn(48, generator=gen).to(torch.bfloat16)
+    want = nv.linear(x, w, bias, activation=activation).float()  # the reference
+    parts = (w.data, w.scale.view(torch.uint8), w.global_scale)
+    paths = [p for p in ("splitk", "dequant_cublas") if p != "splitk" or m <= gemm_configs.SPLITK_MAX_M]
+    for path in paths:
+        monkeypatch.setattr(gemm_configs, "FORCE_PATH", path)
+        assert _rel(gemm.linear(x, *parts, bias, False, activation), want) <= 1e-2, path
+    monkeypatch.setattr(gemm_configs, "FORCE_PATH", None)
+    data_t, scale_t = tiled.tile(parts[0], parts[1])
+    assert _rel(gemm.linear_tiled(x, data_t, scale_t, w.global_scale, bias, 48, activation), want) <= 1e-2
+
+
 def test_splitk_config_fills_the_gpu():
     for m, n, k in [(1, 4096, 4096), (16, 28672, 8192), (7, 4096, 14336), (1, 64, 16)]:
         block_m, block_n, block_k, splits, _, _ = gemm_configs.splitk_config(m, n, k, 132)
