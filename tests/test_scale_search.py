@@ -89,6 +89,44 @@ def test_kernel_equals_brute_force(kernel_device, method):
     assert bits[1, 0] == 0 and bits[2, (k // BLOCK_SIZE) - 1] == 0x7F  # all-zero, NaN: RTN
 
 
+@pytest.mark.parametrize("method", ["mse", "hessian"])
+def test_kernel_equals_brute_force_bf16_normal(kernel_device, method):
+    # The GPU test's public-path weights in miniature: bf16 ~ N(0, 0.02), one block column per
+    # 16 values, many rows (so many near-RTN ties: scale s against s / 2 and 2 s).
+    gen = torch.Generator().manual_seed(25)
+    k = 32 if method == "mse" else 16
+    w = (torch.randn(512, k, generator=gen) * 0.02).to(torch.bfloat16)
+    hessian = _hessian(k, seed=26) if method == "hessian" else None
+    _assert_matches_reference(w, method, hessian, device=kernel_device)
+
+
+def test_kernel_singular_hessian_negative_errors(kernel_device):
+    # H = t t^T from one calibration token: lambda = 0, and rounding makes some computed errors
+    # negative. The pruned kernel used to stop both sweeps at the first negative best ("0 > best"
+    # passed for the vanished bounds) and chose bits 38 (E = -0.67) over the reference's 35
+    # (E = -1.30) in block 1. Row 0 holds the tensor's amax (it sets g, as in the 8192-row
+    # tensor, seed 3, that the block came from).
+    token = torch.tensor([
+        -0.5972964763641357, -1.777728796005249, -0.465898722410202, 0.2682900130748749,
+        -0.5403047204017639, -0.7157183885574341, 0.4004928767681122, 0.4667956233024597,
+        -1.1900434494018555, 1.5735183954238892, -0.21717453002929688, 0.551885724067688,
+        -1.6412652730941772, 0.6539067625999451, -1.6565139293670654, 0.20719704031944275])
+    x = torch.tensor([
+        [-0.00173187255859375, 0.01092529296875, 0.04248046875, 0.0294189453125,
+         0.0031585693359375, 0.00970458984375, 0.02294921875, -0.01904296875, 0.015625,
+         -0.003631591796875, -0.0205078125, -0.0306396484375, -0.0185546875, 0.095703125,
+         -0.004608154296875, -0.0302734375],
+        [-0.004302978515625, 0.0242919921875, 0.01025390625, 0.0142822265625, -0.057373046875,
+         -0.040283203125, 4.6253204345703125e-05, 0.0057373046875, -0.01611328125,
+         0.0034637451171875, -0.01434326171875, 0.029296875, 0.019287109375, 0.01043701171875,
+         0.0235595703125, -0.004608154296875]]).to(torch.bfloat16)
+    hessian = hessian_blocks(token[None])
+    from nvfp4_inductor.kernels.scale_search import hessian_operands
+    assert hessian_operands(hessian)[1].item() == 0.0
+    bits, err = _assert_matches_reference(x, "hessian", hessian, device=kernel_device)
+    assert bits[1, 0] == 35 and err[1, 0] < 0
+
+
 def test_brute_force_sweep_kernel_equals_reference(kernel_device):
     # The benchmark's baseline: every candidate, one kernel (slow under the interpreter: K = 16).
     _assert_matches_reference(_weights(21, 16, seed=13), "mse", prune=False, device=kernel_device)
@@ -269,9 +307,28 @@ def test_kernel_equals_brute_force_on_gpu(method, prune):
     x = _weights(301, 256, seed=21)
     hessian = _hessian(256, seed=22) if method == "hessian" else None
     _assert_matches_reference(x, method, hessian, prune, device="cuda")
-    # bf16 weights as models hold them, through the public API and the op's CUDA kernel.
-    w = (torch.randn(512, 1024) * 0.02).to(torch.bfloat16)
+    # bf16 weights as models hold them, through the public API and the op's CUDA kernel. Seeded:
+    # with the global RNG the weights depended on which tests ran before.
+    gen = torch.Generator().manual_seed(24)
+    w = (torch.randn(512, 1024, generator=gen) * 0.02).to(torch.bfloat16)
     hessian = _hessian(1024, seed=23) if method == "hessian" else None
     q = nv.quantize(w.cuda(), method=method, hessian=None if hessian is None else hessian.cuda())
-    bits, _ = scale_search.search_scales(w, reference.compute_global_scale(w), method, hessian)
-    assert torch.equal(q.scale.view(torch.uint8).cpu(), bits)
+    g = reference.compute_global_scale(w)
+    bits, err = scale_search.search_scales(w, g, method, hessian)
+    assert torch.equal(q.global_scale.cpu(), g)
+    got = q.scale.view(torch.uint8).cpu()
+    assert torch.equal(got, bits), _describe_mismatches(w, g, got, bits, err, hessian)
+
+
+def _describe_mismatches(x, g, got, want, want_err, hessian=None, limit=8):
+    """Assertion message: each differing block's values, both bits and both reference errors."""
+    lines = [f"{int((got != want).sum())} blocks differ (g = {g.item()!r})"]
+    u = None if hessian is None else scale_search.hessian_operand(hessian)
+    for r, c in (got != want).nonzero()[:limit].tolist():
+        block = x[r, c * BLOCK_SIZE:(c + 1) * BLOCK_SIZE].float()
+        pair = torch.tensor([[int(got[r, c]), int(want[r, c])]])
+        e = scale_search.block_errors(block[None], g, pair, None if u is None else u[c:c + 1])[0]
+        lines.append(f"block ({r}, {c}) {block.tolist()}: kernel bits {pair[0, 0]} error "
+                     f"{e[0].item()!r}, reference bits {pair[0, 1]} error {e[1].item()!r} "
+                     f"(reference's chosen error {want_err[r, c].item()!r})")
+    return "\n".join(lines)

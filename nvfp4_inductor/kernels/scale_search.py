@@ -17,7 +17,10 @@ only if a cheap lower bound does not already exclude it; a program stops a direc
 thread's bound allows further candidates. lambda (per group) is 1 for "mse"; for "hessian" a lower
 bound of the smallest eigenvalue of H_g with the fp32 evaluation error taken off,
 lambda = lambda_min(H_g) - 2^-16 * max_i sum_j |U_ij| (0 if that is negative: then the bounds
-vanish and the direction is swept fully). Why each cut is safe (E = the reference's computed error):
+are off and the direction is swept fully). lambda > 0 also makes every computed E >= 0; with
+lambda = 0 (a singular H_g, e.g. from fewer than 16 calibration tokens) rounding can make E
+negative, and a test "0 > best" would cut candidates with a still smaller E, so the bounds are
+used only where lambda > 0. Why each cut is safe (E = the reference's computed error):
 
 - Clip bound (downward). B(c) = s^2 * tree_sum((y_i - 6)^2 over y_i >= 6) uses the terms of E
   (q = 6 there) and zeros elsewhere; fp32 rounding is monotone, so B(c) <= E(c) exactly for "mse",
@@ -210,6 +213,7 @@ def _scale_search_kernel(
         for i in tl.static_range(256):
             u = u + (tl.load(u_ptr + grp * 256 + i),)
         lam = tl.load(lam_ptr + grp)
+        bounded = (lam + tl.zeros((BLOCK_R,), tl.float32)) > 0.0  # lambda = 0: bounds off
     else:
         u = ()
         lam = 1.0
@@ -245,6 +249,8 @@ def _scale_search_kernel(
             s, r, s2 = _scale_of(c_eval, g)
             bound = _bound(xa, r, s2, True)
             far = lam * bound > best * (1.0 + REL_MARGIN) + lam * s2 * ABS_MARGIN
+            if HESSIAN:
+                far = far & bounded  # best may be < 0 where lambda = 0 (see above)
             need = active & (far == 0)
             if _any(need):
                 err = _error(xa, neg, u, r, s2, HESSIAN)
@@ -264,7 +270,10 @@ def _scale_search_kernel(
                 stop = stop | ((y_max <= DOMINATED_Y) & (s >= MIN_HALVABLE_SCALE)
                                & (s * g >= MIN_HALVABLE_SG) & halvable)
             bound = _bound(xa, r, s2, False)
-            stop = stop | (lam * bound * (1.0 - REL_MARGIN) > best)
+            if HESSIAN:
+                stop = stop | (bounded & (lam * bound * (1.0 - REL_MARGIN) > best))
+            else:
+                stop = stop | (bound * (1.0 - REL_MARGIN) > best)
             need = active & (stop == 0)
             if _any(need):
                 err = _error(xa, neg, u, r, s2, HESSIAN)
