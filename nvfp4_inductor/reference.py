@@ -59,7 +59,11 @@ __all__ = [
 
 def global_scale_from_amax(amax: Tensor) -> Tensor:
     """fp32 amax (any shape) -> fp32 decode global scale g = amax / 2688, 1 where that is 0."""
-    g = amax.float() / GLOBAL_SCALE_DIVISOR
+    amax = amax.float()
+    # Divide by a tensor, not a Python number: on CUDA, `tensor / scalar` is computed as
+    # tensor * (1 / scalar), which can be one ulp off the correctly rounded quotient the kernels
+    # compute (div_rn), and the device-side scale search calls this on CUDA tensors.
+    g = amax / torch.full_like(amax, GLOBAL_SCALE_DIVISOR)
     return torch.where(g == 0, torch.ones_like(g), g)
 
 

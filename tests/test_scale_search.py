@@ -332,3 +332,14 @@ def _describe_mismatches(x, g, got, want, want_err, hessian=None, limit=8):
                      f"{e[0].item()!r}, reference bits {pair[0, 1]} error {e[1].item()!r} "
                      f"(reference's chosen error {want_err[r, c].item()!r})")
     return "\n".join(lines)
+
+
+@pytest.mark.gpu
+def test_device_global_scale_is_the_correctly_rounded_quotient():
+    # CUDA computes `tensor / python_scalar` as tensor * (1 / scalar) (one ulp off for some
+    # values); the scale search's on-device g must equal the CPU reference's amax / 2688.
+    gen = torch.Generator().manual_seed(31)
+    amax = torch.rand(100_000, generator=gen) * torch.logspace(-20, 20, 100_000)
+    on_gpu = reference.global_scale_from_amax(amax.cuda()).cpu()
+    assert torch.equal(on_gpu, reference.global_scale_from_amax(amax))
+    assert torch.equal(on_gpu, (amax.double() / 2688).float())  # correctly rounded
