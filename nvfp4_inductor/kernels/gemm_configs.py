@@ -1,6 +1,6 @@
-"""Tile configurations of the NVFP4 GEMM, kept apart from the kernel: (BLOCK_M, BLOCK_N, BLOCK_K,
-num_warps, num_stages) by path and M bucket. First, correctness-oriented values: not yet tuned
-on the device (benchmarks/bench_gemm.py measures them)."""
+"""Tile configurations of the NVFP4 GEMMs and the choice of path, kept apart from the kernels.
+The skinny-kernel tables were swept on an H200 (benchmarks/probe_splitk.py); the first GEMM's
+(gemm.py) are correctness-oriented values, not tuned."""
 
 MMA_DEQUANT = 0
 MMA_DOT_SCALED = 1

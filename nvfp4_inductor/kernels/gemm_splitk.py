@@ -1,31 +1,30 @@
-"""Skinny NVFP4 GEMM for small M (decode) on sm_90: y = x @ W^T, W NVFP4 (N, K/2) + e4m3 scales.
+"""Skinny NVFP4 GEMM for small M (decode) on sm_90 and up: y = x @ W^T, W NVFP4 (N, K/2) + e4m3
+scales, x (M <= 64, K) bf16.
 
-At M <= 64 the GEMM is a weight stream: every weight byte is read once and used M times, so the
+At small M the GEMM is a weight stream: every weight byte is read once and used M times, so the
 kernel must decode weights at HBM speed, about 8 instructions per weight byte on an H200 (SPEC §5).
-Three choices make that possible:
 
-1. Word-level decode (`_decode_words`, inline PTX with pack=4): one 32-bit register holds 4 packed
-   bytes = 8 codes c0..c7 (code t at bits 4t..4t+3, element t of the group). Code t becomes an fp16
-   by placing its magnitude bits at the fp16 mantissa/exponent boundary (bits 9..11) and its sign
-   at bit 15: fp16 bits (i << 9) are exactly e2m1(i) * 2^-14 for all 8 magnitudes (index 1 lands
-   on the fp16 subnormal 2^-15 = 0.5 * 2^-14). Codes t and t + 4 sit exactly 16 bits apart, so one
-   shift places both halves of an fp16x2 register: 4 shift/and/or groups decode 8 codes, and one
-   mul.f16x2 per pair applies the block scale. Output A holds codes (0, 4, 1, 5), output B codes
-   (2, 6, 3, 7) of each group: the K order inside a dot is free, so x is loaded in the same order
-   instead of reordering the weights.
-2. Exact fp16 scaling: the decoded value e2m1 * 2^-14 times fp16(s * 2^7) is e2m1 * s * 2^-7,
-   exact (at most 6 significant bits, smallest bit 2^-17 >= the fp16 subnormal step 2^-24, largest
-   value 6 * 448 * 2^-7 = 21). s * 2^7 <= 57344 fits fp16, and comes from the e4m3 bits in two ops:
-   fp16 bits (e4m3 << 7) are s * 2^-8 (normal and subnormal alike), times 2^15. The 2^7 goes back
-   in the fp32 epilogue with the global scale.
-3. Swap A/B and split K: the decoded weights are the wide operand (BLOCK_N rows, registers), x^T the
-   narrow one (BLOCK_M columns, M padded to 16); K is cut into SPLIT_K ranges so that
-   N / BLOCK_N * SPLIT_K programs fill the GPU, each writing fp32 partials that a second small kernel
-   sums before the epilogue (global scales, bias, output dtype). x is rescaled to fp16 per program
-   (a power of two chosen from the row amax of its K range, exact) so any bf16 range is safe.
+1. Word-level decode (`_decode_words`, inline PTX, pack=4): one instance gets 4 packed bytes in a
+   32-bit register. A byte permute spreads two of them 16 bits apart ([b0, 0, b1, 0]); then one
+   shift/and per field places each nibble's magnitude at bf16 bits 6..8 and its sign at bit 15:
+   bf16 bits (i << 6) are exactly e2m1(i) * 2^-126 for all 8 magnitudes (index 1 is the bf16
+   subnormal 2^-127). The outputs are elementwise per byte (low nibble = element 2j, high nibble =
+   element 2j + 1): Triton packs 4 registers of its own layout into an instance, not necessarily 4
+   consecutive bytes, so nothing may depend on which bytes share an instance.
+2. Exact scaling: one mul.bf16x2 by bf16(s * 2^119) gives e2m1 * s * 2^-7, exact (at most 6
+   significant bits, 2^-17 <= |value| <= 6 * 448 * 2^-7 = 21). s * 2^119 comes from the e4m3 bits
+   cheaply (`_operand_scale`): fp16 bits (e4m3 << 7) are exactly s * 2^-8, normal and subnormal
+   alike. The 2^7 goes back in the fp32 epilogue with the global scale.
+3. Swapped operands and split K: the decoded weights are the wide operand (BLOCK_N rows, in
+   registers), x^T the narrow one (BLOCK_M columns, M padded to 16, read straight from memory by
+   the software pipeline); two warps make Triton use mma.sync. K is cut into ranges so that about
+   8 programs per SM stream the weight; each writes fp32 partials that `_reduce_kernel` sums before
+   the epilogue (global scales, bias, output dtype).
+4. Weights in the row-major interchange layout, or (TILED) in nvfp4_inductor.tiled's layout,
+   where each (BLOCK_N, BLOCK_K) tile is one contiguous run: 1.4-1.8x faster (benchmarks/NOTES.md).
 
-Without inline PTX (the Triton interpreter) the same A / B operands are built by gathering the
-bytes per element (`_decode_gather`), so CPU tests check the index formulas and the numerics.
+Without inline PTX (the Triton interpreter) `_decode_bytes` builds the same values in fp16 with
+plain Triton ops, so CPU tests check the indexing and the numerics.
 """
 
 import torch
@@ -37,7 +36,8 @@ from ..tiled import TILE_K, TILE_N
 from . import gemm_configs
 from ._common import BLOCK, FP8_NAN, e2m1_decode, scale_offsets
 
-# Order of the 8 codes of a 4-byte group in the two decoded operands (see 1. above).
+# $4: 4 packed bytes b0..b3; $5, $6: bf16x2 block scales; $0, $1: low nibbles of (b0, b1), (b2, b3);
+# $2, $3: their high nibbles (see 1. and 2. above).
 _DECODE_ASM: tl.constexpr = tl.constexpr("""
 {
 .reg .b32 v, m, s;
@@ -53,8 +53,6 @@ shl.b32 m, v, 2; and.b32 m, m, 0x01C001C0; shl.b32 s, v, 8; and.b32 s, s, 0x8000
 or.b32 m, m, s; mul.rn.bf16x2 $3, m, $6;
 }
 """)
-
-
 
 _SCALE_BIAS: tl.constexpr = tl.constexpr(2.0**127)  # s * 2^-8 -> s * 2^119; codes carry 2^-126
 
@@ -106,24 +104,14 @@ def splitk_mainloop(
     ms = tl.arange(0, BLOCK_M)
     m_ok = ms < M
     x_rows = x_ptr + ms.to(tl.int64)[None, :] * stride_xm
-    w_rows = w_ptr + cols_n.to(tl.int64)[:, None] * (K // 2)
     k_pad = tl.cdiv(K, BLOCK_K) * BLOCK_K
     acc = tl.zeros((BLOCK_N, BLOCK_M), tl.float32)
     for t in range(tile_begin, tile_end):
         k0 = t * BLOCK_K
-        # One e4m3 scale per 16 elements = 8 bytes: decoded once per block, broadcast over the
-        # block's bytes in 3-D (BLOCK_N, blocks, 8); the decoded (low, high) nibbles are joined and
-        # viewed as the 2-D (BLOCK_N, BLOCK_K) tile in natural K order.
+        # Packed codes as (BLOCK_N, blocks, 8 bytes), one e4m3 scale per block broadcast over its
+        # bytes; the decoded (low, high) nibbles are joined and viewed as the 2-D (BLOCK_N, BLOCK_K)
+        # tile in natural K order.
         block_cols = t * (BLOCK_K // BLOCK) + tl.arange(0, BLOCK_K // BLOCK)
-        if SWIZZLED:
-            s_ptrs = w_scale_ptr + scale_offsets(cols_n[:, None], block_cols[None, :], K, w_scale_cols,
-                                                 True)
-        else:
-            # Row stride passed as an argument (JIT-specialized when divisible by 16), so the
-            # BLOCK_K / 16 scales of a row are one aligned vector load the software pipeline
-            # prefetches; byte loads were not pipelined and stalled every iteration.
-            s_ptrs = w_scale_ptr + cols_n.to(tl.int64)[:, None] * w_scale_cols + block_cols[None, :]
-        byte3 = (block_cols * (BLOCK // 2))[None, :, None] + tl.arange(0, BLOCK // 2)[None, None, :]
         if TILED:  # tile_weight's layout: each (BLOCK_N, BLOCK_K) tile is one contiguous run
             tile = pid_n.to(tl.int64) * (k_pad // BLOCK_K) + t
             packed = tl.load(w_ptr + tile * (BLOCK_N * BLOCK_K // 2) + tl.arange(0, BLOCK_N * BLOCK_K // 2))
@@ -131,13 +119,24 @@ def splitk_mainloop(
             s_bits = tl.load(w_scale_ptr + tile * (BLOCK_N * BLOCK_K // BLOCK)
                              + tl.arange(0, BLOCK_N * BLOCK_K // BLOCK))
             s_bits = tl.reshape(s_bits, (BLOCK_N, BLOCK_K // BLOCK))
-        elif EVEN:  # N % BLOCK_N == 0 and K % BLOCK_K == 0: no masks (they cost ~1 instruction a byte)
-            s_bits = tl.load(s_ptrs)
-            packed = tl.load(w_rows[:, :, None] + byte3)
         else:
-            s_bits = tl.load(s_ptrs, mask=n_ok[:, None] & (block_cols < K // BLOCK)[None, :], other=0)
-            packed = tl.load(w_rows[:, :, None] + byte3, mask=n_ok[:, None, None] & (byte3 < K // 2),
-                             other=0)
+            if SWIZZLED:
+                s_ptrs = w_scale_ptr + scale_offsets(cols_n[:, None], block_cols[None, :], K,
+                                                     w_scale_cols, True)
+            else:
+                # Row stride passed as an argument (JIT-specialized when divisible by 16), so the
+                # BLOCK_K / 16 scales of a row are one aligned vector load the software pipeline
+                # prefetches; byte loads were not pipelined and stalled every iteration.
+                s_ptrs = w_scale_ptr + cols_n.to(tl.int64)[:, None] * w_scale_cols + block_cols[None, :]
+            byte3 = (block_cols * (BLOCK // 2))[None, :, None] + tl.arange(0, BLOCK // 2)[None, None, :]
+            w_ptrs = w_ptr + cols_n.to(tl.int64)[:, None, None] * (K // 2) + byte3
+            if EVEN:  # N % BLOCK_N == 0 and K % BLOCK_K == 0: no masks (~1 instruction a byte)
+                s_bits = tl.load(s_ptrs)
+                packed = tl.load(w_ptrs)
+            else:
+                s_bits = tl.load(s_ptrs, mask=n_ok[:, None] & (block_cols < K // BLOCK)[None, :],
+                                 other=0)
+                packed = tl.load(w_ptrs, mask=n_ok[:, None, None] & (byte3 < K // 2), other=0)
         scale = tl.broadcast_to(_operand_scale(s_bits.to(tl.int32), OPERAND)[:, :, None],
                                 (BLOCK_N, BLOCK_K // BLOCK, BLOCK // 2))
         if USE_ASM:
