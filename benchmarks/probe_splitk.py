@@ -2,7 +2,10 @@
 the GPU, then a config sweep against bf16 cuBLAS, same run. Not a benchmark of record
 (bench_gemm.py is): it picks the configurations that go into the heuristic table.
 
-    python benchmarks/probe_splitk.py
+    python benchmarks/probe_splitk.py [--no-decode]
+
+--no-decode also times the default configuration with the weight decode replaced by one
+conversion a byte (row-major and tiled weights): what the loads, MMAs and split-K cost alone.
 """
 
 import math
@@ -72,8 +75,8 @@ def no_decode_module():
 
     source = inspect.getsource(gs).replace(
         "low, high = _decode_words(packed, scale)", "low = packed.to(tl.bfloat16) * scale\n            high = low")
-    source = source.replace("from ..format import", "from nvfp4_inductor.format import").replace(
-        "from . import gemm_configs", "from nvfp4_inductor.kernels import gemm_configs").replace(
+    source = source.replace("from ..", "from nvfp4_inductor.").replace(
+        "from . import", "from nvfp4_inductor.kernels import").replace(
         "from ._common import", "from nvfp4_inductor.kernels._common import")
     path = "/tmp/gemm_splitk_nodecode.py"
     with open(path, "w") as f:
@@ -94,6 +97,7 @@ def main() -> None:
     configs = [(64, 64, 8, 2, 4), (128, 64, 8, 2, 4), (64, 128, 8, 2, 4), (128, 128, 4, 2, 4),
                (64, 64, 16, 2, 4), (64, 256, 4, 2, 3)]
     print("configs (BLOCK_N, BLOCK_K, programs per SM, warps, stages):", configs)
+    nd = no_decode_module() if "--no-decode" in sys.argv else None
     for k, n in SHAPES:
         copies = max(2, math.ceil(3 * l2 / (n * k * 2)))
         w_bf16 = [torch.randn(n, k, dtype=torch.bfloat16, device="cuda") for _ in range(copies)]
@@ -121,6 +125,11 @@ def main() -> None:
                     print(f"  config {cfg} failed: {type(exc).__name__}: {str(exc)[:200]}")
                     t = math.nan
                 row.append((t, cfg))
+            if nd is not None:
+                for layout, ws, tiled_n in (("row-major", parts, None), ("tiled", tiled, n)):
+                    t_nd = stream_us(lambda p: nd.gemm_splitk(x, p[0], p[1], p[2], None, torch.bfloat16,
+                                                              False, tiled_n=tiled_n), ws, rounds=2)
+                    print(f"  no-decode probe, {layout} weights, default config: {t_nd:.1f} us")
             best = min(row, key=lambda r: r[0] if r[0] == r[0] else 1e9)
             cells = " ".join(f"{t:7.1f}" for t, _ in row)
             print(f"K={k:>5} N={n:>5} M={m:>3} bf16 {bf16:7.1f} floor {floor:6.1f} | {cells} | best {best[0]:.1f} us"
