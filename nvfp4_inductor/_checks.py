@@ -108,6 +108,14 @@ def check_unswizzle_args(swizzled, rows: int, cols: int) -> None:
         )
 
 
+def _check_bias(bias, n: int, x) -> None:
+    if bias is not None:
+        check_tensor("bias", bias, FLOAT_DTYPES)
+        check_same_device("bias", bias, "x", x)
+        if tuple(bias.shape) != (n,):
+            raise ValueError(f"bias must have shape ({n},) (N); got {tuple(bias.shape)}")
+
+
 def check_linear_args(x, w_data, w_scale, w_global_scale, bias, w_swizzled, activation) -> None:
     if activation not in ACTIVATIONS:
         raise ValueError(f"activation must be one of {ACTIVATIONS}; got {activation!r}")
@@ -118,13 +126,7 @@ def check_linear_args(x, w_data, w_scale, w_global_scale, bias, w_swizzled, acti
     check_same_device("w.data", w_data, "x", x)
     if x.shape[-1] != k:
         raise ValueError(f"x.shape[-1] = {x.shape[-1]} does not match the weight's K = {k}")
-    if bias is not None:
-        check_tensor("bias", bias, FLOAT_DTYPES)
-        check_same_device("bias", bias, "x", x)
-        if tuple(bias.shape) != (w_data.shape[0],):
-            raise ValueError(
-                f"bias must have shape ({w_data.shape[0]},) (N); got {tuple(bias.shape)}"
-            )
+    _check_bias(bias, w_data.shape[0], x)
 
 
 def check_tile_args(data, scale) -> None:
@@ -154,11 +156,7 @@ def check_linear_tiled_args(x, w_data, w_scale, w_global_scale, bias, n, activat
     check_tensor("w.global_scale", w_global_scale, (torch.float32,))
     if tuple(w_global_scale.shape) not in ((), (n,)):
         raise ValueError(f"w.global_scale must have shape () or ({n},); got {tuple(w_global_scale.shape)}")
-    if bias is not None:
-        check_tensor("bias", bias, FLOAT_DTYPES)
-        check_same_device("bias", bias, "x", x)
-        if tuple(bias.shape) != (n,):
-            raise ValueError(f"bias must have shape ({n},) (N); got {tuple(bias.shape)}")
+    _check_bias(bias, n, x)
 
 
 def check_out_dtype(dtype) -> None:
