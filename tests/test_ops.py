@@ -198,3 +198,11 @@ def test_linear_tiled_equals_linear(m, activation):
         OPS.linear_tiled(x, data_t[:-1], scale_t, w.global_scale, bias, 48, activation)
     with pytest.raises(ValueError, match="n must be a positive multiple of 16"):
         OPS.linear_tiled(x, data_t, scale_t, w.global_scale, bias, 40, activation)
+
+
+def test_tile_weight_rejects_bad_input():
+    data, scale, _ = _q_args(torch.randn(32, 64))
+    with pytest.raises(ValueError, match="plain scales"):
+        OPS.tile_weight(data, OPS.swizzle_scales(scale))  # swizzled scales: not the plain layout
+    with pytest.raises(TypeError, match="data"):
+        OPS.tile_weight(data.float(), scale)
