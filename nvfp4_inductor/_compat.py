@@ -14,3 +14,16 @@ def params_flat():
     if context is None or context.params_flat is None:
         return ()
     return context.params_flat
+
+
+def max_autotune() -> bool:
+    """Whether Inductor autotunes GEMM choices (mode="max-autotune")."""
+    from torch._inductor import config
+
+    return bool(config.max_autotune or config.max_autotune_gemm)
+
+
+def selected_node(result):
+    """autotune_select_algorithm's result -> the chosen node (a TensorBox on 2.11; 2.13 returns
+    (node, choice))."""
+    return result[0] if isinstance(result, tuple) else result

@@ -62,6 +62,9 @@ def nvfp4_backend(gm: torch.fx.GraphModule, example_inputs, mode=None, options=N
             for name, p in gm.named_parameters() if p.dim() == 2}
     rewrite = LinearToNVFP4(_resolve_activation(config.activations, sample), names, keep,
                             config.weight_method)
+    from . import lowerings  # imports Inductor's lowering machinery: only when compiling
+
+    lowerings.register()  # nvfp4.linear_tiled -> the NVFP4 GEMM template + fused epilogue
     patches.update({"freezing": True, "joint_custom_post_pass": rewrite})
     if devices <= {"cpu"}:
         patches["cpp.weight_prepack"] = False  # else freezing turns linears into mkldnn ops first

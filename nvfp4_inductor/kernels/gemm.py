@@ -232,8 +232,17 @@ def linear_tiled(x, w_data, w_scale, w_g, bias, n: int, activation: str):
     x2 = x.reshape(-1, k)
     if x2.stride(-1) != 1:
         x2 = x2.contiguous()
-    if gemm_configs.linear_path(x2.shape[0], n, k, x.dtype, activation) == "splitk":
+    if gemm_configs.linear_path(x2.shape[0], n, k, x.dtype, activation, tiled=True) == "splitk":
         return _linear_splitk(x2, w_data, w_scale, w_g, bias, False, activation, x.dtype,
                               n).reshape(*lead, n)
     w = dequantize(w_data, w_scale, None, False, torch.bfloat16, tiled_nk=(n, k))
     return _linear_dequant_cublas(x2, w, w_g, bias, activation, x.dtype).reshape(*lead, n)
+
+
+def mm_tiled_f32(x2, w_data, w_scale, n: int):
+    """x (M, K) used as bf16 @ (e2m1 * block scale)^T, W tiled with N = n rows -> (M, N) fp32,
+    global scale not applied (the Inductor template's extern choice: dequantize + cuBLAS)."""
+    from .dequantize import dequantize
+
+    w = dequantize(w_data, w_scale, None, False, torch.bfloat16, tiled_nk=(n, x2.shape[1]))
+    return torch.mm(x2.to(torch.bfloat16), w.T, out_dtype=torch.float32)

@@ -2,6 +2,10 @@
 The skinny-kernel tables were swept on an H200 (benchmarks/probe_splitk.py); the first GEMM's
 (gemm.py) are correctness-oriented values, not tuned."""
 
+from typing import NamedTuple
+
+from ..tiled import TILE_K
+
 MMA_DEQUANT = 0
 MMA_DOT_SCALED = 1
 
@@ -70,11 +74,44 @@ FORCE_PATH = None
 PATHS = ("splitk", "dequant_cublas", "triton")
 
 
-def linear_path(m: int, n: int, k: int, x_dtype, activation: str) -> str:
+# On the tiled layout the skinny kernel wins further: at M = 64 it took 16-158 us against 28-329 us
+# for dequantize + cuBLAS (H200, benchmarks/probe_template.py, N x K = 4096^2 .. 28672 x 8192).
+TILED_SPLITK_MAX_M = 64
+
+
+def linear_path(m: int, n: int, k: int, x_dtype, activation: str, tiled: bool = False) -> str:
     import torch
 
     if FORCE_PATH is not None:
         return FORCE_PATH
-    if m <= SPLITK_MAX_M:
+    if m <= (TILED_SPLITK_MAX_M if tiled else SPLITK_MAX_M):
         return "splitk"
     return "dequant_cublas" if x_dtype == torch.bfloat16 else "triton"
+
+
+class TemplateConfig(NamedTuple):
+    """One choice of the Inductor NVFP4 GEMM template (templates/nvfp4_tiled_gemm.py.jinja); the
+    tiled layout fixes BLOCK_N, BLOCK_K = TILE_N, TILE_K."""
+    block_m: int
+    split: int  # K ranges; > 1: the template stores (split, M, N) partial sums
+    tiles_per_split: int
+    num_warps: int
+    num_stages: int
+
+
+TEMPLATE_MAX_SPLIT_M = TILED_SPLITK_MAX_M  # up to here the template splits K like the eager kernel
+# Above it, one program per (BLOCK_M, 64) output tile; untuned starting points (the first is the
+# default pick, the rest join under mode="max-autotune").
+TEMPLATE_WIDE_CONFIGS = [(128, 4, 3), (64, 4, 4), (128, 8, 3), (256, 8, 3)]
+
+
+def template_configs(m: int, n: int, k: int, num_sms: int) -> list[TemplateConfig]:
+    """The template's configs for an (M, K) x (N, K)^T product, default pick first."""
+    tiles = -(-k // TILE_K)
+    if m <= TEMPLATE_MAX_SPLIT_M:
+        block_m, _, _, splits, warps, stages = splitk_config(m, n, k, num_sms, tiled=True)
+        per_split = -(-tiles // splits)
+        splits = -(-tiles // per_split)  # no empty split
+        variants = [(warps, stages)] + [(w, s) for w in (2, 4) for s in (3, 4, 5) if (w, s) != (warps, stages)]
+        return [TemplateConfig(block_m, splits, per_split, w, s) for w, s in variants]
+    return [TemplateConfig(block_m, 1, tiles, w, s) for block_m, w, s in TEMPLATE_WIDE_CONFIGS]

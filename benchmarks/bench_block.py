@@ -1,0 +1,179 @@
+"""A Llama-style decoder block, bf16 vs backend="nvfp4", same mode, same run.
+
+    python benchmarks/bench_block.py                    # M = 1, 16, 4096; mode="reduce-overhead"
+    python benchmarks/bench_block.py --m 1 --mode default
+
+The block (hidden 4096, 32 query / 8 KV heads of 128, MLP 14336, Llama-3-8B shapes, random N(0, 0.02)
+weights): x + Wo(attention(RMSNorm(x))), then h + W2(SiLU(W1 g) * W3 g) with g = RMSNorm(h). x is
+(1, M, 4096): M is the number of rows every linear multiplies. Attention is causal SDPA over the M
+tokens themselves (no KV cache): the same for every variant, and small, so the table isolates what
+the backend changes (the 7 linears and what fuses around them); bench_decode.py measures decoding
+with a KV cache.
+
+Variants: bf16 `torch.compile(block, mode=...)`; NVFP4 `nvfp4_inductor.compile(block, Config(...),
+mode=...)` (backend="nvfp4") with W4A16 and W4A4 activations. Each is compiled per M with static
+shapes (compile time = the first three calls: compiling, recording the CUDA graph), checked
+against bf16 eager (and W4A16 against its eager NVFP4 counterpart), then timed over 100
+back-to-back calls (median of 5).
+Floor at small M: the weights read once (bf16 2 bytes a weight, NVFP4 0.5625) at the copy bandwidth
+measured here.
+"""
+
+import argparse
+import copy
+import statistics
+import sys
+import time
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+import triton
+from bench_quantize import copy_bandwidth_gbs
+from torch import nn
+
+import nvfp4_inductor as nv
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "examples"))
+import decode  # RMSNorm, MLP and the Llama-3-8B config of examples/decode.py
+
+CFG = decode.PRESETS["llama3-8b-8layers"]
+VARIANTS = {"bf16": None, "nvfp4 W4A16": nv.Config(activations="bf16"),
+            "nvfp4 W4A4": nv.Config(activations="nvfp4")}
+TARGETS = {1: 2.5, 16: 2.5, 4096: 0.9}  # x bf16 (issue #5): >= 2.5x at M <= 16, >= 0.9x at 4096
+NVFP4_BYTES_PER_WEIGHT = 0.5 + 1 / 16
+
+
+class Block(nn.Module):
+    def __init__(self, cfg):
+        super().__init__()
+        self.heads, self.kv_heads, self.head_dim = cfg.heads, cfg.kv_heads, cfg.head_dim
+        self.attn_norm = decode.RMSNorm(cfg.hidden, cfg.norm_eps)
+        self.wq = nn.Linear(cfg.hidden, cfg.heads * cfg.head_dim, bias=False)
+        self.wk = nn.Linear(cfg.hidden, cfg.kv_heads * cfg.head_dim, bias=False)
+        self.wv = nn.Linear(cfg.hidden, cfg.kv_heads * cfg.head_dim, bias=False)
+        self.wo = nn.Linear(cfg.heads * cfg.head_dim, cfg.hidden, bias=False)
+        self.mlp_norm = decode.RMSNorm(cfg.hidden, cfg.norm_eps)
+        self.mlp = decode.MLP(cfg)
+
+    def forward(self, x):
+        batch, seq, _ = x.shape
+        h = self.attn_norm(x)
+        q = self.wq(h).view(batch, seq, self.heads, self.head_dim).transpose(1, 2)
+        k = self.wk(h).view(batch, seq, self.kv_heads, self.head_dim).transpose(1, 2)
+        v = self.wv(h).view(batch, seq, self.kv_heads, self.head_dim).transpose(1, 2)
+        a = F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=True)
+        x = x + self.wo(a.transpose(1, 2).reshape(batch, seq, -1))
+        return x + self.mlp(self.mlp_norm(x))
+
+
+def build_block(seed=0):
+    torch.manual_seed(seed)
+    with torch.device("cuda"):
+        block = Block(CFG).to(torch.bfloat16)
+    for name, p in block.named_parameters():
+        if not name.endswith("norm.weight"):
+            with torch.no_grad():
+                p.normal_(0.0, 0.02)
+    return block.eval()
+
+
+def compile_variant(block, config, mode):
+    if config is not None:
+        return nv.compile(block, config, mode=mode, dynamic=False)
+    compiled = torch.compile(block, mode=mode, dynamic=False)
+
+    def run(x):
+        with torch.no_grad():
+            return compiled(x)
+    return run
+
+
+def call(step, x):
+    torch.compiler.cudagraph_mark_step_begin()
+    return step(x)
+
+
+def per_call_us(step, x, calls=100, repeats=5) -> float:
+    """GPU time per call of back-to-back calls (median over repeats): as in a decode loop, the host
+    prepares the next call while the GPU runs this one. (triton.testing.do_bench syncs and flushes
+    L2 around each call, which leaves the GPU idle while the host launches: at M = 1 it measured
+    the CUDA-graph replay's host overhead too.)"""
+    for _ in range(10):
+        call(step, x)
+    times = []
+    for _ in range(repeats):
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        torch.cuda.synchronize()
+        start.record()
+        for _ in range(calls):
+            call(step, x)
+        end.record()
+        end.synchronize()
+        times.append(start.elapsed_time(end) * 1e3 / calls)
+    return statistics.median(times)
+
+
+def eager_reference(block, config, x):
+    """The block with its linears converted eagerly (NVFP4Linear: the eager nvfp4 ops)."""
+    if config is None:
+        with torch.no_grad():
+            return block(x)
+    converted = copy.deepcopy(block)
+    nv.convert(converted, config)
+    with torch.no_grad():
+        return converted(x)
+
+
+def weight_bytes(block, nvfp4: bool) -> float:
+    per = NVFP4_BYTES_PER_WEIGHT if nvfp4 else 2
+    return sum(m.weight.numel() * per for m in block.modules() if isinstance(m, nn.Linear))
+
+
+def main():
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--m", type=int, nargs="+", default=[1, 16, 4096])
+    parser.add_argument("--mode", default="reduce-overhead")
+    args = parser.parse_args()
+    props = torch.cuda.get_device_properties(0)
+    print(f"# {props.name}, torch {torch.__version__}, triton {triton.__version__}, mode={args.mode}")
+    bandwidth = copy_bandwidth_gbs() * 1e9
+    block = build_block()
+    rows = []
+    for m in args.m:
+        x = torch.randn(1, m, CFG.hidden, device="cuda", dtype=torch.bfloat16)
+        bf16_eager = eager_reference(block, None, x).float()
+        base_us = None
+        for name, config in VARIANTS.items():
+            torch._dynamo.reset()
+            step = compile_variant(block, config, args.mode)
+            begin = time.perf_counter()
+            for _ in range(3):  # compile; reduce-overhead: warm up, record
+                y = call(step, x).clone().float()
+            torch.cuda.synchronize()
+            compile_s = time.perf_counter() - begin
+            # vs bf16 eager: the format's error; vs the eager NVFP4 block (W4A16 only: quantizing
+            # activations is discontinuous, a one-ulp change of a norm output moves W4A4 a lot)
+            err_bf16 = ((y - bf16_eager).norm() / bf16_eager.norm()).item()
+            err_eager = float("nan")
+            if config is not None and config.activations == "bf16":
+                expected = eager_reference(block, config, x).float()
+                err_eager = ((y - expected).norm() / expected.norm()).item()
+            us = per_call_us(step, x)
+            base_us = base_us or us
+            floor_us = weight_bytes(block, config is not None) / bandwidth * 1e6
+            rows.append((m, name, us, base_us / us, floor_us, compile_s, err_bf16, err_eager))
+            print(f"M={m:5d} {name:12s} {us:9.1f} us  x{base_us / us:5.2f}  compile {compile_s:5.1f} s"
+                  f"  rel err vs bf16 eager {err_bf16:.1e}, vs NVFP4 eager {err_eager:.1e}", flush=True)
+            del step
+    print()
+    print("| M | variant | us per call | x bf16 | target | weight-read floor us | compile s "
+          "| rel. err vs bf16 eager | vs NVFP4 eager |")
+    print("|---|---|---|---|---|---|---|---|---|")
+    for m, name, us, speedup, floor_us, compile_s, err_bf16, err_eager in rows:
+        target = "" if name == "bf16" else f">= {TARGETS.get(m, '')}"
+        print(f"| {m} | {name} | {us:.1f} | {speedup:.2f} | {target} | {floor_us:.1f} | {compile_s:.1f} "
+              f"| {err_bf16:.1e} | {err_eager:.1e} |")
+
+if __name__ == "__main__":
+    main()

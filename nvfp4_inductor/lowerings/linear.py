@@ -1,0 +1,130 @@
+"""Inductor lowering of nvfp4::linear_tiled (what backend="nvfp4" puts in place of a BF16 linear).
+
+    y = nvfp4.linear_tiled(x, W_data, W_scale, g, bias, N, "bf16")
+      -> P = nvfp4_tiled_gemm(x2, W_data, W_scale)          a TritonTemplate (or an extern choice)
+         y = (sum_split(P) * g + bias).to(x.dtype)           Inductor IR: fused, see below
+
+The template (templates/nvfp4_tiled_gemm.py.jinja) runs the eager skinny kernel's mainloop and
+stores fp32 products with the block scales applied. The rest of the linear is plain IR, so Inductor
+fuses it with whatever follows (activation, residual add, dtype cast):
+- SPLIT == 1 (M above the decode range): P is (M, N); the scale, bias and everything pointwise after
+  it fuse into the template's store (store_output): one kernel for GEMM + bias + GELU + residual.
+- SPLIT > 1 (decode, M <= SPLITK_MAX_M): P holds (SPLIT, M, N) partial sums over K ranges (the
+  weight stream needs ~8 programs per SM); the sum over SPLIT is an Inductor reduction kernel with
+  the same epilogue fused into it: two kernels, where the eager op launches its reduce kernel and
+  then Inductor its own epilogue kernels.
+The fp32 operation order is the eager kernels': ((sum * 2^7) * g + bias), then one rounding.
+
+Choices: the template with the configs of gemm_configs.template_configs (the first, the heuristic
+pick, alone by default; all of them under mode="max-autotune"), plus, where the output is (M, N),
+an extern choice (dequantize + cuBLAS, the eager op's path above the decode range). Where the
+template does not apply (W4A4 activations, a dynamic M, a non-CUDA device unless Inductor's CPU
+backend is Triton) the op stays the eager custom op.
+"""
+
+import torch
+from torch._inductor import config as inductor_config
+from torch._inductor import ir
+from torch._inductor.lowering import (
+    fallback_handler,
+    lowerings,
+    register_lowering,
+    to_dtype,
+)
+from torch._inductor.select_algorithm import (
+    ExternKernelChoice,
+    SymbolicGridFn,
+    TritonTemplate,
+    autotune_select_algorithm,
+    realize_inputs,
+)
+
+from .. import _compat
+from ..kernels import gemm_configs
+from ..templates import load_template
+from ..tiled import TILE_K, TILE_N
+
+aten = torch.ops.aten
+OP = torch.ops.nvfp4.linear_tiled.default
+
+
+@SymbolicGridFn
+def _grid(m, n, meta, *, cdiv):
+    return (cdiv(n, meta["BLOCK_N"]), meta["SPLIT"], cdiv(m, meta["BLOCK_M"]))
+
+
+tiled_gemm_template = TritonTemplate(name="nvfp4_tiled_gemm", grid=_grid,
+                                     source=load_template("nvfp4_tiled_gemm"))
+
+
+def mm_tiled_f32(x, w_data, w_scale, n):
+    """The extern choice: x (M, K) @ (e2m1 * block scale)^T in fp32, W tiled (dequantize + cuBLAS)."""
+    from ..kernels.gemm import mm_tiled_f32 as run
+
+    return run(x, w_data, w_scale, n)
+
+
+extern_mm_tiled_f32 = ExternKernelChoice(mm_tiled_f32, name="nvfp4_mm_tiled_f32", has_out_variant=False)
+
+
+def _uses_template(x, activation: str) -> bool:
+    device = x.get_device()
+    triton_device = device.type == "cuda" or (device.type == "cpu"
+                                              and inductor_config.cpu_backend == "triton")
+    static_m = all(isinstance(s, int) or getattr(s, "is_number", False) for s in x.get_size())
+    return triton_device and static_m and activation != "nvfp4"
+
+
+def _num_sms(device) -> int:
+    if device.type == "cuda":
+        return torch.cuda.get_device_properties(device).multi_processor_count
+    return 8  # the Triton CPU backend / interpreter: a small grid
+
+
+def lower_linear_tiled(x, w_data, w_scale, w_global_scale, bias, n, activation):
+    if not _uses_template(x, activation):
+        return fallback_handler(OP, add_to_fallback_set=False)(
+            x, w_data, w_scale, w_global_scale, bias, n, activation)
+    *lead, k = (int(s) for s in x.get_size())
+    m = 1
+    for s in lead:
+        m *= s
+    x2 = lowerings[aten.view.default](x, [m, k])
+    x2, w_data, w_scale = realize_inputs(x2, w_data, w_scale)
+    device = x.get_device()
+    configs = gemm_configs.template_configs(m, n, k, _num_sms(device))
+    if not _compat.max_autotune():
+        configs = configs[:1]
+    split = configs[0].split
+    size = [split, m, n] if split > 1 else [m, n]
+    layout = ir.FixedLayout(device, torch.float32, size)
+    use_asm = device.type == "cuda"  # inline PTX decode; the CPU backend decodes with plain ops
+    choices = []
+    for c in configs:
+        tiled_gemm_template.maybe_append_choice(
+            choices, input_nodes=(x2, w_data, w_scale), layout=layout, num_stages=c.num_stages,
+            num_warps=c.num_warps, call_sizes=[m, n],
+            SPLIT=c.split, TILES_PER_SPLIT=c.tiles_per_split, N=n, BLOCK_M=c.block_m,
+            BLOCK_N=TILE_N, BLOCK_K=TILE_K, EVEN_K=k % TILE_K == 0, USE_ASM=use_asm,
+            OPERAND="tl.bfloat16" if use_asm else "tl.float16")
+    if split == 1 and device.type == "cuda" and _compat.max_autotune():
+        choices.append(extern_mm_tiled_f32.bind((x2, w_data, w_scale), layout, n=n))
+    products = _compat.selected_node(autotune_select_algorithm(
+        "nvfp4_tiled_gemm", choices, [x2, w_data, w_scale], layout))
+    y = lowerings[aten.sum.dim_IntList](products, [0]) if split > 1 else products
+    y = lowerings[aten.mul.Tensor](y, w_global_scale)
+    if bias is not None:
+        y = lowerings[aten.add.Tensor](y, to_dtype(bias, torch.float32))
+    y = to_dtype(y, x.get_dtype())
+    return lowerings[aten.view.default](y, [*lead, n])
+
+
+_registered = False
+
+
+def register() -> None:
+    """Install the lowering (idempotent; backend="nvfp4" calls it before compiling)."""
+    global _registered
+    if not _registered:
+        register_lowering(OP, type_promotion_kind=None)(lower_linear_tiled)
+        _registered = True

@@ -1,0 +1,111 @@
+"""The Inductor lowering of nvfp4.linear_tiled: the NVFP4 GEMM template with the linear's epilogue
+(global scale, bias, activation, residual add, cast) fused by Inductor.
+
+On the CPU, Inductor's Triton CPU backend generates the same template and kernels, run by the
+Triton interpreter (plain-op decode instead of the inline PTX): the generated code and the
+numerics are checked there in CI; the same checks run on the GPU (marked gpu)."""
+
+import pytest
+import torch
+import torch.utils._triton
+from torch import nn
+from torch._inductor.utils import run_and_get_code
+
+import nvfp4_inductor as nv
+from nvfp4_inductor.kernels import gemm_configs
+
+TEMPLATE_MARK = "from nvfp4_inductor.kernels.gemm_splitk import splitk_mainloop"
+
+
+class LinearBlock(nn.Module):
+    """act(x @ W^T + b) + residual."""
+
+    def __init__(self, k, n, act):
+        super().__init__()
+        self.linear = nn.Linear(k, n)
+        self.act = act
+
+    def forward(self, x, residual):
+        return self.act(self.linear(x)) + residual
+
+
+@pytest.fixture
+def triton_inductor(monkeypatch, kernel_device):
+    """Inductor emitting Triton for kernel_device: the GPU, or the CPU (Triton CPU backend, kernels
+    run by the interpreter; the backend hash Inductor asks for needs a driver, so it is fixed)."""
+    torch._dynamo.reset()
+    patches = {"force_disable_caches": True}
+    if kernel_device == "cpu":
+        monkeypatch.setattr(torch.utils._triton, "triton_hash_with_backend", lambda: "interpreter")
+        patches.update({"cpu_backend": "triton", "compile_threads": 1})
+    with torch._inductor.config.patch(patches):
+        yield kernel_device
+    torch._dynamo.reset()
+
+
+def _launches(code: str) -> list[str]:
+    return [line.strip() for line in code.splitlines() if ".run(" in line or "extern_kernels." in line
+            and "import" not in line]
+
+
+def _eager(model, x, residual):
+    """The same model with the linear as the eager nvfp4 ops (same quantized, tiled weights)."""
+    w = model.linear.weight.detach()
+    data, scale, g = torch.ops.nvfp4.quantize(w, None, False, False)
+    data, scale = torch.ops.nvfp4.tile_weight(data, scale)
+    y = torch.ops.nvfp4.linear_tiled(x, data, scale, g, model.linear.bias.detach(), w.shape[0], "bf16")
+    return model.act(y) + residual
+
+
+def _run(device, m, k, n, act=torch.relu, lead=()):
+    torch.manual_seed(m * 7 + k + n)
+    model = LinearBlock(k, n, act).to(device=device, dtype=torch.bfloat16).eval()
+    x = torch.randn(*lead, m, k, device=device, dtype=torch.bfloat16)
+    residual = torch.randn(*lead, m, n, device=device, dtype=torch.bfloat16)
+    y, code = run_and_get_code(nv.compile(model, nv.Config(activations="bf16")), x, residual)
+    with torch.no_grad():
+        expected = _eager(model, x, residual)
+    # One bf16 rounding apart at most (the eager op and the template round products differently).
+    torch.testing.assert_close(y, expected, rtol=2**-7, atol=2**-6)
+    return "\n".join(code)
+
+
+def test_decode_rows_run_the_template_and_one_fused_reduction(triton_inductor):
+    code = _run(triton_inductor, 1, 128, 192)
+    assert TEMPLATE_MARK in code
+    launches = _launches(code)
+    # the split-K template, then the sum over the splits with scale, bias, ReLU and residual fused
+    assert len(launches) == 2, launches
+    assert "torch.ops.nvfp4.linear_tiled.default(" not in code  # (the FX graph comments name it)
+
+
+def test_wide_rows_fuse_the_whole_epilogue_into_the_template(triton_inductor):
+    m = gemm_configs.TEMPLATE_MAX_SPLIT_M + 36
+    code = _run(triton_inductor, m, 128, 192)
+    launches = _launches(code)
+    assert len(launches) == 1 and "triton_tem_fused" in launches[0], launches
+    assert TEMPLATE_MARK in code
+
+
+@pytest.mark.parametrize("m, k, n, lead", [(3, 48, 80, ()), (5, 208, 48, (2,)), (70, 80, 144, ())])
+def test_odd_shapes(triton_inductor, m, k, n, lead):
+    """K and N not multiples of the 64x64 tiles, several rows per program, 3-D inputs."""
+    assert TEMPLATE_MARK in _run(triton_inductor, m, k, n, lead=lead)
+
+
+def test_nvfp4_activations_keep_the_eager_op(triton_inductor):
+    torch.manual_seed(0)
+    model = LinearBlock(64, 64, torch.relu).to(device=triton_inductor, dtype=torch.bfloat16)
+    x = torch.randn(4, 64, device=triton_inductor, dtype=torch.bfloat16)
+    _, code = run_and_get_code(nv.compile(model, nv.Config(activations="nvfp4")), x, x)
+    assert "torch.ops.nvfp4.linear_tiled.default(" in "\n".join(code)
+
+
+@pytest.mark.gpu
+def test_gelu_epilogue_fuses_on_the_gpu(triton_inductor):
+    m = gemm_configs.TEMPLATE_MAX_SPLIT_M + 64
+    code = _run(triton_inductor, m, 512, 384, act=nn.functional.gelu)
+    launches = _launches(code)
+    assert len(launches) == 1 and "triton_tem_fused" in launches[0], launches
+    code = _run(triton_inductor, 4, 512, 384, act=nn.functional.gelu)
+    assert len(_launches(code)) == 2
