@@ -14,7 +14,9 @@ Variants: bf16 `torch.compile(block, mode=...)`; NVFP4 `nvfp4_inductor.compile(b
 mode=...)` (backend="nvfp4") with W4A16 and W4A4 activations. Each is compiled per M with static
 shapes (compile time = the first three calls: compiling, recording the CUDA graph), checked
 against bf16 eager (and W4A16 against its eager NVFP4 counterpart), then timed over 100
-back-to-back calls (median of 5).
+back-to-back calls (median of 5: "us per call", the host's launch work included where it is the
+longer part) and per kernel with torch.profiler ("kernel us": the sum of the kernels' GPU times per
+call, gaps excluded; "kernels": distinct kernels).
 Floor at small M: the weights read once (bf16 2 bytes a weight, NVFP4 0.5625) at the copy bandwidth
 measured here.
 """
@@ -30,6 +32,7 @@ import torch
 import torch.nn.functional as F
 import triton
 from bench_quantize import copy_bandwidth_gbs
+from probe_template import kernel_times
 from torch import nn
 
 import nvfp4_inductor as nv
@@ -143,7 +146,7 @@ def main():
     for m in args.m:
         x = torch.randn(1, m, CFG.hidden, device="cuda", dtype=torch.bfloat16)
         bf16_eager = eager_reference(block, None, x).float()
-        base_us = None
+        base_us = base_kernel_us = None
         for name, config in VARIANTS.items():
             torch._dynamo.reset()
             step = compile_variant(block, config, args.mode)
@@ -160,20 +163,25 @@ def main():
                 expected = eager_reference(block, config, x).float()
                 err_eager = ((y - expected).norm() / expected.norm()).item()
             us = per_call_us(step, x)
-            base_us = base_us or us
+            kernels = kernel_times(lambda step=step, x=x: call(step, x), calls=20)
+            kernel_us = sum(kernels.values())
+            base_us, base_kernel_us = base_us or us, base_kernel_us or kernel_us
             floor_us = weight_bytes(block, config is not None) / bandwidth * 1e6
-            rows.append((m, name, us, base_us / us, floor_us, compile_s, err_bf16, err_eager))
-            print(f"M={m:5d} {name:12s} {us:9.1f} us  x{base_us / us:5.2f}  compile {compile_s:5.1f} s"
+            rows.append((m, name, us, base_us / us, kernel_us, base_kernel_us / kernel_us, len(kernels),
+                         floor_us, compile_s, err_bf16, err_eager))
+            print(f"M={m:5d} {name:12s} {us:9.1f} us  x{base_us / us:5.2f}  kernels {kernel_us:8.1f} us "
+                  f"x{base_kernel_us / kernel_us:5.2f}  compile {compile_s:5.1f} s"
                   f"  rel err vs bf16 eager {err_bf16:.1e}, vs NVFP4 eager {err_eager:.1e}", flush=True)
             del step
     print()
-    print("| M | variant | us per call | x bf16 | target | weight-read floor us | compile s "
-          "| rel. err vs bf16 eager | vs NVFP4 eager |")
-    print("|---|---|---|---|---|---|---|---|---|")
-    for m, name, us, speedup, floor_us, compile_s, err_bf16, err_eager in rows:
+    print("| M | variant | us per call | x bf16 | kernel us per call | x bf16 | kernels | target "
+          "| weight-read floor us | compile s | rel. err vs bf16 eager | vs NVFP4 eager |")
+    print("|---|---|---|---|---|---|---|---|---|---|---|---|")
+    for (m, name, us, speedup, kernel_us, kernel_speedup, n_kernels, floor_us, compile_s, err_bf16,
+         err_eager) in rows:
         target = "" if name == "bf16" else f">= {TARGETS.get(m, '')}"
-        print(f"| {m} | {name} | {us:.1f} | {speedup:.2f} | {target} | {floor_us:.1f} | {compile_s:.1f} "
-              f"| {err_bf16:.1e} | {err_eager:.1e} |")
+        print(f"| {m} | {name} | {us:.1f} | {speedup:.2f} | {kernel_us:.1f} | {kernel_speedup:.2f} "
+              f"| {n_kernels} | {target} | {floor_us:.1f} | {compile_s:.1f} | {err_bf16:.1e} | {err_eager:.1e} |")
 
 if __name__ == "__main__":
     main()

@@ -34,7 +34,7 @@ def triton_inductor(monkeypatch, kernel_device):
     """Inductor emitting Triton for kernel_device: the GPU, or the CPU (Triton CPU backend, kernels
     run by the interpreter; the backend hash Inductor asks for needs a driver, so it is fixed)."""
     torch._dynamo.reset()
-    patches = {"force_disable_caches": True}
+    patches = {}
     if kernel_device == "cpu":
         monkeypatch.setattr(torch.utils._triton, "triton_hash_with_backend", lambda: "interpreter")
         patches.update({"cpu_backend": "triton", "compile_threads": 1})
