@@ -81,9 +81,11 @@ def compile(model, config: Config | None = None, *, mode=None, options=None, **c
     compiled = torch.compile(model, backend="nvfp4", options=options, **compile_kwargs)
 
     def run(*args, **kwargs):
-        # Dynamo needs prepare_freezing only when it traces, but a call may trace (a new shape).
-        # Set and restored directly: config.patch() cost ~22 us a call on the H200 machine's host,
-        # a fifth of a decoder block's kernel time at M = 1 under CUDA graphs (bench_block.py).
+        # Dynamo needs prepare_freezing only when it traces, but any call may trace (a new shape).
+        # Changing it costs host time on every call (H200 machine, torch 2.11, one decoder block
+        # at M = 1 under CUDA graphs: 194 us a call vs 109 us without, for 98 us of kernels;
+        # config.patch() alone took 22 us); with it already set (the user's choice, see README)
+        # nothing is changed.
         dynamo_config = torch._dynamo.config
         with torch.no_grad():
             if dynamo_config.prepare_freezing:

@@ -109,3 +109,24 @@ def test_gelu_epilogue_fuses_on_the_gpu(triton_inductor):
     assert len(launches) == 1 and "triton_tem_fused" in launches[0], launches
     code = _run(triton_inductor, 4, 512, 384, act=nn.functional.gelu)
     assert len(_launches(code)) == 2
+
+
+@pytest.mark.gpu
+def test_large_m_picks_the_extern_choice(triton_inductor):
+    code = _run(triton_inductor, gemm_configs.TEMPLATE_MAX_M + 44, 256, 192)
+    assert "extern_kernels.nvfp4_mm_tiled_f32(" in code and TEMPLATE_MARK not in code
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("m", [8, 130])
+def test_max_autotune_benchmarks_every_choice(triton_inductor, m):
+    torch.manual_seed(m)
+    model = LinearBlock(256, 320, torch.relu).to(device="cuda", dtype=torch.bfloat16).eval()
+    x = torch.randn(m, 256, device="cuda", dtype=torch.bfloat16)
+    residual = torch.randn(m, 320, device="cuda", dtype=torch.bfloat16)
+    compiled = nv.compile(model, nv.Config(activations="bf16"), mode="max-autotune-no-cudagraphs")
+    y, code = run_and_get_code(compiled, x, residual)
+    with torch.no_grad():
+        torch.testing.assert_close(y, _eager(model, x, residual), rtol=2**-7, atol=2**-6)
+    source = "\n".join(code)
+    assert TEMPLATE_MARK in source or "extern_kernels.nvfp4_mm_tiled_f32(" in source

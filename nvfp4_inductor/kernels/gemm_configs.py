@@ -100,6 +100,12 @@ class TemplateConfig(NamedTuple):
 
 
 TEMPLATE_MAX_SPLIT_M = TILED_SPLITK_MAX_M  # up to here the template splits K like the eager kernel
+# Above this M the default pick is the extern choice (dequantize + cuBLAS), the template only joins
+# under max-autotune. Measured on an H200 (bench_block.py, probe_template.py): at M = 64 the template
+# took 16-158 us against 28-329 us for dequantize + cuBLAS; at M = 4096 a decoder block ran 0.51x
+# bf16 with the template and ~0.72x with dequantize + cuBLAS. The crossover in between is not
+# measured yet: 256 is an estimate (the dequantize pass costs the same at any M).
+TEMPLATE_MAX_M = 256
 # Above it, one program per (BLOCK_M, 64) output tile; untuned starting points (the first is the
 # default pick, the rest join under mode="max-autotune").
 TEMPLATE_WIDE_CONFIGS = [(128, 4, 3), (64, 4, 4), (128, 8, 3), (256, 8, 3)]

@@ -15,9 +15,10 @@ fuses it with whatever follows (activation, residual add, dtype cast):
   then Inductor its own epilogue kernels.
 The fp32 operation order is the eager kernels': ((sum * 2^7) * g + bias), then one rounding.
 
-Choices: the template with the configs of gemm_configs.template_configs (the first, the heuristic
-pick, alone by default; all of them under mode="max-autotune"), plus, where the output is (M, N),
-an extern choice (dequantize + cuBLAS, the eager op's path above the decode range). Where the
+Choices: the template with the configs of gemm_configs.template_configs, and where the output is
+(M, N) on CUDA an extern choice (dequantize + cuBLAS, the eager op's path for large M). By default
+one heuristic pick: the template's first config up to gemm_configs.TEMPLATE_MAX_M rows, the extern
+choice above (measured faster at M = 4096); under mode="max-autotune" all of them, benchmarked. Where the
 template does not apply (W4A4 activations, a dynamic M, a non-CUDA device unless Inductor's CPU
 backend is Triton) the op stays the eager custom op.
 """
@@ -93,9 +94,11 @@ def lower_linear_tiled(x, w_data, w_scale, w_global_scale, bias, n, activation):
     x2, w_data, w_scale = realize_inputs(x2, w_data, w_scale)
     device = x.get_device()
     configs = gemm_configs.template_configs(m, n, k, _num_sms(device))
-    if not _compat.max_autotune():
-        configs = configs[:1]
     split = configs[0].split
+    extern = split == 1 and device.type == "cuda"  # same output contract: (M, N) fp32 products
+    if not _compat.max_autotune():  # the heuristic pick alone
+        configs = [] if extern and m > gemm_configs.TEMPLATE_MAX_M else configs[:1]
+        extern = not configs
     size = [split, m, n] if split > 1 else [m, n]
     layout = ir.FixedLayout(device, torch.float32, size)
     use_asm = device.type == "cuda"  # inline PTX decode; the CPU backend decodes with plain ops
@@ -107,7 +110,7 @@ def lower_linear_tiled(x, w_data, w_scale, w_global_scale, bias, n, activation):
             SPLIT=c.split, TILES_PER_SPLIT=c.tiles_per_split, N=n, BLOCK_M=c.block_m,
             BLOCK_N=TILE_N, BLOCK_K=TILE_K, EVEN_K=k % TILE_K == 0, USE_ASM=use_asm,
             OPERAND="tl.bfloat16" if use_asm else "tl.float16")
-    if split == 1 and device.type == "cuda" and _compat.max_autotune():
+    if extern:
         choices.append(extern_mm_tiled_f32.bind((x2, w_data, w_scale), layout, n=n))
     products = _compat.selected_node(autotune_select_algorithm(
         "nvfp4_tiled_gemm", choices, [x2, w_data, w_scale], layout))
