@@ -93,12 +93,27 @@ def test_odd_shapes(triton_inductor, m, k, n, lead):
     assert TEMPLATE_MARK in _run(triton_inductor, m, k, n, lead=lead)
 
 
-def test_nvfp4_activations_keep_the_eager_op(triton_inductor):
-    torch.manual_seed(0)
-    model = LinearBlock(64, 64, torch.relu).to(device=triton_inductor, dtype=torch.bfloat16)
-    x = torch.randn(4, 64, device=triton_inductor, dtype=torch.bfloat16)
-    _, code = run_and_get_code(nv.compile(model, nv.Config(activations="nvfp4")), x, x)
-    assert "torch.ops.nvfp4.linear_tiled.default(" in "\n".join(code)
+@pytest.mark.parametrize("m", [2, gemm_configs.TEMPLATE_MAX_SPLIT_M + 6])
+def test_nvfp4_activations_are_decoded_in_the_template(triton_inductor, m):
+    """W4A4: nvfp4.quantize's kernel, then the template reads x's codes and scales (no dequantized
+    copy of x), the epilogue fused as for W4A16."""
+    torch.manual_seed(m)
+    model = LinearBlock(128, 192, torch.relu).to(device=triton_inductor, dtype=torch.bfloat16).eval()
+    x = torch.randn(m, 128, device=triton_inductor, dtype=torch.bfloat16)
+    residual = torch.randn(m, 192, device=triton_inductor, dtype=torch.bfloat16)
+    y, code = run_and_get_code(nv.compile(model, nv.Config(activations="nvfp4")), x, residual)
+    source = "\n".join(code)
+    assert TEMPLATE_MARK in source and "torch.ops.nvfp4.quantize.default(" in source
+    assert "torch.ops.nvfp4.linear_tiled.default(" not in source
+    assert "torch.ops.nvfp4.dequantize" not in source
+    w = model.linear.weight.detach()
+    data, scale, g = torch.ops.nvfp4.quantize(w, None, False, False)
+    data, scale = torch.ops.nvfp4.tile_weight(data, scale)
+    with torch.no_grad():
+        expected = torch.relu(torch.ops.nvfp4.linear_tiled(x, data, scale, g, model.linear.bias.detach(),
+                                                           192, "nvfp4")) + residual
+    # the same codes on both sides (x is the graph input): products agree to fp32 rounding
+    torch.testing.assert_close(y, expected, rtol=2**-7, atol=2**-6)
 
 
 @pytest.mark.gpu

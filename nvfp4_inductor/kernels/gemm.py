@@ -201,12 +201,17 @@ def _activation_operand(x2, activation):
 
 
 def _linear_splitk(x2, w_data, w_scale, w_g, bias, w_swizzled, activation, out_dtype, tiled_n):
-    """Small M: the skinny kernel, x as a bf16 operand, both global scales in its epilogue."""
+    """Small M: the skinny kernel, both global scales in its epilogue. W4A16 reads x as a bf16
+    operand; W4A4 quantizes x and the kernel decodes its NVFP4 rows like the weight's."""
     from .gemm_splitk import gemm_splitk
+    from .quantize import quantize
 
-    a, a_g = _activation_operand(x2, activation)
-    g = w_g if a_g is None else w_g * a_g
-    return gemm_splitk(a, w_data, w_scale, g, bias, out_dtype, w_swizzled, tiled_n=tiled_n)
+    if activation == "nvfp4":
+        a, a_scale, a_g = quantize(x2, None, False, False)
+        return gemm_splitk(a, w_data, w_scale, w_g * a_g, bias, out_dtype, w_swizzled,
+                           tiled_n=tiled_n, x_scale=a_scale)
+    return gemm_splitk(x2.to(torch.bfloat16), w_data, w_scale, w_g, bias, out_dtype, w_swizzled,
+                       tiled_n=tiled_n)
 
 
 def _linear_dequant_cublas(x2, w, w_g, bias, activation, out_dtype):

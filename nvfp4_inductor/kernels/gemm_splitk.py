@@ -92,13 +92,30 @@ def _decode_bytes(packed, scale):
 
 
 @triton.jit
+def _decode_tile(packed, s_bits, USE_ASM: tl.constexpr, OPERAND: tl.constexpr, ROWS: tl.constexpr,
+                 BLOCK_K: tl.constexpr):
+    """Packed codes (ROWS, BLOCK_K / 16, 8) + their blocks' e4m3 bits (ROWS, BLOCK_K / 16) ->
+    OPERAND (ROWS, BLOCK_K) in natural K order: e2m1 * s * 2^-7, exact."""
+    scale = tl.broadcast_to(_operand_scale(s_bits.to(tl.int32), OPERAND)[:, :, None],
+                            (ROWS, BLOCK_K // BLOCK, BLOCK // 2))
+    if USE_ASM:
+        low, high = _decode_words(packed, scale)
+    else:
+        low, high = _decode_bytes(packed, scale)
+    return tl.reshape(tl.join(low, high), (ROWS, BLOCK_K))
+
+
+@triton.jit
 def splitk_mainloop(
-    x_ptr, w_ptr, w_scale_ptr, M, N, K, stride_xm, w_scale_cols, pid_n, tile_begin, tile_end,
-    SWIZZLED: tl.constexpr, USE_ASM: tl.constexpr, OPERAND: tl.constexpr, EVEN: tl.constexpr,
-    TILED: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+    x_ptr, x_scale_ptr, w_ptr, w_scale_ptr, M, N, K, stride_xm, w_scale_cols, pid_n, tile_begin,
+    tile_end, SWIZZLED: tl.constexpr, USE_ASM: tl.constexpr, OPERAND: tl.constexpr,
+    EVEN: tl.constexpr, TILED: tl.constexpr, X_FP4: tl.constexpr,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
 ):
     """fp32 (BLOCK_N, BLOCK_M) = 2^-7 * (W . x^T) over the K-tiles [tile_begin, tile_end), block
-    scales applied, global scale not (the epilogue multiplies by 2^7 * g). x is read as OPERAND."""
+    scales applied, global scale not (the epilogue multiplies by 2^7 * g). x is read as OPERAND;
+    with X_FP4 it is NVFP4 itself, codes (M, K/2) at x_ptr (row stride stride_xm bytes) + plain
+    scale bits (M, K/16) at x_scale_ptr, decoded like W: the sum is then 2^-14 * (W . x^T)."""
     cols_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
     n_ok = cols_n < N
     ms = tl.arange(0, BLOCK_M)
@@ -137,32 +154,36 @@ def splitk_mainloop(
                 s_bits = tl.load(s_ptrs, mask=n_ok[:, None] & (block_cols < K // BLOCK)[None, :],
                                  other=0)
                 packed = tl.load(w_ptrs, mask=n_ok[:, None, None] & (byte3 < K // 2), other=0)
-        scale = tl.broadcast_to(_operand_scale(s_bits.to(tl.int32), OPERAND)[:, :, None],
-                                (BLOCK_N, BLOCK_K // BLOCK, BLOCK // 2))
-        if USE_ASM:
-            low, high = _decode_words(packed, scale)
+        w = _decode_tile(packed, s_bits, USE_ASM, OPERAND, BLOCK_N, BLOCK_K)
+        if X_FP4:  # x^T from x's NVFP4 rows: (BLOCK_M, blocks, 8 bytes) decoded, then transposed
+            in_k = (block_cols < K // BLOCK)[None, :]
+            x_bytes = (block_cols * (BLOCK // 2))[None, :, None] + tl.arange(0, BLOCK // 2)[None, None, :]
+            x_packed = tl.load(x_ptr + ms.to(tl.int64)[:, None, None] * stride_xm + x_bytes,
+                               mask=m_ok[:, None, None] & in_k[:, :, None], other=0)
+            x_bits = tl.load(x_scale_ptr + ms.to(tl.int64)[:, None] * (K // BLOCK) + block_cols[None, :],
+                             mask=m_ok[:, None] & in_k, other=0)
+            x = tl.trans(_decode_tile(x_packed, x_bits, USE_ASM, OPERAND, BLOCK_M, BLOCK_K))
         else:
-            low, high = _decode_bytes(packed, scale)
-        w = tl.reshape(tl.join(low, high), (BLOCK_N, BLOCK_K))
-        ks = k0 + tl.arange(0, BLOCK_K)
-        if EVEN:
-            x = tl.load(x_rows + ks[:, None], mask=m_ok[None, :], other=0.0)
-        else:
-            x = tl.load(x_rows + ks[:, None], mask=(ks < K)[:, None] & m_ok[None, :], other=0.0)
+            ks = k0 + tl.arange(0, BLOCK_K)
+            if EVEN:
+                x = tl.load(x_rows + ks[:, None], mask=m_ok[None, :], other=0.0)
+            else:
+                x = tl.load(x_rows + ks[:, None], mask=(ks < K)[:, None] & m_ok[None, :], other=0.0)
         acc = tl.dot(w, x.to(OPERAND), acc)
     return acc
 
 
 @triton.jit
 def _epilogue(acc, ms, cols_n, M, N, w_g_ptr, bias_ptr, out_ptr, stride_om,
-              W_G_PER_ROW: tl.constexpr, HAS_BIAS: tl.constexpr):
-    """acc (BLOCK_N, BLOCK_M) fp32 sums of e2m1 * s * 2^-7 * x -> out[m, n] = acc * 2^7 * g + bias."""
+              W_G_PER_ROW: tl.constexpr, HAS_BIAS: tl.constexpr, UNSCALE: tl.constexpr):
+    """acc (BLOCK_N, BLOCK_M) fp32 sums of e2m1 * s * 2^-7 * x (x decoded from NVFP4: one more
+    2^-7) -> out[m, n] = acc * UNSCALE * g + bias, UNSCALE = 2^7 (2^14)."""
     n_ok = cols_n < N
     if W_G_PER_ROW:
         g = tl.load(w_g_ptr + cols_n, mask=n_ok, other=0.0)[:, None]
     else:
         g = tl.load(w_g_ptr)
-    y = acc * 128.0 * g
+    y = acc * UNSCALE * g
     if HAS_BIAS:
         y = y + tl.load(bias_ptr + cols_n, mask=n_ok, other=0.0).to(tl.float32)[:, None]
     mask = n_ok[:, None] & (ms < M)[None, :]
@@ -173,7 +194,7 @@ def _epilogue(acc, ms, cols_n, M, N, w_g_ptr, bias_ptr, out_ptr, stride_om,
 @triton.jit
 def _splitk_kernel(
     # pointers
-    x_ptr, w_ptr, w_scale_ptr, w_g_ptr, bias_ptr, out_ptr, partial_ptr,
+    x_ptr, x_scale_ptr, w_ptr, w_scale_ptr, w_g_ptr, bias_ptr, out_ptr, partial_ptr,
     # sizes
     M, N, K, w_scale_cols, tiles_per_split,
     # strides
@@ -181,14 +202,16 @@ def _splitk_kernel(
     # meta-parameters
     SWIZZLED: tl.constexpr, W_G_PER_ROW: tl.constexpr, HAS_BIAS: tl.constexpr,
     SPLIT: tl.constexpr, USE_ASM: tl.constexpr, OPERAND: tl.constexpr, EVEN: tl.constexpr,
-    TILED: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+    TILED: tl.constexpr, X_FP4: tl.constexpr, UNSCALE: tl.constexpr,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
 ):
     pid_n = tl.program_id(0)
     pid_k = tl.program_id(1)
     tile_begin = pid_k * tiles_per_split
     tile_end = tl.minimum(tile_begin + tiles_per_split, tl.cdiv(K, BLOCK_K))
-    acc = splitk_mainloop(x_ptr, w_ptr, w_scale_ptr, M, N, K, stride_xm, w_scale_cols, pid_n,
-                          tile_begin, tile_end, SWIZZLED, USE_ASM, OPERAND, EVEN, TILED, BLOCK_M, BLOCK_N, BLOCK_K)
+    acc = splitk_mainloop(x_ptr, x_scale_ptr, w_ptr, w_scale_ptr, M, N, K, stride_xm, w_scale_cols,
+                          pid_n, tile_begin, tile_end, SWIZZLED, USE_ASM, OPERAND, EVEN, TILED, X_FP4,
+                          BLOCK_M, BLOCK_N, BLOCK_K)
     ms = tl.arange(0, BLOCK_M)
     cols_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
     if SPLIT:
@@ -197,13 +220,15 @@ def _splitk_kernel(
         tl.store(partial_ptr + (pid_k * BLOCK_M + ms)[None, :].to(tl.int64) * N + cols_n[:, None], acc,
                  mask=mask)
     else:
-        _epilogue(acc, ms, cols_n, M, N, w_g_ptr, bias_ptr, out_ptr, stride_om, W_G_PER_ROW, HAS_BIAS)
+        _epilogue(acc, ms, cols_n, M, N, w_g_ptr, bias_ptr, out_ptr, stride_om, W_G_PER_ROW, HAS_BIAS,
+                  UNSCALE)
 
 
 @triton.jit
 def _reduce_kernel(
     partial_ptr, w_g_ptr, bias_ptr, out_ptr, M, N, num_splits, stride_om,
-    W_G_PER_ROW: tl.constexpr, HAS_BIAS: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+    W_G_PER_ROW: tl.constexpr, HAS_BIAS: tl.constexpr, UNSCALE: tl.constexpr,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
 ):
     cols_n = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
     ms = tl.arange(0, BLOCK_M)
@@ -212,16 +237,18 @@ def _reduce_kernel(
     for s in range(num_splits):
         acc += tl.load(partial_ptr + (s * BLOCK_M + ms)[None, :].to(tl.int64) * N + cols_n[:, None],
                        mask=mask, other=0.0)
-    _epilogue(acc, ms, cols_n, M, N, w_g_ptr, bias_ptr, out_ptr, stride_om, W_G_PER_ROW, HAS_BIAS)
+    _epilogue(acc, ms, cols_n, M, N, w_g_ptr, bias_ptr, out_ptr, stride_om, W_G_PER_ROW, HAS_BIAS,
+              UNSCALE)
 
 
 def gemm_splitk(x, w_data, w_scale, w_g, bias, out_dtype, swizzled, config=None, use_asm=None,
-                tiled_n=None):
+                tiled_n=None, x_scale=None):
     """x (M, K) (bf16 on the GPU: the word decode multiplies in bf16; fp16 under the interpreter),
     M <= 64; W NVFP4 (N, K/2) + uint8 scale bits + g (() or (N,)) -> (M, N) out_dtype.
     tiled_n: W is in the tiled layout of nvfp4_inductor.tiled, with N = tiled_n rows (the config
-    must then use BLOCK_N, BLOCK_K = TILE_N, TILE_K)."""
-    m, k = x.shape
+    must then use BLOCK_N, BLOCK_K = TILE_N, TILE_K). x_scale: x is NVFP4 itself, codes (M, K/2) +
+    these plain scale bits (M, K/16); g must then hold both global scales (w_g * x_g)."""
+    m, k = x.shape[0], x.shape[1] * (2 if x_scale is not None else 1)
     n = w_data.shape[0] if tiled_n is None else tiled_n
     if m > 64:
         raise ValueError(f"the skinny NVFP4 GEMM takes at most 64 rows; got {m}")
@@ -243,13 +270,15 @@ def gemm_splitk(x, w_data, w_scale, w_g, bias, out_dtype, swizzled, config=None,
     partial = torch.empty((splits, block_m, n), dtype=torch.float32, device=x.device) if splits > 1 else out
     dummy = w_g
     common = {"W_G_PER_ROW": w_g.dim() > 0, "HAS_BIAS": bias is not None}
+    x_fp4 = x_scale is not None
+    common["UNSCALE"] = 2.0**14 if x_fp4 else 2.0**7
     _splitk_kernel[(triton.cdiv(n, block_n), splits)](
-        x, w_data, w_scale, w_g, bias if bias is not None else dummy, out, partial,
+        x, x_scale if x_fp4 else x, w_data, w_scale, w_g, bias if bias is not None else dummy, out, partial,
         m, n, k, scale_cols_pad, tiles_per_split,
         x.stride(0), out.stride(0),
         SWIZZLED=swizzled, SPLIT=splits > 1, USE_ASM=use_asm,
         OPERAND=tl.bfloat16 if use_asm else tl.float16, EVEN=n % block_n == 0 and k % block_k == 0,
-        TILED=tiled_n is not None,
+        TILED=tiled_n is not None, X_FP4=x_fp4,
         BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_K=block_k, num_warps=warps, num_stages=stages,
         **common,
     )

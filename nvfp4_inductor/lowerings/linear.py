@@ -3,6 +3,10 @@
     y = nvfp4.linear_tiled(x, W_data, W_scale, g, bias, N, "bf16")
       -> P = nvfp4_tiled_gemm(x2, W_data, W_scale)          a TritonTemplate (or an extern choice)
          y = (sum_split(P) * g + bias).to(x.dtype)           Inductor IR: fused, see below
+    y = nvfp4.linear_tiled(x, W_data, W_scale, g, bias, N, "nvfp4")          (W4A4)
+      -> x_data, x_scale, g_x = nvfp4.quantize(x2, None, False, False)      its eager kernel
+         P = nvfp4_tiled_gemm(x_data, x_scale, W_data, W_scale)     x decoded in the template
+         y = (sum_split(P) * (g * g_x) + bias).to(x.dtype)
 
 The template (templates/nvfp4_tiled_gemm.py.jinja) runs the eager skinny kernel's mainloop and
 stores fp32 products with the block scales applied. The rest of the linear is plain IR, so Inductor
@@ -19,8 +23,8 @@ Choices: the template with the configs of gemm_configs.template_configs, and whe
 (M, N) on CUDA an extern choice (dequantize + cuBLAS, the eager op's path for large M). By default
 one heuristic pick: the template's first config up to gemm_configs.TEMPLATE_MAX_M rows, the extern
 choice above (measured faster at M = 4096); under mode="max-autotune" all of them, benchmarked. Where the
-template does not apply (W4A4 activations, a dynamic M, a non-CUDA device unless Inductor's CPU
-backend is Triton) the op stays the eager custom op.
+template does not apply (a dynamic M, a non-CUDA device unless Inductor's CPU backend is Triton)
+the op stays the eager custom op.
 """
 
 import torch
@@ -65,7 +69,18 @@ def mm_tiled_f32(x, w_data, w_scale, n):
     return run(x, w_data, w_scale, n)
 
 
+def mm_tiled_f32_x4(x_data, x_scale, w_data, w_scale, n):
+    """The same for W4A4: x as NVFP4 codes + plain scale bits, decoded without its global scale."""
+    from ..kernels.dequantize import dequantize
+    from ..kernels.gemm import mm_tiled_f32 as run
+
+    return run(dequantize(x_data, x_scale, None, False, torch.bfloat16), w_data, w_scale, n)
+
+
 extern_mm_tiled_f32 = ExternKernelChoice(mm_tiled_f32, name="nvfp4_mm_tiled_f32", has_out_variant=False)
+extern_mm_tiled_f32_x4 = ExternKernelChoice(mm_tiled_f32_x4, name="nvfp4_mm_tiled_f32_x4",
+                                            has_out_variant=False)
+QUANTIZE = torch.ops.nvfp4.quantize.default
 
 
 def _uses_template(x, activation: str) -> bool:
@@ -73,7 +88,7 @@ def _uses_template(x, activation: str) -> bool:
     triton_device = device.type == "cuda" or (device.type == "cpu"
                                               and inductor_config.cpu_backend == "triton")
     static_m = all(isinstance(s, int) or getattr(s, "is_number", False) for s in x.get_size())
-    return triton_device and static_m and activation != "nvfp4"
+    return triton_device and static_m
 
 
 def _num_sms(device) -> int:
@@ -91,8 +106,16 @@ def lower_linear_tiled(x, w_data, w_scale, w_global_scale, bias, n, activation):
     for s in lead:
         m *= s
     x2 = lowerings[aten.view.default](x, [m, k])
-    x2, w_data, w_scale = realize_inputs(x2, w_data, w_scale)
     device = x.get_device()
+    x_fp4 = activation == "nvfp4"
+    if x_fp4:  # W4A4: nvfp4.quantize (its eager kernel, dynamic per-tensor scale), decoded in the template
+        x_data, x_scale, x_g = fallback_handler(QUANTIZE, add_to_fallback_set=False)(x2, None, False, False)
+        w_global_scale = lowerings[aten.mul.Tensor](w_global_scale, x_g)  # the eager kernels' order
+        inputs = realize_inputs(x_data, x_scale, w_data, w_scale)
+        extern_choice = extern_mm_tiled_f32_x4
+    else:
+        inputs = realize_inputs(x2, w_data, w_scale)
+        extern_choice = extern_mm_tiled_f32
     configs = gemm_configs.template_configs(m, n, k, _num_sms(device))
     split = configs[0].split
     extern = split == 1 and device.type == "cuda"  # same output contract: (M, N) fp32 products
@@ -105,15 +128,16 @@ def lower_linear_tiled(x, w_data, w_scale, w_global_scale, bias, n, activation):
     choices = []
     for c in configs:
         tiled_gemm_template.maybe_append_choice(
-            choices, input_nodes=(x2, w_data, w_scale), layout=layout, num_stages=c.num_stages,
+            choices, input_nodes=inputs, layout=layout, num_stages=c.num_stages,
             num_warps=c.num_warps, call_sizes=[m, n],
             SPLIT=c.split, TILES_PER_SPLIT=c.tiles_per_split, N=n, BLOCK_M=c.block_m,
             BLOCK_N=TILE_N, BLOCK_K=TILE_K, EVEN_K=k % TILE_K == 0, USE_ASM=use_asm,
-            OPERAND="tl.bfloat16" if use_asm else "tl.float16")
+            OPERAND="tl.bfloat16" if use_asm else "tl.float16", X_FP4=x_fp4,
+            UNSCALE=2.0**14 if x_fp4 else 2.0**7)
     if extern:
-        choices.append(extern_mm_tiled_f32.bind((x2, w_data, w_scale), layout, n=n))
+        choices.append(extern_choice.bind(inputs, layout, n=n))
     products = _compat.selected_node(autotune_select_algorithm(
-        "nvfp4_tiled_gemm", choices, [x2, w_data, w_scale], layout))
+        "nvfp4_tiled_gemm", choices, list(inputs), layout))
     y = lowerings[aten.sum.dim_IntList](products, [0]) if split > 1 else products
     y = lowerings[aten.mul.Tensor](y, w_global_scale)
     if bias is not None:
