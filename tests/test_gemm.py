@@ -7,8 +7,11 @@ Without a GPU the sm_90 (dequant) mainloop runs under the Triton interpreter wit
 
 import pytest
 import torch
+import triton
+import triton.language as tl
 
 import nvfp4_inductor as nv
+from nvfp4_inductor import tiled as nv_tiled
 from nvfp4_inductor.kernels import gemm, gemm_configs, gemm_splitk
 
 OPS = torch.ops.nvfp4
@@ -204,3 +207,38 @@ def test_w4a4_sqnr_against_bf16_on_cuda():
     got = nv.linear(x, nv.quantize(w), activation="nvfp4").double()
     sqnr = 10 * torch.log10(ref.pow(2).sum() / (ref - got).pow(2).sum()).item()
     assert sqnr > 14.0  # 17.3 dB measured by the reference on the same data (tests/test_ops.py)
+
+
+@triton.jit
+def _tile_group_probe(w_ptr, w_scale_ptr, w_out_ptr, s_out_ptr, N, K,
+                      BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
+    pid_n, t = tl.program_id(0), tl.program_id(1)
+    w, w_bits = gemm_splitk.load_tile_group(w_ptr, w_scale_ptr, N, K, pid_n, t, BLOCK_N, BLOCK_K)
+    rows = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)[:, None]
+    cols = t * (BLOCK_K // 2) + tl.arange(0, BLOCK_K // 2)[None, :]
+    k_pad = tl.cdiv(K, BLOCK_K) * BLOCK_K
+    tl.store(w_out_ptr + rows * (k_pad // 2) + cols, w)
+    cols = t * (BLOCK_K // 16) + tl.arange(0, BLOCK_K // 16)[None, :]
+    tl.store(s_out_ptr + rows * (k_pad // 16) + cols, w_bits)
+
+
+@pytest.mark.parametrize("n, k", [(256, 256), (192, 320), (80, 48)])
+def test_sm100_tile_groups_read_the_tiled_layout(kernel_device, n, k):
+    """The sm_100 mainloop's weight reads (128 x 128 groups of 64 x 64 tiles; it only compiles for
+    sm_100 here, tests/compile_kernels.py): the blocks it loads are the row-major weight, zeros
+    past N and K (tile counts odd and even)."""
+    torch.manual_seed(n + k)
+    data = torch.randint(0, 256, (n, k // 2), dtype=torch.uint8)
+    scale = torch.randint(0, 127, (n, k // 16), dtype=torch.uint8)
+    data_t, scale_t = (t.to(kernel_device) for t in nv_tiled.tile(data, scale))
+    block_n = block_k = 128
+    n_pad, k_pad = -(-n // block_n) * block_n, -(-k // block_k) * block_k
+    w_out = torch.full((n_pad, k_pad // 2), 7, dtype=torch.uint8, device=kernel_device)
+    s_out = torch.full((n_pad, k_pad // 16), 7, dtype=torch.uint8, device=kernel_device)
+    _tile_group_probe[(n_pad // block_n, k_pad // block_k)](data_t, scale_t, w_out, s_out, n, k,
+                                                            BLOCK_N=block_n, BLOCK_K=block_k)
+    want_w = torch.zeros_like(w_out.cpu())
+    want_w[:n, : k // 2] = data
+    want_s = torch.zeros_like(s_out.cpu())
+    want_s[:n, : k // 16] = scale
+    assert torch.equal(w_out.cpu(), want_w) and torch.equal(s_out.cpu(), want_s)

@@ -14,7 +14,7 @@ from torch._inductor.utils import run_and_get_code
 import nvfp4_inductor as nv
 from nvfp4_inductor.kernels import gemm_configs
 
-TEMPLATE_MARK = "from nvfp4_inductor.kernels.gemm_splitk import splitk_mainloop"
+TEMPLATE_MARK = "from nvfp4_inductor.kernels.gemm_splitk import dot_scaled_mainloop, splitk_mainloop"
 
 
 class LinearBlock(nn.Module):

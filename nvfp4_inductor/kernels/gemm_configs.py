@@ -4,7 +4,7 @@ The skinny-kernel tables were swept on an H200 (benchmarks/probe_splitk.py); the
 
 from typing import NamedTuple
 
-from ..tiled import TILE_K
+from ..tiled import TILE_K, TILE_N
 
 MMA_DEQUANT = 0
 MMA_DOT_SCALED = 1
@@ -62,6 +62,20 @@ def splitk_config(m: int, n: int, k: int, num_sms: int, tiled: bool = False
     return block_m, block_n, block_k, splits, warps, stages
 
 
+# sm_100, W tiled and x NVFP4 (gemm_splitk.dot_scaled_mainloop): tcgen05 block-scaled MMA needs
+# 128 x 128 weight steps (compiled for sm_100 only: no Blackwell machine here, so not timed).
+DOT_SCALED_SPLITK = (128, 128, 8, 4, 3)  # BLOCK_N, BLOCK_K, programs per SM, warps, stages
+
+
+def dot_scaled_splitk_config(m: int, n: int, k: int, num_sms: int) -> tuple[int, int, int, int, int, int]:
+    """-> (BLOCK_M, BLOCK_N, BLOCK_K, num_splits, num_warps, num_stages) of the sm_100 skinny GEMM."""
+    block_n, block_k, per_sm, warps, stages = DOT_SCALED_SPLITK
+    block_m = max(16, 1 << (m - 1).bit_length())
+    tiles = -(-k // block_k)
+    splits = max(1, min(tiles, -(-per_sm * num_sms // -(-n // block_n))))
+    return block_m, block_n, block_k, splits, warps, stages
+
+
 # Which implementation nvfp4::linear uses on CUDA:
 #   "splitk": the skinny kernel above, for M <= SPLITK_MAX_M (decode). Measured on an H200 at M = 1:
 #       0.77-0.88x of bf16 cuBLAS, against 0.34-0.48x for dequantize + cuBLAS.
@@ -91,12 +105,14 @@ def linear_path(m: int, n: int, k: int, x_dtype, activation: str, tiled: bool = 
 
 class TemplateConfig(NamedTuple):
     """One choice of the Inductor NVFP4 GEMM template (templates/nvfp4_tiled_gemm.py.jinja); the
-    tiled layout fixes BLOCK_N, BLOCK_K = TILE_N, TILE_K."""
+    tiled layout fixes BLOCK_N, BLOCK_K = TILE_N, TILE_K (twice each for sm_100's dot_scaled)."""
     block_m: int
     split: int  # K ranges; > 1: the template stores (split, M, N) partial sums
-    tiles_per_split: int
+    tiles_per_split: int  # K-steps of block_k per range
     num_warps: int
     num_stages: int
+    block_n: int = TILE_N
+    block_k: int = TILE_K
 
 
 TEMPLATE_MAX_SPLIT_M = TILED_SPLITK_MAX_M  # up to here the template splits K like the eager kernel
@@ -106,18 +122,27 @@ TEMPLATE_MAX_SPLIT_M = TILED_SPLITK_MAX_M  # up to here the template splits K li
 # bf16 with the template and ~0.72x with dequantize + cuBLAS. The crossover in between is not
 # measured yet: 256 is an estimate (the dequantize pass costs the same at any M).
 TEMPLATE_MAX_M = 256
-# Above it, one program per (BLOCK_M, 64) output tile; untuned starting points (the first is the
-# default pick, the rest join under mode="max-autotune").
+# Above TEMPLATE_MAX_SPLIT_M, one program per (BLOCK_M, BLOCK_N) output tile; untuned starting
+# points (the first is the default pick, the rest join under mode="max-autotune").
 TEMPLATE_WIDE_CONFIGS = [(128, 4, 3), (64, 4, 4), (128, 8, 3), (256, 8, 3)]
 
 
-def template_configs(m: int, n: int, k: int, num_sms: int) -> list[TemplateConfig]:
-    """The template's configs for an (M, K) x (N, K)^T product, default pick first."""
-    tiles = -(-k // TILE_K)
+def template_configs(m: int, n: int, k: int, num_sms: int, dot_scaled: bool = False
+                     ) -> list[TemplateConfig]:
+    """The template's configs for an (M, K) x (N, K)^T product, default pick first. dot_scaled:
+    sm_100 with x NVFP4 (128 x 128 weight steps; compiled for sm_100, never run here)."""
     if m <= TEMPLATE_MAX_SPLIT_M:
-        block_m, _, _, splits, warps, stages = splitk_config(m, n, k, num_sms, tiled=True)
-        per_split = -(-tiles // splits)
-        splits = -(-tiles // per_split)  # no empty split
-        variants = [(warps, stages)] + [(w, s) for w in (2, 4) for s in (3, 4, 5) if (w, s) != (warps, stages)]
-        return [TemplateConfig(block_m, splits, per_split, w, s) for w, s in variants]
-    return [TemplateConfig(block_m, 1, tiles, w, s) for block_m, w, s in TEMPLATE_WIDE_CONFIGS]
+        if dot_scaled:
+            block_m, block_n, block_k, splits, warps, stages = dot_scaled_splitk_config(m, n, k, num_sms)
+            variants = [(warps, stages), (4, 4), (8, 3)]
+        else:
+            block_m, block_n, block_k, splits, warps, stages = splitk_config(m, n, k, num_sms, tiled=True)
+            variants = [(warps, stages)] + [(w, s) for w in (2, 4) for s in (3, 4, 5) if (w, s) != (warps, stages)]
+        steps = -(-k // block_k)
+        per_split = -(-steps // splits)
+        splits = -(-steps // per_split)  # no empty split
+        return [TemplateConfig(block_m, splits, per_split, w, s, block_n, block_k) for w, s in variants]
+    block_n, block_k = (2 * TILE_N, 2 * TILE_K) if dot_scaled else (TILE_N, TILE_K)
+    steps = -(-k // block_k)
+    return [TemplateConfig(block_m, 1, steps, w, s, block_n, block_k)
+            for block_m, w, s in TEMPLATE_WIDE_CONFIGS]

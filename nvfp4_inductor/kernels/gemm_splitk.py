@@ -54,6 +54,8 @@ or.b32 m, m, s; mul.rn.bf16x2 $3, m, $6;
 }
 """)
 
+_TILE_N: tl.constexpr = tl.constexpr(TILE_N)
+_TILE_K: tl.constexpr = tl.constexpr(TILE_K)
 _SCALE_BIAS: tl.constexpr = tl.constexpr(2.0**127)  # s * 2^-8 -> s * 2^119; codes carry 2^-126
 
 
@@ -174,6 +176,52 @@ def splitk_mainloop(
 
 
 @triton.jit
+def load_tile_group(w_ptr, w_scale_ptr, N, K, pid_n, t, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
+    """The (BLOCK_N, BLOCK_K) weight block (pid_n, t) from the tiled layout, a group of
+    (BLOCK_N / TILE_N) x (BLOCK_K / TILE_K) tiles -> packed codes (BLOCK_N, BLOCK_K / 2) and scale
+    bits (BLOCK_N, BLOCK_K / 16), zeros past N and K:
+        W[row a * TILE_N + r, byte b * TILE_K / 2 + c] = tile (tn0 + a, tk0 + b), row r, byte c."""
+    a = tl.arange(0, BLOCK_N // _TILE_N)[:, None, None, None]
+    r = tl.arange(0, _TILE_N)[None, :, None, None]
+    b = tl.arange(0, BLOCK_K // _TILE_K)[None, None, :, None]
+    tn = pid_n * (BLOCK_N // _TILE_N) + a
+    tk = t * (BLOCK_K // _TILE_K) + b
+    row = (tn.to(tl.int64) * tl.cdiv(K, _TILE_K) + tk) * _TILE_N + r  # rows of tiles, tile after tile
+    ok = (tn < tl.cdiv(N, _TILE_N)) & (tk < tl.cdiv(K, _TILE_K))
+    c = tl.arange(0, _TILE_K // 2)[None, None, None, :]
+    w = tl.reshape(tl.load(w_ptr + row * (_TILE_K // 2) + c, mask=ok, other=0), (BLOCK_N, BLOCK_K // 2))
+    c = tl.arange(0, _TILE_K // BLOCK)[None, None, None, :]
+    w_bits = tl.load(w_scale_ptr + row * (_TILE_K // BLOCK) + c, mask=ok, other=0)
+    return w, tl.reshape(w_bits, (BLOCK_N, BLOCK_K // BLOCK))
+
+
+@triton.jit
+def dot_scaled_mainloop(
+    x_ptr, x_scale_ptr, w_ptr, w_scale_ptr, M, N, K, stride_xm, pid_n, tile_begin, tile_end,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+):
+    """sm_100: fp32 (BLOCK_N, BLOCK_M) = W . x^T over the K-steps [tile_begin, tile_end) of
+    BLOCK_K, both operands NVFP4 (x: codes (M, K/2), row stride stride_xm bytes, + plain scale
+    bits (M, K/16)), block scales applied by the tensor core: tl.dot_scaled -> tcgen05.mma
+    kind::mxf4nvf4.block_scale, which needs 128 x 128 weight steps (BLOCK_M >= 16). W is in the
+    tiled layout, read a group of tiles per step (load_tile_group)."""
+    ms = tl.arange(0, BLOCK_M)
+    m_ok = ms < M
+    acc = tl.zeros((BLOCK_N, BLOCK_M), tl.float32)
+    for t in range(tile_begin, tile_end):
+        w, w_bits = load_tile_group(w_ptr, w_scale_ptr, N, K, pid_n, t, BLOCK_N, BLOCK_K)
+        x_bytes = t * (BLOCK_K // 2) + tl.arange(0, BLOCK_K // 2)
+        x_t = tl.load(x_ptr + ms.to(tl.int64)[None, :] * stride_xm + x_bytes[:, None],
+                      mask=m_ok[None, :] & (x_bytes < K // 2)[:, None], other=0)
+        x_cols = t * (BLOCK_K // BLOCK) + tl.arange(0, BLOCK_K // BLOCK)
+        x_bits = tl.load(x_scale_ptr + ms.to(tl.int64)[:, None] * (K // BLOCK) + x_cols[None, :],
+                         mask=m_ok[:, None] & (x_cols < K // BLOCK)[None, :], other=0)
+        acc = tl.dot_scaled(w, w_bits.to(tl.float8e4nv, bitcast=True), "e2m1",
+                            x_t, x_bits.to(tl.float8e4nv, bitcast=True), "e2m1", acc)
+    return acc
+
+
+@triton.jit
 def _epilogue(acc, ms, cols_n, M, N, w_g_ptr, bias_ptr, out_ptr, stride_om,
               W_G_PER_ROW: tl.constexpr, HAS_BIAS: tl.constexpr, UNSCALE: tl.constexpr):
     """acc (BLOCK_N, BLOCK_M) fp32 sums of e2m1 * s * 2^-7 * x (x decoded from NVFP4: one more
@@ -202,16 +250,20 @@ def _splitk_kernel(
     # meta-parameters
     SWIZZLED: tl.constexpr, W_G_PER_ROW: tl.constexpr, HAS_BIAS: tl.constexpr,
     SPLIT: tl.constexpr, USE_ASM: tl.constexpr, OPERAND: tl.constexpr, EVEN: tl.constexpr,
-    TILED: tl.constexpr, X_FP4: tl.constexpr, UNSCALE: tl.constexpr,
+    TILED: tl.constexpr, X_FP4: tl.constexpr, DOT_SCALED: tl.constexpr, UNSCALE: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
 ):
     pid_n = tl.program_id(0)
     pid_k = tl.program_id(1)
     tile_begin = pid_k * tiles_per_split
     tile_end = tl.minimum(tile_begin + tiles_per_split, tl.cdiv(K, BLOCK_K))
-    acc = splitk_mainloop(x_ptr, x_scale_ptr, w_ptr, w_scale_ptr, M, N, K, stride_xm, w_scale_cols,
-                          pid_n, tile_begin, tile_end, SWIZZLED, USE_ASM, OPERAND, EVEN, TILED, X_FP4,
-                          BLOCK_M, BLOCK_N, BLOCK_K)
+    if DOT_SCALED:  # sm_100, W tiled and x NVFP4: the tensor core applies the block scales
+        acc = dot_scaled_mainloop(x_ptr, x_scale_ptr, w_ptr, w_scale_ptr, M, N, K, stride_xm, pid_n,
+                                  tile_begin, tile_end, BLOCK_M, BLOCK_N, BLOCK_K)
+    else:
+        acc = splitk_mainloop(x_ptr, x_scale_ptr, w_ptr, w_scale_ptr, M, N, K, stride_xm,
+                              w_scale_cols, pid_n, tile_begin, tile_end, SWIZZLED, USE_ASM, OPERAND,
+                              EVEN, TILED, X_FP4, BLOCK_M, BLOCK_N, BLOCK_K)
     ms = tl.arange(0, BLOCK_M)
     cols_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
     if SPLIT:
@@ -257,12 +309,18 @@ def gemm_splitk(x, w_data, w_scale, w_g, bias, out_dtype, swizzled, config=None,
         return out
     if use_asm is None:
         use_asm = x.is_cuda
+    x_fp4 = x_scale is not None
+    # sm_100 with both operands NVFP4 and W tiled: tcgen05 block-scaled MMA (dot_scaled_mainloop)
+    dot_scaled = (x_fp4 and tiled_n is not None and x.is_cuda
+                  and torch.cuda.get_device_capability(x.device)[0] >= 10)
     if config is None:
         num_sms = torch.cuda.get_device_properties(x.device).multi_processor_count if x.is_cuda else 8
-        config = gemm_configs.splitk_config(m, n, k, num_sms, tiled=tiled_n is not None)
+        config = (gemm_configs.dot_scaled_splitk_config(m, n, k, num_sms) if dot_scaled
+                  else gemm_configs.splitk_config(m, n, k, num_sms, tiled=tiled_n is not None))
     block_m, block_n, block_k, splits, warps, stages = config
-    if tiled_n is not None and (block_n, block_k) != (TILE_N, TILE_K):
-        raise ValueError(f"tiled weights need BLOCK_N, BLOCK_K = {TILE_N}, {TILE_K}; got {block_n}, {block_k}")
+    tile_group = (2 * TILE_N, 2 * TILE_K) if dot_scaled else (TILE_N, TILE_K)
+    if tiled_n is not None and (block_n, block_k) != tile_group:
+        raise ValueError(f"tiled weights need BLOCK_N, BLOCK_K = {tile_group}; got {block_n}, {block_k}")
     tiles = triton.cdiv(k, block_k)
     tiles_per_split = triton.cdiv(tiles, splits)
     splits = triton.cdiv(tiles, tiles_per_split)  # no empty split
@@ -270,15 +328,14 @@ def gemm_splitk(x, w_data, w_scale, w_g, bias, out_dtype, swizzled, config=None,
     partial = torch.empty((splits, block_m, n), dtype=torch.float32, device=x.device) if splits > 1 else out
     dummy = w_g
     common = {"W_G_PER_ROW": w_g.dim() > 0, "HAS_BIAS": bias is not None}
-    x_fp4 = x_scale is not None
-    common["UNSCALE"] = 2.0**14 if x_fp4 else 2.0**7
+    common["UNSCALE"] = 1.0 if dot_scaled else 2.0**14 if x_fp4 else 2.0**7
     _splitk_kernel[(triton.cdiv(n, block_n), splits)](
         x, x_scale if x_fp4 else x, w_data, w_scale, w_g, bias if bias is not None else dummy, out, partial,
         m, n, k, scale_cols_pad, tiles_per_split,
         x.stride(0), out.stride(0),
         SWIZZLED=swizzled, SPLIT=splits > 1, USE_ASM=use_asm,
         OPERAND=tl.bfloat16 if use_asm else tl.float16, EVEN=n % block_n == 0 and k % block_k == 0,
-        TILED=tiled_n is not None, X_FP4=x_fp4,
+        TILED=tiled_n is not None, X_FP4=x_fp4, DOT_SCALED=dot_scaled,
         BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_K=block_k, num_warps=warps, num_stages=stages,
         **common,
     )

@@ -47,7 +47,6 @@ from torch._inductor.select_algorithm import (
 from .. import _compat
 from ..kernels import gemm_configs
 from ..templates import load_template
-from ..tiled import TILE_K, TILE_N
 
 aten = torch.ops.aten
 OP = torch.ops.nvfp4.linear_tiled.default
@@ -116,7 +115,9 @@ def lower_linear_tiled(x, w_data, w_scale, w_global_scale, bias, n, activation):
     else:
         inputs = realize_inputs(x2, w_data, w_scale)
         extern_choice = extern_mm_tiled_f32
-    configs = gemm_configs.template_configs(m, n, k, _num_sms(device))
+    dot_scaled = (x_fp4 and device.type == "cuda"
+                  and torch.cuda.get_device_capability(device)[0] >= 10)  # sm_100 block-scaled MMA
+    configs = gemm_configs.template_configs(m, n, k, _num_sms(device), dot_scaled)
     split = configs[0].split
     extern = split == 1 and device.type == "cuda"  # same output contract: (M, N) fp32 products
     if not _compat.max_autotune():  # the heuristic pick alone
@@ -131,9 +132,9 @@ def lower_linear_tiled(x, w_data, w_scale, w_global_scale, bias, n, activation):
             choices, input_nodes=inputs, layout=layout, num_stages=c.num_stages,
             num_warps=c.num_warps, call_sizes=[m, n],
             SPLIT=c.split, TILES_PER_SPLIT=c.tiles_per_split, N=n, BLOCK_M=c.block_m,
-            BLOCK_N=TILE_N, BLOCK_K=TILE_K, EVEN_K=k % TILE_K == 0, USE_ASM=use_asm,
-            OPERAND="tl.bfloat16" if use_asm else "tl.float16", X_FP4=x_fp4,
-            UNSCALE=2.0**14 if x_fp4 else 2.0**7)
+            BLOCK_N=c.block_n, BLOCK_K=c.block_k, EVEN_K=k % c.block_k == 0, USE_ASM=use_asm,
+            OPERAND="tl.bfloat16" if use_asm else "tl.float16", X_FP4=x_fp4, DOT_SCALED=dot_scaled,
+            UNSCALE=1.0 if dot_scaled else 2.0**14 if x_fp4 else 2.0**7)
     if extern:
         choices.append(extern_choice.bind(inputs, layout, n=n))
     products = _compat.selected_node(autotune_select_algorithm(
