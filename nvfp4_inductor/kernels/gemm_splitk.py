@@ -22,6 +22,12 @@ kernel must decode weights at HBM speed, about 8 instructions per weight byte on
    the epilogue (global scales, bias, output dtype).
 4. Weights in the row-major interchange layout, or (TILED) in nvfp4_inductor.tiled's layout,
    where each (BLOCK_N, BLOCK_K) tile is one contiguous run: 1.4-1.8x faster (benchmarks/NOTES.md).
+5. W4A4 (X_FP4): x arrives as NVFP4 codes + plain scale bits (the quantize kernel's output) and is
+   decoded like W, so both operands carry 2^-7 and the epilogue multiplies by 2^14.
+6. sm_100 (DOT_SCALED, tiled W and NVFP4 x): `dot_scaled_mainloop` hands both packed operands and
+   their e4m3 scales to tl.dot_scaled (tcgen05 block-scaled MMA, 128 x 128 weight steps); compiled
+   for sm_100 in CI, not run (no Blackwell machine).
+The Inductor template (templates/nvfp4_tiled_gemm.py.jinja) calls the same mainloops.
 
 Without inline PTX (the Triton interpreter) `_decode_bytes` builds the same values in fp16 with
 plain Triton ops, so CPU tests check the indexing and the numerics.
