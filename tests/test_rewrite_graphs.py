@@ -1,0 +1,139 @@
+"""The FX graph backend="nvfp4" rewrites, before and after its pass (expecttest: on a change, run
+with EXPECTTEST_ACCEPT=1 and review the diff). A bf16 MLP: up (bias) and down become
+quantize -> tile_weight -> linear_tiled on the frozen weights; the output head stays addmm."""
+
+import expecttest
+import torch
+from torch import fx, nn
+
+import nvfp4_inductor as nv
+from nvfp4_inductor import rewrite
+
+
+class MLP(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.up = nn.Linear(64, 128)
+        self.down = nn.Linear(128, 64, bias=False)
+        self.lm_head = nn.Linear(64, 32)
+
+    def forward(self, x):
+        return self.lm_head(self.down(torch.relu(self.up(x))))
+
+
+def _graph_text(graph: fx.Graph) -> str:
+    """One line per node: placeholders, calls with their arguments, tuple items, the output."""
+    lines = []
+    for node in graph.nodes:
+        if node.op == "placeholder":
+            lines.append(f"{node.name} = input")
+        elif node.op == "call_function" and getattr(node.target, "__name__", "") == "getitem":
+            lines.append(f"{node.name} = {node.args[0].name}[{node.args[1]}]")
+        elif node.op == "call_function":
+            args = ", ".join(a.name if isinstance(a, fx.Node) else repr(a) for a in node.args)
+            lines.append(f"{node.name} = {node.target}({args})")
+        elif node.op == "output":
+            lines.append(f"return {node.args[0]}")
+    return "\n".join(lines)
+
+
+class TestRewriteGraphs(expecttest.TestCase):
+    def setUp(self):
+        torch._dynamo.reset()
+
+    def tearDown(self):
+        torch._dynamo.reset()
+
+    def _graphs(self, config):
+        seen = []
+        original = rewrite.LinearToNVFP4.__call__
+
+        def recording(pass_, graph):
+            before = _graph_text(graph)
+            original(pass_, graph)
+            seen.append((before, _graph_text(graph)))
+
+        rewrite.LinearToNVFP4.__call__ = recording
+        try:
+            torch.manual_seed(0)
+            model = MLP().to(torch.bfloat16)
+            nv.compile(model, config)(torch.randn(4, 64, dtype=torch.bfloat16))
+        finally:
+            rewrite.LinearToNVFP4.__call__ = original
+        self.assertEqual(len(seen), 1)
+        return seen[0]
+
+    def test_bf16_linears_become_nvfp4_ops(self):
+        before, after = self._graphs(nv.Config(activations="bf16"))
+        self.assertExpectedInline(before, """\
+arg0_1 = input
+arg1_1 = input
+arg2_1 = input
+arg3_1 = input
+arg4_1 = input
+arg5_1 = input
+permute = aten.permute.default(arg0_1, [1, 0])
+addmm = aten.addmm.default(arg1_1, arg5_1, permute)
+relu = aten.relu.default(addmm)
+permute_1 = aten.permute.default(arg2_1, [1, 0])
+mm = aten.mm.default(relu, permute_1)
+permute_2 = aten.permute.default(arg3_1, [1, 0])
+addmm_1 = aten.addmm.default(arg4_1, mm, permute_2)
+return (addmm_1,)""")
+        self.assertExpectedInline(after, """\
+arg0_1 = input
+arg1_1 = input
+arg2_1 = input
+arg3_1 = input
+arg4_1 = input
+arg5_1 = input
+quantize_default = nvfp4.quantize.default(arg0_1, None, False, False)
+getitem = quantize_default[0]
+getitem_1 = quantize_default[1]
+getitem_2 = quantize_default[2]
+tile_weight_default = nvfp4.tile_weight.default(getitem, getitem_1)
+getitem_3 = tile_weight_default[0]
+getitem_4 = tile_weight_default[1]
+linear_tiled_default = nvfp4.linear_tiled.default(arg5_1, getitem_3, getitem_4, getitem_2, arg1_1, 128, 'bf16')
+relu = aten.relu.default(linear_tiled_default)
+quantize_default_1 = nvfp4.quantize.default(arg2_1, None, False, False)
+getitem_5 = quantize_default_1[0]
+getitem_6 = quantize_default_1[1]
+getitem_7 = quantize_default_1[2]
+tile_weight_default_1 = nvfp4.tile_weight.default(getitem_5, getitem_6)
+getitem_8 = tile_weight_default_1[0]
+getitem_9 = tile_weight_default_1[1]
+linear_tiled_default_1 = nvfp4.linear_tiled.default(relu, getitem_8, getitem_9, getitem_7, None, 64, 'bf16')
+permute_2 = aten.permute.default(arg3_1, [1, 0])
+addmm_1 = aten.addmm.default(arg4_1, linear_tiled_default_1, permute_2)
+return (addmm_1,)""")
+
+    def test_mse_weights_use_quantize_weight(self):
+        _, after = self._graphs(nv.Config(activations="nvfp4", weight_method="mse"))
+        self.assertExpectedInline(after, """\
+arg0_1 = input
+arg1_1 = input
+arg2_1 = input
+arg3_1 = input
+arg4_1 = input
+arg5_1 = input
+quantize_weight_default = nvfp4.quantize_weight.default(arg0_1, None, 'mse', None, False)
+getitem = quantize_weight_default[0]
+getitem_1 = quantize_weight_default[1]
+getitem_2 = quantize_weight_default[2]
+tile_weight_default = nvfp4.tile_weight.default(getitem, getitem_1)
+getitem_3 = tile_weight_default[0]
+getitem_4 = tile_weight_default[1]
+linear_tiled_default = nvfp4.linear_tiled.default(arg5_1, getitem_3, getitem_4, getitem_2, arg1_1, 128, 'nvfp4')
+relu = aten.relu.default(linear_tiled_default)
+quantize_weight_default_1 = nvfp4.quantize_weight.default(arg2_1, None, 'mse', None, False)
+getitem_5 = quantize_weight_default_1[0]
+getitem_6 = quantize_weight_default_1[1]
+getitem_7 = quantize_weight_default_1[2]
+tile_weight_default_1 = nvfp4.tile_weight.default(getitem_5, getitem_6)
+getitem_8 = tile_weight_default_1[0]
+getitem_9 = tile_weight_default_1[1]
+linear_tiled_default_1 = nvfp4.linear_tiled.default(relu, getitem_8, getitem_9, getitem_7, None, 64, 'nvfp4')
+permute_2 = aten.permute.default(arg3_1, [1, 0])
+addmm_1 = aten.addmm.default(arg4_1, linear_tiled_default_1, permute_2)
+return (addmm_1,)""")
