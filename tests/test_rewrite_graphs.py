@@ -137,3 +137,15 @@ linear_tiled_default_1 = nvfp4.linear_tiled.default(relu, getitem_8, getitem_9, 
 permute_2 = aten.permute.default(arg3_1, [1, 0])
 addmm_1 = aten.addmm.default(arg4_1, linear_tiled_default_1, permute_2)
 return (addmm_1,)""")
+
+
+def test_training_graphs_are_left_alone():
+    """A joint graph (it has tangents) keeps its bf16 linears: the pass only rewrites inference."""
+    graph = fx.Graph()
+    weight, x, tangents = (graph.placeholder(n) for n in ("primals_1", "primals_2", "tangents_1"))
+    weight_t = graph.call_function(torch.ops.aten.permute.default, (weight, [1, 0]))
+    y = graph.call_function(torch.ops.aten.mm.default, (x, weight_t))
+    graph.output((y, tangents))
+    before = _graph_text(graph)
+    rewrite.LinearToNVFP4("bf16", ["weight"])(graph)
+    assert _graph_text(graph) == before
