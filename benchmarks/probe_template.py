@@ -1,7 +1,7 @@
 """Probe: the Inductor NVFP4 GEMM template (one linear compiled through backend="nvfp4") against
 the eager nvfp4.linear_tiled op on the same weights, per CUDA kernel (torch.profiler), M x N x K.
 
-    python benchmarks/probe_template.py [--m 1 16 64] [--code DIR]
+    python benchmarks/probe_template.py [--m 1 16 64] [--code DIR] [--template-max-m M]
 
 Prints, per shape, each kernel's average time over 50 calls for both (launch gaps excluded), so the
 template's mainloop and the fused reduction can be compared with the eager kernels they replace.
@@ -18,6 +18,7 @@ from torch._inductor.utils import run_and_get_code
 from torch.profiler import ProfilerActivity, profile
 
 import nvfp4_inductor as nv
+from nvfp4_inductor.kernels import gemm_configs
 
 SHAPES = [(4096, 4096), (14336, 4096), (4096, 14336), (28672, 8192)]  # (N, K)
 
@@ -61,8 +62,14 @@ def main():
     parser = argparse.ArgumentParser()
     parser.add_argument("--m", type=int, nargs="+", default=[1, 16, 64])
     parser.add_argument("--code", type=Path, default=None, help="write the generated code here")
+    parser.add_argument("--template-max-m", type=int, default=None,
+                        help="override gemm_configs.TEMPLATE_MAX_M (the template's default range)")
+    parser.add_argument("--no-cache-check", action="store_true")
     args = parser.parse_args()
-    print("FX graph cache bypass messages (CPU model):", cache_bypass_reasons())
+    if args.template_max_m is not None:
+        gemm_configs.TEMPLATE_MAX_M = args.template_max_m
+    if not args.no_cache_check:
+        print("FX graph cache bypass messages (CPU model):", cache_bypass_reasons())
     for m in args.m:
         for n, k in SHAPES:
             torch._dynamo.reset()

@@ -43,6 +43,15 @@ def triton_inductor(monkeypatch, kernel_device):
     torch._dynamo.reset()
 
 
+@pytest.fixture
+def template_inductor(triton_inductor, monkeypatch):
+    """triton_inductor with the template as the pick wherever it applies (on the GPU the default
+    pick takes dequantize + cuBLAS for shapes this small above M = 64): these tests check the
+    template's code and numerics; the pick itself is tested below."""
+    monkeypatch.setattr(gemm_configs, "template_is_default", lambda *args: True)
+    return triton_inductor
+
+
 def _launches(code: str) -> list[str]:
     return [line.strip() for line in code.splitlines() if ".run(" in line or "extern_kernels." in line
             and "import" not in line]
@@ -70,8 +79,8 @@ def _run(device, m, k, n, act=torch.relu, lead=()):
     return "\n".join(code)
 
 
-def test_decode_rows_run_the_template_and_one_fused_reduction(triton_inductor):
-    code = _run(triton_inductor, 1, 128, 192)
+def test_decode_rows_run_the_template_and_one_fused_reduction(template_inductor):
+    code = _run(template_inductor, 1, 128, 192)
     assert TEMPLATE_MARK in code
     launches = _launches(code)
     # the split-K template, then the sum over the splits with scale, bias, ReLU and residual fused
@@ -79,28 +88,28 @@ def test_decode_rows_run_the_template_and_one_fused_reduction(triton_inductor):
     assert "torch.ops.nvfp4.linear_tiled.default(" not in code  # (the FX graph comments name it)
 
 
-def test_wide_rows_fuse_the_whole_epilogue_into_the_template(triton_inductor):
+def test_wide_rows_fuse_the_whole_epilogue_into_the_template(template_inductor):
     m = gemm_configs.TEMPLATE_MAX_SPLIT_M + 36
-    code = _run(triton_inductor, m, 128, 192)
+    code = _run(template_inductor, m, 128, 192)
     launches = _launches(code)
     assert len(launches) == 1 and "triton_tem_fused" in launches[0], launches
     assert TEMPLATE_MARK in code
 
 
 @pytest.mark.parametrize("m, k, n, lead", [(3, 48, 80, ()), (5, 208, 48, (2,)), (70, 80, 144, ())])
-def test_odd_shapes(triton_inductor, m, k, n, lead):
+def test_odd_shapes(template_inductor, m, k, n, lead):
     """K and N not multiples of the 64x64 tiles, several rows per program, 3-D inputs."""
-    assert TEMPLATE_MARK in _run(triton_inductor, m, k, n, lead=lead)
+    assert TEMPLATE_MARK in _run(template_inductor, m, k, n, lead=lead)
 
 
 @pytest.mark.parametrize("m", [2, gemm_configs.TEMPLATE_MAX_SPLIT_M + 6])
-def test_nvfp4_activations_are_decoded_in_the_template(triton_inductor, m):
+def test_nvfp4_activations_are_decoded_in_the_template(template_inductor, m):
     """W4A4: nvfp4.quantize's kernel, then the template reads x's codes and scales (no dequantized
     copy of x), the epilogue fused as for W4A16."""
     torch.manual_seed(m)
-    model = LinearBlock(128, 192, torch.relu).to(device=triton_inductor, dtype=torch.bfloat16).eval()
-    x = torch.randn(m, 128, device=triton_inductor, dtype=torch.bfloat16)
-    residual = torch.randn(m, 192, device=triton_inductor, dtype=torch.bfloat16)
+    model = LinearBlock(128, 192, torch.relu).to(device=template_inductor, dtype=torch.bfloat16).eval()
+    x = torch.randn(m, 128, device=template_inductor, dtype=torch.bfloat16)
+    residual = torch.randn(m, 192, device=template_inductor, dtype=torch.bfloat16)
     y, code = run_and_get_code(nv.compile(model, nv.Config(activations="nvfp4")), x, residual)
     source = "\n".join(code)
     assert TEMPLATE_MARK in source and "torch.ops.nvfp4.quantize.default(" in source
@@ -119,7 +128,8 @@ def test_nvfp4_activations_are_decoded_in_the_template(triton_inductor, m):
 @pytest.mark.gpu
 def test_gelu_epilogue_fuses_on_the_gpu(triton_inductor):
     m = gemm_configs.TEMPLATE_MAX_SPLIT_M + 64
-    code = _run(triton_inductor, m, 512, 384, act=nn.functional.gelu)
+    n = 64 * (torch.cuda.get_device_properties(0).multi_processor_count + 4)  # the template's pick
+    code = _run(triton_inductor, m, 256, n, act=nn.functional.gelu)
     launches = _launches(code)
     assert len(launches) == 1 and "triton_tem_fused" in launches[0], launches
     code = _run(triton_inductor, 4, 512, 384, act=nn.functional.gelu)
@@ -127,8 +137,9 @@ def test_gelu_epilogue_fuses_on_the_gpu(triton_inductor):
 
 
 @pytest.mark.gpu
-def test_large_m_picks_the_extern_choice(triton_inductor):
-    code = _run(triton_inductor, gemm_configs.TEMPLATE_MAX_M + 44, 256, 192)
+@pytest.mark.parametrize("m", [gemm_configs.TEMPLATE_MAX_SPLIT_M + 36, gemm_configs.TEMPLATE_MAX_M + 44])
+def test_large_m_or_few_programs_pick_the_extern_choice(triton_inductor, m):
+    code = _run(triton_inductor, m, 256, 192)
     assert "extern_kernels.nvfp4_mm_tiled_f32(" in code and TEMPLATE_MARK not in code
 
 

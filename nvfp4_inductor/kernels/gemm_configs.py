@@ -116,12 +116,22 @@ class TemplateConfig(NamedTuple):
 
 
 TEMPLATE_MAX_SPLIT_M = TILED_SPLITK_MAX_M  # up to here the template splits K like the eager kernel
-# Above this M the default pick is the extern choice (dequantize + cuBLAS), the template only joins
-# under max-autotune. Measured on an H200 (bench_block.py, probe_template.py): at M = 64 the template
-# took 16-158 us against 28-329 us for dequantize + cuBLAS; at M = 4096 a decoder block ran 0.51x
-# bf16 with the template and ~0.72x with dequantize + cuBLAS. The crossover in between is not
-# measured yet: 256 is an estimate (the dequantize pass costs the same at any M).
+# Above TEMPLATE_MAX_SPLIT_M the template runs one program per (BLOCK_M, 64) output tile, no split K.
+# Measured on an H200 against the extern choice, dequantize + cuBLAS (benchmarks/probe_template.py,
+# results/probe_template_h200.txt): it wins where it has at least a program per SM (M = 128: 66 vs
+# 99 us at N x K = 14336 x 4096, 172 vs 344 us at 28672 x 8192; M = 256: 84 vs 112, 330 vs 404 us)
+# and loses where it has fewer (N = 4096, 64-128 programs: 44-254 us vs 33-108 us), and from
+# M = 512 on (e.g. 614 vs 555 us, M = 1024 1198 vs 925 us at 28672 x 8192; a decoder block at
+# M = 4096: 0.51x bf16 vs 0.85x). The default pick follows that (template_is_default).
 TEMPLATE_MAX_M = 256
+
+
+def template_is_default(m: int, n: int, config: "TemplateConfig", num_sms: int) -> bool:
+    """Whether the template (rather than dequantize + cuBLAS) is the default pick."""
+    if m <= TEMPLATE_MAX_SPLIT_M:  # the skinny kernel's range (split 1 only for a single K-step)
+        return True
+    programs = -(-n // config.block_n) * -(-m // config.block_m)
+    return m <= TEMPLATE_MAX_M and programs >= num_sms
 # Above TEMPLATE_MAX_SPLIT_M, one program per (BLOCK_M, BLOCK_N) output tile; untuned starting
 # points (the first is the default pick, the rest join under mode="max-autotune").
 TEMPLATE_WIDE_CONFIGS = [(128, 4, 3), (64, 4, 4), (128, 8, 3), (256, 8, 3)]

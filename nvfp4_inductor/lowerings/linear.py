@@ -21,8 +21,8 @@ The fp32 operation order is the eager kernels': ((sum * 2^7) * g + bias), then o
 
 Choices: the template with the configs of gemm_configs.template_configs, and where the output is
 (M, N) on CUDA an extern choice (dequantize + cuBLAS, the eager op's path for large M). By default
-one heuristic pick: the template's first config up to gemm_configs.TEMPLATE_MAX_M rows, the extern
-choice above (measured faster at M = 4096); under mode="max-autotune" all of them, benchmarked. Where the
+one heuristic pick (gemm_configs.template_is_default: the template where it splits K, or up to
+TEMPLATE_MAX_M rows with a program per SM; measured); under mode="max-autotune" all of them. Where the
 template does not apply (a dynamic M, a non-CUDA device unless Inductor's CPU backend is Triton)
 the op stays the eager custom op.
 """
@@ -117,12 +117,14 @@ def lower_linear_tiled(x, w_data, w_scale, w_global_scale, bias, n, activation):
         extern_choice = extern_mm_tiled_f32
     dot_scaled = (x_fp4 and device.type == "cuda"
                   and torch.cuda.get_device_capability(device)[0] >= 10)  # sm_100 block-scaled MMA
-    configs = gemm_configs.template_configs(m, n, k, _num_sms(device), dot_scaled)
+    num_sms = _num_sms(device)
+    configs = gemm_configs.template_configs(m, n, k, num_sms, dot_scaled)
     split = configs[0].split
     extern = split == 1 and device.type == "cuda"  # same output contract: (M, N) fp32 products
     if not _compat.max_autotune():  # the heuristic pick alone
-        configs = [] if extern and m > gemm_configs.TEMPLATE_MAX_M else configs[:1]
-        extern = not configs
+        template = not extern or gemm_configs.template_is_default(m, n, configs[0], num_sms)
+        configs = configs[:1] if template else []
+        extern = not template
     size = [split, m, n] if split > 1 else [m, n]
     layout = ir.FixedLayout(device, torch.float32, size)
     use_asm = device.type == "cuda"  # inline PTX decode; the CPU backend decodes with plain ops
