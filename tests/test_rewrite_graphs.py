@@ -4,21 +4,11 @@ quantize -> tile_weight -> linear_tiled on the frozen weights; the output head s
 
 import expecttest
 import torch
-from torch import fx, nn
+from test_backend import _block  # the same bf16 MLP: up (bias), ReLU, down, lm_head
+from torch import fx
 
 import nvfp4_inductor as nv
 from nvfp4_inductor import rewrite
-
-
-class MLP(nn.Module):
-    def __init__(self):
-        super().__init__()
-        self.up = nn.Linear(64, 128)
-        self.down = nn.Linear(128, 64, bias=False)
-        self.lm_head = nn.Linear(64, 32)
-
-    def forward(self, x):
-        return self.lm_head(self.down(torch.relu(self.up(x))))
 
 
 def _graph_text(graph: fx.Graph) -> str:
@@ -55,8 +45,7 @@ class TestRewriteGraphs(expecttest.TestCase):
 
         rewrite.LinearToNVFP4.__call__ = recording
         try:
-            torch.manual_seed(0)
-            model = MLP().to(torch.bfloat16)
+            model = _block()
             nv.compile(model, config)(torch.randn(4, 64, dtype=torch.bfloat16))
         finally:
             rewrite.LinearToNVFP4.__call__ = original
@@ -109,34 +98,15 @@ addmm_1 = aten.addmm.default(arg4_1, linear_tiled_default_1, permute_2)
 return (addmm_1,)""")
 
     def test_mse_weights_use_quantize_weight(self):
-        _, after = self._graphs(nv.Config(activations="nvfp4", weight_method="mse"))
-        self.assertExpectedInline(after, """\
-arg0_1 = input
-arg1_1 = input
-arg2_1 = input
-arg3_1 = input
-arg4_1 = input
-arg5_1 = input
-quantize_weight_default = nvfp4.quantize_weight.default(arg0_1, None, 'mse', None, False)
-getitem = quantize_weight_default[0]
-getitem_1 = quantize_weight_default[1]
-getitem_2 = quantize_weight_default[2]
-tile_weight_default = nvfp4.tile_weight.default(getitem, getitem_1)
-getitem_3 = tile_weight_default[0]
-getitem_4 = tile_weight_default[1]
-linear_tiled_default = nvfp4.linear_tiled.default(arg5_1, getitem_3, getitem_4, getitem_2, arg1_1, 128, 'nvfp4')
-relu = aten.relu.default(linear_tiled_default)
-quantize_weight_default_1 = nvfp4.quantize_weight.default(arg2_1, None, 'mse', None, False)
-getitem_5 = quantize_weight_default_1[0]
-getitem_6 = quantize_weight_default_1[1]
-getitem_7 = quantize_weight_default_1[2]
-tile_weight_default_1 = nvfp4.tile_weight.default(getitem_5, getitem_6)
-getitem_8 = tile_weight_default_1[0]
-getitem_9 = tile_weight_default_1[1]
-linear_tiled_default_1 = nvfp4.linear_tiled.default(relu, getitem_8, getitem_9, getitem_7, None, 64, 'nvfp4')
-permute_2 = aten.permute.default(arg3_1, [1, 0])
-addmm_1 = aten.addmm.default(arg4_1, linear_tiled_default_1, permute_2)
-return (addmm_1,)""")
+        _, after_rtn = self._graphs(nv.Config(activations="nvfp4"))
+        torch._dynamo.reset()
+        _, after_mse = self._graphs(nv.Config(activations="nvfp4", weight_method="mse"))
+        expected = after_rtn.replace("quantize_default", "quantize_weight_default")
+        for weight in ("arg0_1", "arg2_1"):
+            expected = expected.replace(f"nvfp4.quantize.default({weight}, None, False, False)",
+                                        f"nvfp4.quantize_weight.default({weight}, None, 'mse', None, False)")
+        self.assertIn("nvfp4.quantize_weight.default(arg0_1, None, 'mse', None, False)", after_mse)
+        self.assertEqual(after_mse, expected)
 
 
 def test_training_graphs_are_left_alone():
