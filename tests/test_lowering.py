@@ -102,6 +102,14 @@ def test_odd_shapes(template_inductor, m, k, n, lead):
     assert TEMPLATE_MARK in _run(template_inductor, m, k, n, lead=lead)
 
 
+def test_empty_input(template_inductor):
+    """No template for zero rows (no empty grid); Inductor then drops the empty computation."""
+    model = LinearBlock(64, 32, torch.relu).to(device=template_inductor, dtype=torch.bfloat16).eval()
+    x = torch.randn(0, 64, device=template_inductor, dtype=torch.bfloat16)
+    y, code = run_and_get_code(nv.compile(model, nv.Config(activations="bf16")), x, x[:, :32])
+    assert y.shape == (0, 32) and TEMPLATE_MARK not in "\n".join(code)
+
+
 @pytest.mark.parametrize("m", [2, gemm_configs.TEMPLATE_MAX_SPLIT_M + 6])
 def test_nvfp4_activations_are_decoded_in_the_template(template_inductor, m):
     """W4A4: nvfp4.quantize's kernel, then the template reads x's codes and scales (no dequantized

@@ -24,7 +24,7 @@ Choices: the template with the configs of gemm_configs.template_configs, and whe
 one heuristic pick (gemm_configs.template_is_default: the template where it splits K, or up to
 TEMPLATE_MAX_M rows with a program per SM; measured); under mode="max-autotune" all of them. Where the
 template does not apply (a dynamic M, a non-CUDA device unless Inductor's CPU backend is Triton)
-the op stays the eager custom op.
+the op stays the eager custom op (also for an empty x).
 """
 
 import torch
@@ -82,12 +82,14 @@ extern_mm_tiled_f32_x4 = ExternKernelChoice(mm_tiled_f32_x4, name="nvfp4_mm_tile
 QUANTIZE = torch.ops.nvfp4.quantize.default
 
 
-def _uses_template(x, activation: str) -> bool:
+def _uses_template(x) -> bool:
+    """A device Inductor emits Triton for, static sizes, at least one row."""
     device = x.get_device()
     triton_device = device.type == "cuda" or (device.type == "cpu"
                                               and inductor_config.cpu_backend == "triton")
-    static_m = all(isinstance(s, int) or getattr(s, "is_number", False) for s in x.get_size())
-    return triton_device and static_m
+    sizes = x.get_size()
+    static = all(isinstance(s, int) or getattr(s, "is_number", False) for s in sizes)
+    return triton_device and static and all(int(s) > 0 for s in sizes)
 
 
 def _num_sms(device) -> int:
@@ -97,7 +99,7 @@ def _num_sms(device) -> int:
 
 
 def lower_linear_tiled(x, w_data, w_scale, w_global_scale, bias, n, activation):
-    if not _uses_template(x, activation):
+    if not _uses_template(x):
         return fallback_handler(OP, add_to_fallback_set=False)(
             x, w_data, w_scale, w_global_scale, bias, n, activation)
     *lead, k = (int(s) for s in x.get_size())
