@@ -27,3 +27,13 @@ def selected_node(result):
     """autotune_select_algorithm's result -> the chosen node (a TensorBox on 2.11; 2.13 returns
     (node, choice))."""
     return result[0] if isinstance(result, tuple) else result
+
+
+def compile_callback_handler():
+    """Dynamo's compilation callback handler (start callbacks run before Dynamo traces a frame,
+    end callbacks after its backend compiled), or None where this torch lacks that API."""
+    handler = getattr(torch._dynamo, "callback_handler", None)
+    if handler is None or not all(hasattr(handler, a) for a in (
+            "register_start_callback", "register_end_callback", "start_callbacks")):
+        return None
+    return handler

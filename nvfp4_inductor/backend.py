@@ -8,6 +8,7 @@ graph inputs, the backend warns and compiles the graph unchanged (bf16), rather 
 the weights on every call.
 """
 
+import threading
 import warnings
 
 import torch
@@ -71,9 +72,39 @@ def nvfp4_backend(gm: torch.fx.GraphModule, example_inputs, mode=None, options=N
     return _compat.compile_fx(gm, example_inputs, config_patches=patches)  # the pass logs its counts
 
 
+_calls = threading.local()  # per thread: how many nv.compile calls are running, and what to undo
+
+
+def _prepare_freezing_while_tracing(_args) -> None:
+    """Dynamo start-of-compilation callback: inside an nv.compile call, turn prepare_freezing on
+    for the trace (Dynamo reads it while tracing; a later call may trace a new shape)."""
+    if getattr(_calls, "depth", 0) and not torch._dynamo.config.prepare_freezing:
+        torch._dynamo.config.prepare_freezing = True
+        _calls.undo = True
+
+
+def _restore_prepare_freezing(_args) -> None:
+    if getattr(_calls, "undo", False):
+        torch._dynamo.config.prepare_freezing = False
+        _calls.undo = False
+
+
+def _install_compile_callbacks() -> bool:
+    """-> whether Dynamo will run the callbacks (False: this torch lacks the API). Idempotent;
+    checked on every call, since torch._dynamo.reset() clears the callbacks."""
+    handler = _compat.compile_callback_handler()
+    if handler is None:
+        return False
+    if _prepare_freezing_while_tracing not in handler.start_callbacks:
+        handler.register_start_callback(_prepare_freezing_while_tracing)
+        handler.register_end_callback(_restore_prepare_freezing)
+    return True
+
+
 def compile(model, config: Config | None = None, *, mode=None, options=None, **compile_kwargs):
-    """torch.compile(model, backend="nvfp4") for inference: every call runs under torch.no_grad()
-    with Dynamo preparing freezing, so the weights are quantized once, at compile time."""
+    """torch.compile(model, backend="nvfp4") for inference: every call runs under torch.no_grad(),
+    and whenever Dynamo traces during a call it does so preparing freezing, so the weights are
+    quantized once, at compile time."""
     if config is not None:
         _check_weight_method(config)
     # torch.compile takes mode or options, not both: the mode travels as the options it stands for.
@@ -81,20 +112,19 @@ def compile(model, config: Config | None = None, *, mode=None, options=None, **c
     compiled = torch.compile(model, backend="nvfp4", options=options, **compile_kwargs)
 
     def run(*args, **kwargs):
-        # Dynamo needs prepare_freezing only when it traces, but any call may trace (a new shape).
-        # Changing it costs host time on every call (H200 machine, torch 2.11, one decoder block
-        # at M = 1 under CUDA graphs: 194 us a call vs 109 us without, for 98 us of kernels;
-        # config.patch() alone took 22 us); with it already set (the user's choice, see README)
-        # nothing is changed.
+        # The flag is set only while Dynamo compiles (callbacks above): changing Dynamo's config
+        # on every call cost host time on every call (H200 machine, torch 2.11, one decoder block
+        # at M = 1 under CUDA graphs: 130-194 us a call vs 109 us without, for 98 us of kernels).
         dynamo_config = torch._dynamo.config
-        with torch.no_grad():
-            if dynamo_config.prepare_freezing:
+        if not _install_compile_callbacks() and not dynamo_config.prepare_freezing:
+            with torch.no_grad(), dynamo_config.patch(prepare_freezing=True):
                 return compiled(*args, **kwargs)
-            dynamo_config.prepare_freezing = True
-            try:
+        _calls.depth = getattr(_calls, "depth", 0) + 1
+        try:
+            with torch.no_grad():
                 return compiled(*args, **kwargs)
-            finally:
-                dynamo_config.prepare_freezing = False
+        finally:
+            _calls.depth -= 1
 
     run.compiled = compiled
     return run

@@ -2,6 +2,7 @@
 numerics equal to the eager NVFP4 reference, clear fall-backs."""
 
 import logging
+import warnings
 
 import pytest
 import torch
@@ -169,3 +170,24 @@ def test_backend_on_cuda(mode):
     for _ in range(2):  # reduce-overhead: record, then replay
         y = compiled(x)
     torch.testing.assert_close(y, _eager_nvfp4(model, x), rtol=1e-2, atol=1e-2)
+
+
+@pytest.mark.parametrize("callbacks", [True, False], ids=["dynamo-callbacks", "config-patch"])
+def test_prepare_freezing_only_while_dynamo_compiles(monkeypatch, callbacks):
+    """nv.compile turns prepare_freezing on for Dynamo's traces only (its compile callbacks, or a
+    per-call config patch where torch lacks them), also for traces after torch._dynamo.reset()."""
+    from nvfp4_inductor import _compat
+
+    if not callbacks:
+        monkeypatch.setattr(_compat, "compile_callback_handler", lambda: None)
+    model = _block()
+    x = torch.randn(4, 64, dtype=torch.bfloat16)
+    compiled = nv.compile(model, nv.Config(activations="bf16"))
+    torch._dynamo.reset()  # clears Dynamo's callbacks: the call must install them again
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # the backend warns when parameters arrive unfrozen
+        assert torch.equal(compiled(x), _eager_nvfp4(model, x))
+        assert not torch._dynamo.config.prepare_freezing
+        x9 = torch.randn(9, 64, dtype=torch.bfloat16)  # a new shape: traced again, frozen again
+        assert torch.equal(compiled(x9), _eager_nvfp4(model, x9))
+    assert not torch._dynamo.config.prepare_freezing
