@@ -108,7 +108,9 @@ def splitk_cases():
     """The skinny kernel (the mainloop the Inductor template calls too) in each shipped
     configuration, with and without masks, row-major and tiled weights, x bf16 or NVFP4; 2-warp
     tiles must multiply with mma.sync."""
-    for bn, bk, _, warps, stages in {gemm_configs.SPLITK_CONFIG, gemm_configs.SPLITK_CONFIG_WIDE_N}:
+    # the configs differ in programs per SM only (a launch choice): one compiled kernel
+    for bn, bk, warps, stages in {(bn, bk, w, st) for bn, bk, _, w, st in (gemm_configs.SPLITK_CONFIG,
+                                                                          gemm_configs.SPLITK_CONFIG_WIDE_N)}:
         for bm, even, swizzled in itertools.product((16,), (False, True), (False, True)):
             yield (f"splitk-{bm}x{bn}x{bk}-w{warps}-even{int(even)}-swizzle{int(swizzled)}",
                    sk._splitk_kernel, SPLITK_SIGNATURE,
