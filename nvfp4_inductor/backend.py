@@ -8,6 +8,7 @@ graph inputs, the backend warns and compiles the graph unchanged (bf16), rather 
 the weights on every call.
 """
 
+import contextlib
 import threading
 import warnings
 
@@ -115,13 +116,13 @@ def compile(model, config: Config | None = None, *, mode=None, options=None, **c
         # The flag is set only while Dynamo compiles (callbacks above): changing Dynamo's config
         # on every call cost host time on every call (H200 machine, torch 2.11, one decoder block
         # at M = 1 under CUDA graphs: 130-194 us a call vs 109 us without, for 98 us of kernels).
-        dynamo_config = torch._dynamo.config
-        if not _install_compile_callbacks() and not dynamo_config.prepare_freezing:
-            with torch.no_grad(), dynamo_config.patch(prepare_freezing=True):
-                return compiled(*args, **kwargs)
+        if _install_compile_callbacks():
+            freezing = contextlib.nullcontext()
+        else:  # no callbacks in this torch: set the flag for the whole call
+            freezing = torch._dynamo.config.patch(prepare_freezing=True)
         _calls.depth = getattr(_calls, "depth", 0) + 1
         try:
-            with torch.no_grad():
+            with torch.no_grad(), freezing:
                 return compiled(*args, **kwargs)
         finally:
             _calls.depth -= 1

@@ -55,11 +55,22 @@ def splitk_config(m: int, n: int, k: int, num_sms: int, tiled: bool = False
         block_n, block_k, per_sm, warps, stages = TILED_CONFIG_WIDE_N if wide else TILED_CONFIG
     else:
         block_n, block_k, per_sm, warps, stages = SPLITK_CONFIG_WIDE_N if wide else SPLITK_CONFIG
+    return _skinny_config(m, n, k, num_sms, block_n, block_k, per_sm, warps, stages)
+
+
+def _skinny_config(m, n, k, num_sms, block_n, block_k, per_sm, warps, stages):
+    """M padded to a power of two >= 16; K split so that about per_sm programs run on each SM."""
     block_m = max(16, 1 << (m - 1).bit_length())
-    tiles = -(-k // block_k)
-    programs_n = -(-n // block_n)
-    splits = max(1, min(tiles, -(-per_sm * num_sms // programs_n)))
+    steps = -(-k // block_k)
+    splits = max(1, min(steps, -(-per_sm * num_sms // -(-n // block_n))))
     return block_m, block_n, block_k, splits, warps, stages
+
+
+def split_ranges(k: int, block_k: int, splits: int) -> tuple[int, int]:
+    """-> (splits, K-steps per split) covering cdiv(k, block_k) steps with no empty split."""
+    steps = -(-k // block_k)
+    per_split = -(-steps // splits)
+    return -(-steps // per_split), per_split
 
 
 # sm_100, W tiled and x NVFP4 (gemm_splitk.dot_scaled_mainloop): tcgen05 block-scaled MMA needs
@@ -69,11 +80,7 @@ DOT_SCALED_SPLITK = (128, 128, 8, 4, 3)  # BLOCK_N, BLOCK_K, programs per SM, wa
 
 def dot_scaled_splitk_config(m: int, n: int, k: int, num_sms: int) -> tuple[int, int, int, int, int, int]:
     """-> (BLOCK_M, BLOCK_N, BLOCK_K, num_splits, num_warps, num_stages) of the sm_100 skinny GEMM."""
-    block_n, block_k, per_sm, warps, stages = DOT_SCALED_SPLITK
-    block_m = max(16, 1 << (m - 1).bit_length())
-    tiles = -(-k // block_k)
-    splits = max(1, min(tiles, -(-per_sm * num_sms // -(-n // block_n))))
-    return block_m, block_n, block_k, splits, warps, stages
+    return _skinny_config(m, n, k, num_sms, *DOT_SCALED_SPLITK)
 
 
 # Which implementation nvfp4::linear uses on CUDA:
@@ -132,6 +139,8 @@ def template_is_default(m: int, n: int, config: "TemplateConfig", num_sms: int) 
         return True
     programs = -(-n // config.block_n) * -(-m // config.block_m)
     return m <= TEMPLATE_MAX_M and programs >= num_sms
+
+
 # Above TEMPLATE_MAX_SPLIT_M, one program per (BLOCK_M, BLOCK_N) output tile; untuned starting
 # points (the first is the default pick, the rest join under mode="max-autotune").
 TEMPLATE_WIDE_CONFIGS = [(128, 4, 3), (64, 4, 4), (128, 8, 3), (256, 8, 3)]
@@ -148,9 +157,7 @@ def template_configs(m: int, n: int, k: int, num_sms: int, dot_scaled: bool = Fa
         else:
             block_m, block_n, block_k, splits, warps, stages = splitk_config(m, n, k, num_sms, tiled=True)
             variants = [(warps, stages)] + [(w, s) for w in (2, 4) for s in (3, 4, 5) if (w, s) != (warps, stages)]
-        steps = -(-k // block_k)
-        per_split = -(-steps // splits)
-        splits = -(-steps // per_split)  # no empty split
+        splits, per_split = split_ranges(k, block_k, splits)
         return [TemplateConfig(block_m, splits, per_split, w, s, block_n, block_k) for w, s in variants]
     block_n, block_k = (2 * TILE_N, 2 * TILE_K) if dot_scaled else (TILE_N, TILE_K)
     steps = -(-k // block_k)

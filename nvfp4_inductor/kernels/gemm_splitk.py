@@ -327,9 +327,7 @@ def gemm_splitk(x, w_data, w_scale, w_g, bias, out_dtype, swizzled, config=None,
     tile_group = (2 * TILE_N, 2 * TILE_K) if dot_scaled else (TILE_N, TILE_K)
     if tiled_n is not None and (block_n, block_k) != tile_group:
         raise ValueError(f"tiled weights need BLOCK_N, BLOCK_K = {tile_group}; got {block_n}, {block_k}")
-    tiles = triton.cdiv(k, block_k)
-    tiles_per_split = triton.cdiv(tiles, splits)
-    splits = triton.cdiv(tiles, tiles_per_split)  # no empty split
+    splits, tiles_per_split = gemm_configs.split_ranges(k, block_k, splits)
     scale_cols_pad = w_scale.shape[1] if swizzled else k // BLOCK_SIZE
     partial = torch.empty((splits, block_m, n), dtype=torch.float32, device=x.device) if splits > 1 else out
     dummy = w_g
