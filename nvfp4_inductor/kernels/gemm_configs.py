@@ -58,6 +58,16 @@ def splitk_config(m: int, n: int, k: int, num_sms: int, tiled: bool = False
     return _skinny_config(m, n, k, num_sms, block_n, block_k, per_sm, warps, stages)
 
 
+def sm_count(device) -> int:
+    """Streaming multiprocessors of a CUDA device; 8 elsewhere (the Triton interpreter or CPU
+    backend: a small grid)."""
+    import torch
+
+    if device.type == "cuda":
+        return torch.cuda.get_device_properties(device).multi_processor_count
+    return 8
+
+
 def _skinny_config(m, n, k, num_sms, block_n, block_k, per_sm, warps, stages):
     """M padded to a power of two >= 16; K split so that about per_sm programs run on each SM."""
     block_m = max(16, 1 << (m - 1).bit_length())

@@ -320,7 +320,7 @@ def gemm_splitk(x, w_data, w_scale, w_g, bias, out_dtype, swizzled, config=None,
     dot_scaled = (x_fp4 and tiled_n is not None and x.is_cuda
                   and torch.cuda.get_device_capability(x.device)[0] >= 10)
     if config is None:
-        num_sms = torch.cuda.get_device_properties(x.device).multi_processor_count if x.is_cuda else 8
+        num_sms = gemm_configs.sm_count(x.device)
         config = (gemm_configs.dot_scaled_splitk_config(m, n, k, num_sms) if dot_scaled
                   else gemm_configs.splitk_config(m, n, k, num_sms, tiled=tiled_n is not None))
     block_m, block_n, block_k, splits, warps, stages = config

@@ -92,12 +92,6 @@ def _uses_template(x) -> bool:
     return triton_device and static and all(int(s) > 0 for s in sizes)
 
 
-def _num_sms(device) -> int:
-    if device.type == "cuda":
-        return torch.cuda.get_device_properties(device).multi_processor_count
-    return 8  # the Triton CPU backend / interpreter: a small grid
-
-
 def lower_linear_tiled(x, w_data, w_scale, w_global_scale, bias, n, activation):
     if not _uses_template(x):
         return fallback_handler(OP, add_to_fallback_set=False)(
@@ -119,7 +113,7 @@ def lower_linear_tiled(x, w_data, w_scale, w_global_scale, bias, n, activation):
         extern_choice = extern_mm_tiled_f32
     dot_scaled = (x_fp4 and device.type == "cuda"
                   and torch.cuda.get_device_capability(device)[0] >= 10)  # sm_100 block-scaled MMA
-    num_sms = _num_sms(device)
+    num_sms = gemm_configs.sm_count(device)
     configs = gemm_configs.template_configs(m, n, k, num_sms, dot_scaled)
     split = configs[0].split
     extern = split == 1 and device.type == "cuda"  # same output contract: (M, N) fp32 products
