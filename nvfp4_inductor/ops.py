@@ -14,7 +14,7 @@ from . import _checks, reference, scale_search, tiled
 from .format import BLOCK_SIZE
 
 __all__ = [
-    "quantize", "quantize_weight", "dequantize", "dequantize_rows", "swizzle_scales",
+    "quantize", "quantize_values", "quantize_weight", "dequantize", "dequantize_rows", "swizzle_scales",
     "unswizzle_scales", "linear", "tile_weight", "linear_tiled",
 ]
 
@@ -119,6 +119,33 @@ def _(x, global_scale, per_row, swizzle):
 
     _checks.check_quantize_args(x, global_scale, per_row)
     return quantize_triton(x, global_scale, per_row, swizzle)
+
+
+@torch.library.custom_op("nvfp4::quantize_values", mutates_args=())
+def quantize_values(x: Tensor) -> tuple[Tensor, Tensor]:
+    """(..., K) float -> (values bf16 (..., K), global scale fp32 ()): x quantized to NVFP4 (dynamic
+    per-tensor scale, as quantize) and decoded without its global scale, e2m1 * block scale, which
+    is exact in bf16. W4A4 on GPUs without FP4 tensor cores multiplies these (one kernel instead of
+    quantize + dequantize, and no decode of x inside the GEMM); the global scale joins the weight's
+    in the epilogue."""
+    _checks.check_quantize_args(x, None, False)
+    data, scale, g = reference.quantize(x, None, False)
+    return reference.dequantize(data, scale, torch.ones_like(g), torch.bfloat16), g
+
+
+@quantize_values.register_fake
+def _(x):
+    _checks.check_quantize_args(x, None, False)
+    return x.new_empty(x.shape, dtype=torch.bfloat16), x.new_empty((), dtype=torch.float32)
+
+
+@quantize_values.register_kernel("cuda")
+def _(x):
+    from .kernels.quantize import quantize as quantize_triton
+
+    _checks.check_quantize_args(x, None, False)
+    values, _, g = quantize_triton(x, None, False, False, values=True)
+    return values, g
 
 
 @dequantize.register_kernel("cuda")

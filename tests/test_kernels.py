@@ -97,6 +97,30 @@ def test_quantize_kernel_empty_and_strided(kernel_device):
     _assert_quantize_matches(wide[::3, :96], swizzle=True)
 
 
+@pytest.mark.parametrize("shape", [(1, 16), (157, 48), (3, 5, 64), (7, 4096), (300, 256)])
+def test_quantize_values_kernel_matches_reference(kernel_device, shape):
+    # quantize_values: the quantize kernel storing e2m1 * block scale (bf16, exact) instead of codes
+    gen = torch.Generator().manual_seed(hash(shape) % 2**31)
+    x = sample("heavy_tailed", shape, gen) * 3
+    nan_block = x.numel() > 16
+    if nan_block:
+        x.view(-1)[5] = math.nan              # a NaN block decodes to NaN
+        x.view(-1)[-16:] = 1e-30              # its scale underflows to 0: zeros
+    x = x.to(DTYPES[len(shape) % 3])
+    values, scale, g = quantize_kernels.quantize(x.to(kernel_device), None, False, False, values=True)
+    data, want_scale, want_g = _reference_quantize(x, None, False, False)
+    want = OPS.dequantize(data, want_scale, torch.tensor(1.0), False, torch.float32)
+    assert scale is None and values.dtype == torch.bfloat16 and values.shape == x.shape
+    finite = want.isfinite()
+    assert torch.equal(want[finite].to(torch.bfloat16).float(), want[finite])  # exact in bf16
+    torch.testing.assert_close(values.cpu().float(), want, rtol=0, atol=0, equal_nan=True)
+    assert torch.equal(g.cpu(), want_g)
+    torch.testing.assert_close(OPS.quantize_values(x.to(kernel_device))[0].cpu().float(), want,
+                               rtol=0, atol=0, equal_nan=True)
+    if nan_block:
+        assert values.isnan().sum() == 16 and (values.view(-1)[-16:] == 0).all()
+
+
 @pytest.mark.parametrize("shape", [(1, 16), (157, 48), (3, 5, 64), (130, 272)])
 @pytest.mark.parametrize("swizzle", [False, True])
 @pytest.mark.parametrize("per_row", [False, True])
@@ -163,7 +187,7 @@ def test_dequantize_rows_op(kernel_device):
 
 @pytest.mark.gpu
 def test_cuda_ops_dispatch_to_the_kernels():
-    for op in ("quantize", "dequantize", "dequantize_rows"):
+    for op in ("quantize", "quantize_values", "dequantize", "dequantize_rows"):
         assert torch._C._dispatch_has_kernel_for_dispatch_key(f"nvfp4::{op}", "CUDA"), op
 
 

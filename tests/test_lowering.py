@@ -111,16 +111,17 @@ def test_empty_input(template_inductor):
 
 
 @pytest.mark.parametrize("m", [2, gemm_configs.TEMPLATE_MAX_SPLIT_M + 6])
-def test_nvfp4_activations_are_decoded_in_the_template(template_inductor, m):
-    """W4A4: nvfp4.quantize's kernel, then the template reads x's codes and scales (no dequantized
-    copy of x), the epilogue fused as for W4A16."""
+def test_nvfp4_activations_feed_the_template_as_values(template_inductor, m):
+    """W4A4 (without FP4 tensor cores): one nvfp4.quantize_values kernel (x's quantized values,
+    e2m1 * block scale in bf16), then the W4A16 template, the epilogue fused as for W4A16."""
     torch.manual_seed(m)
     model = LinearBlock(128, 192, torch.relu).to(device=template_inductor, dtype=torch.bfloat16).eval()
     x = torch.randn(m, 128, device=template_inductor, dtype=torch.bfloat16)
     residual = torch.randn(m, 192, device=template_inductor, dtype=torch.bfloat16)
     y, code = run_and_get_code(nv.compile(model, nv.Config(activations="nvfp4")), x, residual)
     source = "\n".join(code)
-    assert TEMPLATE_MARK in source and "torch.ops.nvfp4.quantize.default(" in source
+    assert TEMPLATE_MARK in source and "torch.ops.nvfp4.quantize_values.default(" in source
+    assert "torch.ops.nvfp4.quantize.default(" not in source
     assert "torch.ops.nvfp4.linear_tiled.default(" not in source
     assert "torch.ops.nvfp4.dequantize" not in source
     w = model.linear.weight.detach()
@@ -129,7 +130,7 @@ def test_nvfp4_activations_are_decoded_in_the_template(template_inductor, m):
     with torch.no_grad():
         expected = torch.relu(torch.ops.nvfp4.linear_tiled(x, data, scale, g, model.linear.bias.detach(),
                                                            192, "nvfp4")) + residual
-    # the same codes on both sides (x is the graph input): products agree to fp32 rounding
+    # the same quantized x on both sides (x is the graph input): products agree to fp32 rounding
     torch.testing.assert_close(y, expected, rtol=2**-7, atol=2**-6)
 
 

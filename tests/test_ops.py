@@ -23,6 +23,8 @@ def test_opcheck_quantize_dequantize(shape, swizzle):
         torch.library.opcheck(OPS.quantize.default, (x, None, True, swizzle))
     g = torch.tensor(0.01)
     torch.library.opcheck(OPS.quantize.default, (x.float(), g, False, swizzle))
+    if not swizzle:
+        torch.library.opcheck(OPS.quantize_values.default, (x,))
     data, scale, g = _q_args(x, swizzle=swizzle)
     for dtype in (torch.bfloat16, torch.float32):
         torch.library.opcheck(OPS.dequantize.default, (data, scale, g, swizzle, dtype))

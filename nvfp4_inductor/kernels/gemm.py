@@ -189,29 +189,32 @@ def linear(x, w_data, w_scale, w_g, bias, w_swizzled: bool, activation: str):
 
 def _activation_operand(x2, activation):
     """x (M, K) -> (bf16 operand, its global scale or None). W4A16 uses x as bf16; W4A4 quantizes
-    x (dynamic per-tensor scale) and dequantizes it without the global scale (e2m1 * block scale
-    is exact in bf16), which then goes to the epilogue with the weight's."""
-    from .dequantize import dequantize
+    x (dynamic per-tensor scale) and takes its values without the global scale (e2m1 * block
+    scale, exact in bf16: quantize_values, one kernel), which goes to the epilogue with the
+    weight's."""
     from .quantize import quantize
 
     if activation != "nvfp4":
         return x2.to(torch.bfloat16), None
-    a, a_scale, a_g = quantize(x2, None, False, False)
-    return dequantize(a, a_scale, None, False, torch.bfloat16), a_g
+    values, _, a_g = quantize(x2, None, False, False, values=True)
+    return values, a_g
 
 
 def _linear_splitk(x2, w_data, w_scale, w_g, bias, w_swizzled, activation, out_dtype, tiled_n):
-    """Small M: the skinny kernel, both global scales in its epilogue. W4A16 reads x as a bf16
-    operand; W4A4 quantizes x and the kernel decodes its NVFP4 rows like the weight's."""
+    """Small M: the skinny kernel, both global scales in its epilogue, x a bf16 operand (W4A4:
+    its quantized values). On sm_100 W4A4 on tiled weights keeps x as NVFP4 codes for the
+    block-scaled MMA."""
     from .gemm_splitk import gemm_splitk
     from .quantize import quantize
 
-    if activation == "nvfp4":
+    if (activation == "nvfp4" and tiled_n is not None and x2.is_cuda
+            and torch.cuda.get_device_capability(x2.device)[0] >= 10):
         a, a_scale, a_g = quantize(x2, None, False, False)
         return gemm_splitk(a, w_data, w_scale, w_g * a_g, bias, out_dtype, w_swizzled,
                            tiled_n=tiled_n, x_scale=a_scale)
-    return gemm_splitk(x2.to(torch.bfloat16), w_data, w_scale, w_g, bias, out_dtype, w_swizzled,
-                       tiled_n=tiled_n)
+    a, a_g = _activation_operand(x2, activation)
+    return gemm_splitk(a, w_data, w_scale, w_g if a_g is None else w_g * a_g, bias, out_dtype,
+                       w_swizzled, tiled_n=tiled_n)
 
 
 def _linear_dequant_cublas(x2, w, w_g, bias, activation, out_dtype):

@@ -5,6 +5,9 @@ x is viewed as (M, K) rows (last dim contiguous, any even row stride). Outputs:
     data  (M, K/2) uint8         data[m, j] = code[m, 2j] | code[m, 2j + 1] << 4
     scale (M, K/16) uint8 bits, or swizzled (ceil(M/128)*128, ceil(K/64)*4) with padding 0
     g     () or (M,) fp32        written by the kernel itself (no extra copy launch)
+or, with VALUES (quantize_values), instead of data and scale:
+    values (M, K) bf16           e2m1(code) * block scale, the quantized x without its global
+                                 scale (exact in bf16: at most 6 significant bits, 2^-10..2688)
 
 Global scale modes (GLOBAL):
     G_STATIC      one given g (per tensor)                                     1 launch
@@ -32,6 +35,7 @@ from ._common import (
     FP8_NAN,
     TILE_ROWS,
     block_scale_bits,
+    e2m1_decode,
     e2m1_pack_pair,
     e4m3_bits_to_f32,
     finite_abs,
@@ -41,6 +45,7 @@ from ._common import (
     split_pair_words,
     max_propagate_nan,
     scale_offsets,
+    store_pairs,
     swizzled_scale_offset,
 )
 
@@ -123,7 +128,8 @@ def _load_pair_tile(x_ptr, t, tiles_k, M, K, stride_xm_pairs,
 @triton.jit
 def _quantize_tile(
     words, g, t, tiles_k, data_ptr, scale_ptr, M, K, scale_rows_pad, scale_cols_pad,
-    DTYPE: tl.constexpr, SWIZZLE: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_K: tl.constexpr,
+    DTYPE: tl.constexpr, SWIZZLE: tl.constexpr, VALUES: tl.constexpr, BLOCK_M: tl.constexpr,
+    BLOCK_K: tl.constexpr,
 ):
     """Quantize one loaded tile of pair words with global scale g (scalar or (BLOCK_M, 1)); store
     codes and scales. The pairs are viewed as (BLOCK_M, BLOCK_K / 16 blocks, 8 pairs) so that one
@@ -149,22 +155,28 @@ def _quantize_tile(
     # Codes (zero and NaN blocks: all +0), two per byte, the even element in the low nibble.
     signs = tl.reshape(pair_sign_bits(words, DTYPE), (BLOCK_M, BLOCK_K // BLOCK, BLOCK // 2))
     packed = e2m1_pack_pair(even * recip, odd * recip, signs)
-    packed = tl.where(usable[:, :, None], packed, 0).to(tl.uint8)
-    packed = tl.reshape(packed, (BLOCK_M, BLOCK_K // 2))
+    packed = tl.where(usable[:, :, None], packed, 0)
     pair_cols = (t % tiles_k) * (BLOCK_K // 2) + tl.arange(0, BLOCK_K // 2)
-    tl.store(data_ptr + rows64 * (K // 2) + pair_cols[None, :], packed,
-             mask=row_ok[:, None] & (pair_cols < K // 2)[None, :])
-
-    # Scales: padding blocks (rows >= M or columns >= K/16) hold 0, never NaN.
-    block_cols = (t % tiles_k) * (BLOCK_K // BLOCK) + tl.arange(0, BLOCK_K // BLOCK)
-    real = row_ok[:, None] & (block_cols < K // BLOCK)[None, :]
-    bits = tl.where(real, bits, 0).to(tl.uint8)
-    if SWIZZLE:  # the padding inside the stored tiles is written too
-        mask = (rows < scale_rows_pad)[:, None] & (block_cols < scale_cols_pad)[None, :]
+    pair_mask = row_ok[:, None] & (pair_cols < K // 2)[None, :]
+    if VALUES:  # the codes decoded with their block scale (NaN for a NaN block), as bf16 pairs
+        scale = e4m3_bits_to_f32(bits)[:, :, None]
+        even = tl.reshape(e2m1_decode(packed & 0xF) * scale, (BLOCK_M, BLOCK_K // 2))
+        odd = tl.reshape(e2m1_decode(packed >> 4) * scale, (BLOCK_M, BLOCK_K // 2))
+        store_pairs(data_ptr, rows64 * (K // 2) + pair_cols[None, :], even, odd, pair_mask)
     else:
-        mask = real
-    offsets = scale_offsets(rows[:, None], block_cols[None, :], K, scale_cols_pad, SWIZZLE)
-    tl.store(scale_ptr + offsets, bits, mask=mask)
+        packed = tl.reshape(packed.to(tl.uint8), (BLOCK_M, BLOCK_K // 2))
+        tl.store(data_ptr + rows64 * (K // 2) + pair_cols[None, :], packed, mask=pair_mask)
+
+        # Scales: padding blocks (rows >= M or columns >= K/16) hold 0, never NaN.
+        block_cols = (t % tiles_k) * (BLOCK_K // BLOCK) + tl.arange(0, BLOCK_K // BLOCK)
+        real = row_ok[:, None] & (block_cols < K // BLOCK)[None, :]
+        bits = tl.where(real, bits, 0).to(tl.uint8)
+        if SWIZZLE:  # the padding inside the stored tiles is written too
+            mask = (rows < scale_rows_pad)[:, None] & (block_cols < scale_cols_pad)[None, :]
+        else:
+            mask = real
+        offsets = scale_offsets(rows[:, None], block_cols[None, :], K, scale_cols_pad, SWIZZLE)
+        tl.store(scale_ptr + offsets, bits, mask=mask)
 
 
 @triton.jit
@@ -176,7 +188,7 @@ def _quantize_kernel(
     # strides (the quantize tile reads x by element pairs)
     stride_xm, stride_xm_pairs,
     # meta-parameters
-    GLOBAL: tl.constexpr, WRITE_G: tl.constexpr, SWIZZLE: tl.constexpr,
+    GLOBAL: tl.constexpr, WRITE_G: tl.constexpr, SWIZZLE: tl.constexpr, VALUES: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_K: tl.constexpr, FUSED_M: tl.constexpr, FUSED_K: tl.constexpr,
     PARTIALS_BLOCK: tl.constexpr,
 ):
@@ -205,7 +217,7 @@ def _quantize_kernel(
 
     words = _load_pair_tile(x_ptr, t, tiles_k, M, K, stride_xm_pairs, BLOCK_M, BLOCK_K)
     _quantize_tile(words, g, t, tiles_k, data_ptr, scale_ptr, M, K, scale_rows_pad,
-                   scale_cols_pad, x_ptr.dtype.element_ty, SWIZZLE, BLOCK_M, BLOCK_K)
+                   scale_cols_pad, x_ptr.dtype.element_ty, SWIZZLE, VALUES, BLOCK_M, BLOCK_K)
     if SWIZZLE:
         # The last row of tiles also zeroes the swizzled padding rows [M, rows_pad) of its block
         # columns (< 128 rows): no programs are launched for rows that hold no data, which at
@@ -220,8 +232,10 @@ def _quantize_kernel(
                      tl.zeros((TILE_ROWS, BLOCK_K // BLOCK // 4), tl.int32), mask=mask)
 
 
-def quantize(x: torch.Tensor, global_scale: torch.Tensor | None, per_row: bool, swizzle: bool):
-    """(..., K) float -> (data uint8 (..., K/2), scale bits uint8, g fp32 () or (...,)).
+def quantize(x: torch.Tensor, global_scale: torch.Tensor | None, per_row: bool, swizzle: bool,
+             values: bool = False):
+    """(..., K) float -> (data uint8 (..., K/2), scale bits uint8, g fp32 () or (...,)); with
+    values, (values bf16 (..., K), None, g) instead: e2m1 * block scale (see the module docstring).
 
     Arguments are checked by the op; x may have any strides (copied only if its last dim is not
     contiguous, its rows cannot be addressed with one stride, or they do not start on a pair).
@@ -233,13 +247,16 @@ def quantize(x: torch.Tensor, global_scale: torch.Tensor | None, per_row: bool, 
         x2 = x2.contiguous()  # the kernel reads aligned element pairs
     m = x2.shape[0]
     cols = k // BLOCK_SIZE
-    data = torch.empty((*lead, k // 2), dtype=torch.uint8, device=x.device)
+    if values:
+        data = torch.empty((*lead, k), dtype=torch.bfloat16, device=x.device)
+    else:
+        data = torch.empty((*lead, k // 2), dtype=torch.uint8, device=x.device)
     if swizzle:
         rows_pad, cols_pad = swizzled_shape(m, cols)
         scale = torch.empty((rows_pad, cols_pad), dtype=torch.uint8, device=x.device)
     else:
         rows_pad, cols_pad = m, cols
-        scale = torch.empty((*lead, cols), dtype=torch.uint8, device=x.device)
+        scale = torch.empty((*lead, 0 if values else cols), dtype=torch.uint8, device=x.device)
     g_out = torch.empty(lead if per_row else (), dtype=torch.float32, device=x.device)
     partials = g_out  # placeholder pointer where unused
     num_partials = 1
@@ -269,9 +286,9 @@ def quantize(x: torch.Tensor, global_scale: torch.Tensor | None, per_row: bool, 
         x2, data, scale, g_in, g_out, partials,
         m, k, num_partials, rows_pad, cols_pad, tiles_k,
         x2.stride(0), x2.stride(0) // 2,
-        GLOBAL=mode, WRITE_G=write_g, SWIZZLE=swizzle,
+        GLOBAL=mode, WRITE_G=write_g, SWIZZLE=swizzle, VALUES=values,
         BLOCK_M=block_m, BLOCK_K=block_k,
         FUSED_M=triton.next_power_of_2(max(m, 1)), FUSED_K=triton.next_power_of_2(k),
         PARTIALS_BLOCK=triton.next_power_of_2(num_partials), num_warps=num_warps,
     )
-    return data, scale, g_out
+    return data, None if values else scale, g_out

@@ -4,9 +4,12 @@
       -> P = nvfp4_tiled_gemm(x2, W_data, W_scale)          a TritonTemplate (or an extern choice)
          y = (sum_split(P) * g + bias).to(x.dtype)           Inductor IR: fused, see below
     y = nvfp4.linear_tiled(x, W_data, W_scale, g, bias, N, "nvfp4")          (W4A4)
-      -> x_data, x_scale, g_x = nvfp4.quantize(x2, None, False, False)      its eager kernel
-         P = nvfp4_tiled_gemm(x_data, x_scale, W_data, W_scale)     x decoded in the template
+      -> x_values, g_x = nvfp4.quantize_values(x2)        its eager kernel: e2m1 * s_x in bf16
+         P = nvfp4_tiled_gemm(x_values, W_data, W_scale)          the W4A16 template
          y = (sum_split(P) * (g * g_x) + bias).to(x.dtype)
+    On sm_100 W4A4 keeps x as NVFP4 for the block-scaled MMA instead:
+      -> x_data, x_scale, g_x = nvfp4.quantize(x2, None, False, False)
+         P = nvfp4_tiled_gemm(x_data, x_scale, W_data, W_scale)          (DOT_SCALED)
 
 The template (templates/nvfp4_tiled_gemm.py.jinja) runs the eager skinny kernel's mainloop and
 stores fp32 products with the block scales applied. The rest of the linear is plain IR, so Inductor
@@ -80,6 +83,7 @@ extern_mm_tiled_f32 = ExternKernelChoice(mm_tiled_f32, name="nvfp4_mm_tiled_f32"
 extern_mm_tiled_f32_x4 = ExternKernelChoice(mm_tiled_f32_x4, name="nvfp4_mm_tiled_f32_x4",
                                             has_out_variant=False)
 QUANTIZE = torch.ops.nvfp4.quantize.default
+QUANTIZE_VALUES = torch.ops.nvfp4.quantize_values.default
 
 
 def _uses_template(x) -> bool:
@@ -102,17 +106,23 @@ def lower_linear_tiled(x, w_data, w_scale, w_global_scale, bias, n, activation):
         m *= s
     x2 = lowerings[aten.view.default](x, [m, k])
     device = x.get_device()
-    x_fp4 = activation == "nvfp4"
-    if x_fp4:  # W4A4: nvfp4.quantize (its eager kernel, dynamic per-tensor scale), decoded in the template
+    # W4A4 on sm_100: x stays NVFP4 for the block-scaled MMA (tl.dot_scaled); elsewhere x's
+    # quantized values multiply in bf16, so W4A4 runs the W4A16 template on them (measured faster
+    # than decoding x's codes in every program: benchmarks/NOTES.md).
+    dot_scaled = (activation == "nvfp4" and device.type == "cuda"
+                  and torch.cuda.get_device_capability(device)[0] >= 10)
+    x_fp4 = dot_scaled
+    if dot_scaled:
         x_data, x_scale, x_g = fallback_handler(QUANTIZE, add_to_fallback_set=False)(x2, None, False, False)
-        w_global_scale = lowerings[aten.mul.Tensor](w_global_scale, x_g)  # the eager kernels' order
         inputs = realize_inputs(x_data, x_scale, w_data, w_scale)
         extern_choice = extern_mm_tiled_f32_x4
     else:
+        if activation == "nvfp4":
+            x2, x_g = fallback_handler(QUANTIZE_VALUES, add_to_fallback_set=False)(x2)
         inputs = realize_inputs(x2, w_data, w_scale)
         extern_choice = extern_mm_tiled_f32
-    dot_scaled = (x_fp4 and device.type == "cuda"
-                  and torch.cuda.get_device_capability(device)[0] >= 10)  # sm_100 block-scaled MMA
+    if activation == "nvfp4":
+        w_global_scale = lowerings[aten.mul.Tensor](w_global_scale, x_g)  # the eager kernels' order
     num_sms = gemm_configs.sm_count(device)
     configs = gemm_configs.template_configs(m, n, k, num_sms, dot_scaled)
     split = configs[0].split
@@ -132,7 +142,7 @@ def lower_linear_tiled(x, w_data, w_scale, w_global_scale, bias, n, activation):
             SPLIT=c.split, TILES_PER_SPLIT=c.tiles_per_split, N=n, BLOCK_M=c.block_m,
             BLOCK_N=c.block_n, BLOCK_K=c.block_k, EVEN_K=k % c.block_k == 0, USE_ASM=use_asm,
             OPERAND="tl.bfloat16" if use_asm else "tl.float16", X_FP4=x_fp4, DOT_SCALED=dot_scaled,
-            UNSCALE=1.0 if dot_scaled else 2.0**14 if x_fp4 else 2.0**7)
+            UNSCALE=1.0 if dot_scaled else 2.0**7)
     if extern:
         choices.append(extern_choice.bind(inputs, layout, n=n))
     products = _compat.selected_node(autotune_select_algorithm(

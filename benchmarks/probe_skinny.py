@@ -1,0 +1,149 @@
+"""Where the skinny kernel's time goes at M = 1 on tiled weights: the default configuration against
+variants with parts of the work removed (wrong results, timing only) and a launch sweep, bf16
+cuBLAS and the NVFP4 weight-read floor from the same run. Not a benchmark of record.
+
+    python benchmarks/probe_skinny.py
+
+Variants (source replacements in a copy of gemm_splitk.py):
+  nodecode    the word decode replaced by one conversion a byte (the scale multiply kept)
+  noscale     block scales not decoded (a constant factor)
+  bare        both: what loads, MMAs and the split-K store cost alone
+"""
+
+import importlib.util
+import inspect
+import math
+import sys
+
+import torch
+import triton
+from bench_quantize import copy_bandwidth_gbs, stream_us
+
+import nvfp4_inductor as nv
+from nvfp4_inductor import tiled as tiled_layout
+from nvfp4_inductor.kernels import gemm_configs
+from nvfp4_inductor.kernels import gemm_splitk as gs
+
+SHAPES = [(4096, 4096), (4096, 14336), (14336, 4096), (8192, 28672)]  # (K, N)
+DECODE = "low, high = _decode_words(packed, scale)"
+SCALE = "scale = tl.broadcast_to(_operand_scale(s_bits.to(tl.int32), OPERAND)[:, :, None],"
+VARIANTS = {
+    "nodecode": [(DECODE, "low = packed.to(tl.bfloat16) * scale\n        high = low")],
+    "noscale": [(SCALE, "scale = tl.broadcast_to((s_bits.to(tl.int32) * 0 + 1).to(OPERAND)[:, :, None],")],
+    "bare": [(DECODE, "low = packed.to(tl.bfloat16)\n        high = low"),
+             (SCALE, "scale = tl.broadcast_to((s_bits.to(tl.int32) * 0 + 1).to(OPERAND)[:, :, None],")],
+}
+
+DECODE_TILE = """    if USE_ASM:
+        low, high = _decode_words(packed, scale)
+    else:
+        low, high = _decode_bytes(packed, scale)
+    return tl.reshape(tl.join(low, high), (ROWS, BLOCK_K))"""
+PAIRED = """    packed = tl.reshape(packed, (ROWS, BLOCK_K // 4, 2))
+    scale = tl.reshape(tl.broadcast_to(tl.reshape(scale, (ROWS, BLOCK_K // BLOCK, 1, BLOCK // 2)),
+                                       (ROWS, BLOCK_K // BLOCK, 1, BLOCK // 2)), (ROWS, BLOCK_K // 4, 2))
+    if USE_ASM:
+        low, high = _decode_words(packed, scale)
+    else:
+        low, high = _decode_bytes(packed, scale)
+    return tl.reshape(tl.permute(tl.join(low, high), (0, 1, 3, 2)), (ROWS, BLOCK_K))"""
+QSCALE = "scale = tl.broadcast_to((((s_bits.to(tl.int32) << 4) + 15168).to(tl.int16).to(tl.bfloat16, bitcast=True))[:, :, None],"
+VARIANTS["paired"] = [(DECODE_TILE, PAIRED)]
+VARIANTS["qscale"] = [(SCALE, QSCALE)]
+VARIANTS["paired_qscale"] = [(DECODE_TILE, PAIRED), (SCALE, QSCALE)]
+
+
+def variant_module(name, replacements):
+    source = inspect.getsource(gs)
+    for old, new in replacements:
+        assert old in source, old
+        source = source.replace(old, new)
+    source = source.replace("from ..", "from nvfp4_inductor.").replace(
+        "from . import", "from nvfp4_inductor.kernels import").replace(
+        "from ._common import", "from nvfp4_inductor.kernels._common import")
+    path = f"/tmp/gemm_splitk_{name}.py"
+    with open(path, "w") as f:
+        f.write(source)
+    spec = importlib.util.spec_from_file_location(f"gemm_splitk_{name}", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def w4a4() -> None:
+    """W4A4 at small M on tiled weights: x quantized to codes + scales and decoded in every program
+    (X_FP4) against x quantized to bf16 values once (quantize_values) and the W4A16 kernel."""
+    from nvfp4_inductor.kernels.quantize import quantize
+
+    sms = torch.cuda.get_device_properties().multi_processor_count
+    print("| K | N | M | X_FP4 us | values us | x |")
+    print("|---|---|---|---|---|---|")
+    l2 = torch.cuda.get_device_properties().L2_cache_size
+    for k, n in SHAPES:
+        weights = []
+        for _ in range(max(2, math.ceil(3 * l2 / (n * k * 0.5625)))):
+            q = nv.quantize(torch.randn(n, k, dtype=torch.bfloat16, device="cuda"))
+            weights.append((*tiled_layout.tile(q.data, q.scale.view(torch.uint8)), q.global_scale))
+        for m in (1, 16, 64):
+            x = torch.randn(m, k, dtype=torch.bfloat16, device="cuda")
+
+            def codes(p):
+                a, a_scale, a_g = quantize(x, None, False, False)
+                return gs.gemm_splitk(a, p[0], p[1], p[2] * a_g, None, torch.bfloat16, False, tiled_n=n,
+                                      x_scale=a_scale)
+
+            def values(p):
+                a, _, a_g = quantize(x, None, False, False, values=True)
+                return gs.gemm_splitk(a, p[0], p[1], p[2] * a_g, None, torch.bfloat16, False, tiled_n=n)
+
+            assert torch.equal(codes(weights[0]), values(weights[0]))
+            t_codes, t_values = stream_us(codes, weights, rounds=2), stream_us(values, weights, rounds=2)
+            print(f"| {k} | {n} | {m} | {t_codes:.1f} | {t_values:.1f} | {t_codes / t_values:.2f} |")
+        del weights
+
+
+def main() -> None:
+    if "--w4a4" in sys.argv:
+        return w4a4()
+    print(f"GPU: {torch.cuda.get_device_name()}, torch {torch.__version__}, triton {triton.__version__}")
+    copy = copy_bandwidth_gbs()
+    sms = torch.cuda.get_device_properties().multi_processor_count
+    l2 = torch.cuda.get_device_properties().L2_cache_size
+    print(f"copy {copy:.0f} GB/s, {sms} SMs")
+    modules = {name: variant_module(name, r) for name, r in VARIANTS.items()}
+    sweep = [] if "--no-sweep" in sys.argv else [(per_sm, stages) for per_sm in (4, 8, 12, 16) for stages in (3, 4, 6)]
+    header = None
+    for k, n in SHAPES:
+        copies = max(2, math.ceil(3 * l2 / (n * k * 2)))
+        w_bf16 = [torch.randn(n, k, dtype=torch.bfloat16, device="cuda") for _ in range(copies)]
+        tiled = []
+        for w in w_bf16:
+            q = nv.quantize(w)
+            tiled.append((*tiled_layout.tile(q.data, q.scale.view(torch.uint8)), q.global_scale))
+        x = torch.randn(1, k, dtype=torch.bfloat16, device="cuda")
+        ref = gs.gemm_splitk(x, *tiled[0][:3], None, torch.float32, False, tiled_n=n)
+        cols = {"bf16": stream_us(lambda w: x @ w.T, w_bf16, rounds=2),
+                "floor": n * k * 0.5625 / copy / 1e3}
+        cols["default"] = stream_us(lambda p: gs.gemm_splitk(x, *p, None, torch.bfloat16, False, tiled_n=n),
+                                    tiled, rounds=2)
+        for name, module in modules.items():
+            cols[name] = stream_us(lambda p: module.gemm_splitk(x, *p, None, torch.bfloat16, False, tiled_n=n),
+                                   tiled, rounds=2)
+        for per_sm, stages in sweep:
+            cfg = gemm_configs._skinny_config(1, n, k, sms, 64, 64, per_sm, 2, stages)
+            y = gs.gemm_splitk(x, *tiled[0][:3], None, torch.float32, False, config=cfg, tiled_n=n)
+            assert torch.allclose(y, ref, rtol=1e-4, atol=1e-3), (cfg, (y - ref).abs().max())
+            cols[f"{per_sm}/sm s{stages}"] = stream_us(
+                lambda p: gs.gemm_splitk(x, *p, None, torch.bfloat16, False, config=cfg, tiled_n=n),
+                tiled, rounds=2)
+        if header is None:
+            header = list(cols)
+            print("| K | N | " + " | ".join(header) + " |")
+            print("|---|---|" + "---|" * len(header))
+        print(f"| {k} | {n} | " + " | ".join(f"{cols[c]:.1f}" for c in header) + " |")
+        sys.stdout.flush()
+        del w_bf16, tiled
+
+
+if __name__ == "__main__":
+    main()
