@@ -2,6 +2,7 @@
 
     python benchmarks/bench_block.py                    # M = 1, 16, 4096; mode="reduce-overhead"
     python benchmarks/bench_block.py --m 1 --mode default
+    python benchmarks/bench_block.py --m 1 --kernels      # and each variant's kernels, GPU us per call
 
 The block (hidden 4096, 32 query / 8 KV heads of 128, MLP 14336, Llama-3-8B shapes, random N(0, 0.02)
 weights): x + Wo(attention(RMSNorm(x))), then h + W2(SiLU(W1 g) * W3 g) with g = RMSNorm(h). x is
@@ -137,6 +138,7 @@ def main():
     parser = argparse.ArgumentParser()
     parser.add_argument("--m", type=int, nargs="+", default=[1, 16, 4096])
     parser.add_argument("--mode", default="reduce-overhead")
+    parser.add_argument("--kernels", action="store_true", help="also print each variant's kernels")
     args = parser.parse_args()
     props = torch.cuda.get_device_properties(0)
     print(f"# {props.name}, torch {torch.__version__}, triton {triton.__version__}, mode={args.mode}")
@@ -172,6 +174,9 @@ def main():
             print(f"M={m:5d} {name:12s} {us:9.1f} us  x{base_us / us:5.2f}  kernels {kernel_us:8.1f} us "
                   f"x{base_kernel_us / kernel_us:5.2f}  compile {compile_s:5.1f} s"
                   f"  rel err vs bf16 eager {err_bf16:.1e}, vs NVFP4 eager {err_eager:.1e}", flush=True)
+            if args.kernels:
+                for kernel, k_us in sorted(kernels.items(), key=lambda item: -item[1]):
+                    print(f"    {k_us:8.1f} us  {kernel}")
             del step
     print()
     print("| M | variant | us per call | x bf16 | kernel us per call | x bf16 | kernels | target "

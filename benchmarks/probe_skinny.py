@@ -70,41 +70,7 @@ def variant_module(name, replacements):
     return module
 
 
-def w4a4() -> None:
-    """W4A4 at small M on tiled weights: x quantized to codes + scales and decoded in every program
-    (X_FP4) against x quantized to bf16 values once (quantize_values) and the W4A16 kernel."""
-    from nvfp4_inductor.kernels.quantize import quantize
-
-    sms = torch.cuda.get_device_properties().multi_processor_count
-    print("| K | N | M | X_FP4 us | values us | x |")
-    print("|---|---|---|---|---|---|")
-    l2 = torch.cuda.get_device_properties().L2_cache_size
-    for k, n in SHAPES:
-        weights = []
-        for _ in range(max(2, math.ceil(3 * l2 / (n * k * 0.5625)))):
-            q = nv.quantize(torch.randn(n, k, dtype=torch.bfloat16, device="cuda"))
-            weights.append((*tiled_layout.tile(q.data, q.scale.view(torch.uint8)), q.global_scale))
-        for m in (1, 16, 64):
-            x = torch.randn(m, k, dtype=torch.bfloat16, device="cuda")
-
-            def codes(p):
-                a, a_scale, a_g = quantize(x, None, False, False)
-                return gs.gemm_splitk(a, p[0], p[1], p[2] * a_g, None, torch.bfloat16, False, tiled_n=n,
-                                      x_scale=a_scale)
-
-            def values(p):
-                a, _, a_g = quantize(x, None, False, False, values=True)
-                return gs.gemm_splitk(a, p[0], p[1], p[2] * a_g, None, torch.bfloat16, False, tiled_n=n)
-
-            assert torch.equal(codes(weights[0]), values(weights[0]))
-            t_codes, t_values = stream_us(codes, weights, rounds=2), stream_us(values, weights, rounds=2)
-            print(f"| {k} | {n} | {m} | {t_codes:.1f} | {t_values:.1f} | {t_codes / t_values:.2f} |")
-        del weights
-
-
 def main() -> None:
-    if "--w4a4" in sys.argv:
-        return w4a4()
     print(f"GPU: {torch.cuda.get_device_name()}, torch {torch.__version__}, triton {triton.__version__}")
     copy = copy_bandwidth_gbs()
     sms = torch.cuda.get_device_properties().multi_processor_count

@@ -59,7 +59,7 @@ SPLITK_SIGNATURE = {
     "bias_ptr": "*bf16", "out_ptr": "*bf16", "partial_ptr": "*fp32", "M": "i32", "N": "i32", "K": "i32",
     "w_scale_cols": "i32", "tiles_per_split": "i32", "stride_xm": "i32", "stride_om": "i32",
     **{name: "constexpr" for name in ("SWIZZLED", "W_G_PER_ROW", "HAS_BIAS", "SPLIT", "USE_ASM",
-                                      "OPERAND", "EVEN", "TILED", "X_FP4", "DOT_SCALED", "UNSCALE",
+                                      "OPERAND", "EVEN", "TILED", "DOT_SCALED", "UNSCALE",
                                       "BLOCK_M", "BLOCK_N", "BLOCK_K")},
 }
 WGMMA = r"wgmma\.mma_async"
@@ -100,13 +100,13 @@ def gemm_cases(sm):
 
 def _splitk_constexprs(**overrides):
     return {"SWIZZLED": False, "W_G_PER_ROW": False, "HAS_BIAS": True, "SPLIT": True, "USE_ASM": True,
-            "OPERAND": triton.language.bfloat16, "EVEN": True, "TILED": False, "X_FP4": False,
+            "OPERAND": triton.language.bfloat16, "EVEN": True, "TILED": False,
             "DOT_SCALED": False, "UNSCALE": 128.0, **overrides}
 
 
 def splitk_cases():
     """The skinny kernel (the mainloop the Inductor template calls too) in each shipped
-    configuration, with and without masks, row-major and tiled weights, x bf16 or NVFP4; 2-warp
+    configuration, with and without masks, row-major and tiled weights; 2-warp
     tiles must multiply with mma.sync."""
     # the configs differ in programs per SM only (a launch choice): one compiled kernel
     for bn, bk, warps, stages in {(bn, bk, w, st) for bn, bk, _, w, st in (gemm_configs.SPLITK_CONFIG,
@@ -117,11 +117,9 @@ def splitk_cases():
                    _splitk_constexprs(SWIZZLED=swizzled, EVEN=even, BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk),
                    warps, [WORD_DECODE] + ([MMA_SYNC_BF16] if warps == 2 else []), stages)
     bn, bk, _, warps, stages = gemm_configs.TILED_CONFIG
-    for bm, x_fp4 in itertools.product((16, 64), (False, True)):
-        signature = {**SPLITK_SIGNATURE, "x_ptr": "*u8" if x_fp4 else "*bf16"}
-        yield (f"splitk-tiled-{bm}x{bn}x{bk}-x{'fp4' if x_fp4 else 'bf16'}", sk._splitk_kernel, signature,
-               _splitk_constexprs(TILED=True, X_FP4=x_fp4, UNSCALE=2.0**14 if x_fp4 else 128.0,
-                                  BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk),
+    for bm in (16, 64):
+        yield (f"splitk-tiled-{bm}x{bn}x{bk}", sk._splitk_kernel, SPLITK_SIGNATURE,
+               _splitk_constexprs(TILED=True, BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk),
                warps, [WORD_DECODE, MMA_SYNC_BF16], stages)
 
 
@@ -130,7 +128,7 @@ def dot_scaled_splitk_cases():
     _, bn, bk, _, warps, stages = gemm_configs.dot_scaled_splitk_config(16, 4096, 4096, 148)
     for bm in (16, 64, 128):
         yield (f"splitk-dot-scaled-{bm}x{bn}x{bk}", sk._splitk_kernel, {**SPLITK_SIGNATURE, "x_ptr": "*u8"},
-               _splitk_constexprs(TILED=True, X_FP4=True, DOT_SCALED=True, UNSCALE=1.0, USE_ASM=False,
+               _splitk_constexprs(TILED=True, DOT_SCALED=True, UNSCALE=1.0, USE_ASM=False,
                                   BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk),
                warps, [TCGEN05_BLOCK_SCALE], stages)
 

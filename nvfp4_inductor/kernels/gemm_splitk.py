@@ -22,8 +22,9 @@ kernel must decode weights at HBM speed, about 8 instructions per weight byte on
    the epilogue (global scales, bias, output dtype).
 4. Weights in the row-major interchange layout, or (TILED) in nvfp4_inductor.tiled's layout,
    where each (BLOCK_N, BLOCK_K) tile is one contiguous run: 1.4-1.8x faster (benchmarks/NOTES.md).
-5. W4A4 (X_FP4): x arrives as NVFP4 codes + plain scale bits (the quantize kernel's output) and is
-   decoded like W, so both operands carry 2^-7 and the epilogue multiplies by 2^14.
+5. W4A4 runs this kernel on x's quantized values (nvfp4.quantize_values: e2m1 * s_x, exact in
+   bf16), both global scales in the epilogue's g; decoding x's codes in every program instead was
+   1.1-1.3x slower (benchmarks/results/probe_w4a4_h100.txt).
 6. sm_100 (DOT_SCALED, tiled W and NVFP4 x): `dot_scaled_mainloop` hands both packed operands and
    their e4m3 scales to tl.dot_scaled (tcgen05 block-scaled MMA, 128 x 128 weight steps); compiled
    for sm_100 in CI, not run (no Blackwell machine).
@@ -115,15 +116,13 @@ def _decode_tile(packed, s_bits, USE_ASM: tl.constexpr, OPERAND: tl.constexpr, R
 
 @triton.jit
 def splitk_mainloop(
-    x_ptr, x_scale_ptr, w_ptr, w_scale_ptr, M, N, K, stride_xm, w_scale_cols, pid_n, tile_begin,
+    x_ptr, w_ptr, w_scale_ptr, M, N, K, stride_xm, w_scale_cols, pid_n, tile_begin,
     tile_end, SWIZZLED: tl.constexpr, USE_ASM: tl.constexpr, OPERAND: tl.constexpr,
-    EVEN: tl.constexpr, TILED: tl.constexpr, X_FP4: tl.constexpr,
+    EVEN: tl.constexpr, TILED: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
 ):
     """fp32 (BLOCK_N, BLOCK_M) = 2^-7 * (W . x^T) over the K-tiles [tile_begin, tile_end), block
-    scales applied, global scale not (the epilogue multiplies by 2^7 * g). x is read as OPERAND;
-    with X_FP4 it is NVFP4 itself, codes (M, K/2) at x_ptr (row stride stride_xm bytes) + plain
-    scale bits (M, K/16) at x_scale_ptr, decoded like W: the sum is then 2^-14 * (W . x^T)."""
+    scales applied, global scale not (the epilogue multiplies by 2^7 * g). x is read as OPERAND."""
     cols_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
     n_ok = cols_n < N
     ms = tl.arange(0, BLOCK_M)
@@ -163,20 +162,11 @@ def splitk_mainloop(
                                  other=0)
                 packed = tl.load(w_ptrs, mask=n_ok[:, None, None] & (byte3 < K // 2), other=0)
         w = _decode_tile(packed, s_bits, USE_ASM, OPERAND, BLOCK_N, BLOCK_K)
-        if X_FP4:  # x^T from x's NVFP4 rows: (BLOCK_M, blocks, 8 bytes) decoded, then transposed
-            in_k = (block_cols < K // BLOCK)[None, :]
-            x_bytes = (block_cols * (BLOCK // 2))[None, :, None] + tl.arange(0, BLOCK // 2)[None, None, :]
-            x_packed = tl.load(x_ptr + ms.to(tl.int64)[:, None, None] * stride_xm + x_bytes,
-                               mask=m_ok[:, None, None] & in_k[:, :, None], other=0)
-            x_bits = tl.load(x_scale_ptr + ms.to(tl.int64)[:, None] * (K // BLOCK) + block_cols[None, :],
-                             mask=m_ok[:, None] & in_k, other=0)
-            x = tl.trans(_decode_tile(x_packed, x_bits, USE_ASM, OPERAND, BLOCK_M, BLOCK_K))
+        ks = k0 + tl.arange(0, BLOCK_K)
+        if EVEN:
+            x = tl.load(x_rows + ks[:, None], mask=m_ok[None, :], other=0.0)
         else:
-            ks = k0 + tl.arange(0, BLOCK_K)
-            if EVEN:
-                x = tl.load(x_rows + ks[:, None], mask=m_ok[None, :], other=0.0)
-            else:
-                x = tl.load(x_rows + ks[:, None], mask=(ks < K)[:, None] & m_ok[None, :], other=0.0)
+            x = tl.load(x_rows + ks[:, None], mask=(ks < K)[:, None] & m_ok[None, :], other=0.0)
         acc = tl.dot(w, x.to(OPERAND), acc)
     return acc
 
@@ -256,7 +246,7 @@ def _splitk_kernel(
     # meta-parameters
     SWIZZLED: tl.constexpr, W_G_PER_ROW: tl.constexpr, HAS_BIAS: tl.constexpr,
     SPLIT: tl.constexpr, USE_ASM: tl.constexpr, OPERAND: tl.constexpr, EVEN: tl.constexpr,
-    TILED: tl.constexpr, X_FP4: tl.constexpr, DOT_SCALED: tl.constexpr, UNSCALE: tl.constexpr,
+    TILED: tl.constexpr, DOT_SCALED: tl.constexpr, UNSCALE: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
 ):
     pid_n = tl.program_id(0)
@@ -267,9 +257,9 @@ def _splitk_kernel(
         acc = dot_scaled_mainloop(x_ptr, x_scale_ptr, w_ptr, w_scale_ptr, M, N, K, stride_xm, pid_n,
                                   tile_begin, tile_end, BLOCK_M, BLOCK_N, BLOCK_K)
     else:
-        acc = splitk_mainloop(x_ptr, x_scale_ptr, w_ptr, w_scale_ptr, M, N, K, stride_xm,
-                              w_scale_cols, pid_n, tile_begin, tile_end, SWIZZLED, USE_ASM, OPERAND,
-                              EVEN, TILED, X_FP4, BLOCK_M, BLOCK_N, BLOCK_K)
+        acc = splitk_mainloop(x_ptr, w_ptr, w_scale_ptr, M, N, K, stride_xm, w_scale_cols, pid_n,
+                              tile_begin, tile_end, SWIZZLED, USE_ASM, OPERAND, EVEN, TILED,
+                              BLOCK_M, BLOCK_N, BLOCK_K)
     ms = tl.arange(0, BLOCK_M)
     cols_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
     if SPLIT:
@@ -304,8 +294,9 @@ def gemm_splitk(x, w_data, w_scale, w_g, bias, out_dtype, swizzled, config=None,
     """x (M, K) (bf16 on the GPU: the word decode multiplies in bf16; fp16 under the interpreter),
     M <= 64; W NVFP4 (N, K/2) + uint8 scale bits + g (() or (N,)) -> (M, N) out_dtype.
     tiled_n: W is in the tiled layout of nvfp4_inductor.tiled, with N = tiled_n rows (the config
-    must then use BLOCK_N, BLOCK_K = TILE_N, TILE_K). x_scale: x is NVFP4 itself, codes (M, K/2) +
-    these plain scale bits (M, K/16); g must then hold both global scales (w_g * x_g)."""
+    must then use BLOCK_N, BLOCK_K = TILE_N, TILE_K). x_scale (sm_100, tiled W only): x is NVFP4
+    itself, codes (M, K/2) + these plain scale bits (M, K/16), for the block-scaled MMA; g must
+    then hold both global scales (w_g * x_g). Elsewhere W4A4 passes x's quantized values."""
     m, k = x.shape[0], x.shape[1] * (2 if x_scale is not None else 1)
     n = w_data.shape[0] if tiled_n is None else tiled_n
     if m > 64:
@@ -315,10 +306,12 @@ def gemm_splitk(x, w_data, w_scale, w_g, bias, out_dtype, swizzled, config=None,
         return out
     if use_asm is None:
         use_asm = x.is_cuda
-    x_fp4 = x_scale is not None
     # sm_100 with both operands NVFP4 and W tiled: tcgen05 block-scaled MMA (dot_scaled_mainloop)
-    dot_scaled = (x_fp4 and tiled_n is not None and x.is_cuda
-                  and torch.cuda.get_device_capability(x.device)[0] >= 10)
+    dot_scaled = x_scale is not None
+    if dot_scaled and not (tiled_n is not None and x.is_cuda
+                           and torch.cuda.get_device_capability(x.device)[0] >= 10):
+        raise ValueError("an NVFP4 x (x_scale) needs tiled weights on sm_100 or newer; elsewhere pass "
+                         "x's quantized values (nvfp4.quantize_values)")
     if config is None:
         num_sms = gemm_configs.sm_count(x.device)
         config = (gemm_configs.dot_scaled_splitk_config(m, n, k, num_sms) if dot_scaled
@@ -332,14 +325,14 @@ def gemm_splitk(x, w_data, w_scale, w_g, bias, out_dtype, swizzled, config=None,
     partial = torch.empty((splits, block_m, n), dtype=torch.float32, device=x.device) if splits > 1 else out
     dummy = w_g
     common = {"W_G_PER_ROW": w_g.dim() > 0, "HAS_BIAS": bias is not None}
-    common["UNSCALE"] = 1.0 if dot_scaled else 2.0**14 if x_fp4 else 2.0**7
+    common["UNSCALE"] = 1.0 if dot_scaled else 2.0**7
     _splitk_kernel[(triton.cdiv(n, block_n), splits)](
-        x, x_scale if x_fp4 else x, w_data, w_scale, w_g, bias if bias is not None else dummy, out, partial,
+        x, x_scale if dot_scaled else x, w_data, w_scale, w_g, bias if bias is not None else dummy, out, partial,
         m, n, k, scale_cols_pad, tiles_per_split,
         x.stride(0), out.stride(0),
         SWIZZLED=swizzled, SPLIT=splits > 1, USE_ASM=use_asm,
         OPERAND=tl.bfloat16 if use_asm else tl.float16, EVEN=n % block_n == 0 and k % block_k == 0,
-        TILED=tiled_n is not None, X_FP4=x_fp4, DOT_SCALED=dot_scaled,
+        TILED=tiled_n is not None, DOT_SCALED=dot_scaled,
         BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_K=block_k, num_warps=warps, num_stages=stages,
         **common,
     )

@@ -111,7 +111,6 @@ def lower_linear_tiled(x, w_data, w_scale, w_global_scale, bias, n, activation):
     # than decoding x's codes in every program: benchmarks/NOTES.md).
     dot_scaled = (activation == "nvfp4" and device.type == "cuda"
                   and torch.cuda.get_device_capability(device)[0] >= 10)
-    x_fp4 = dot_scaled
     if dot_scaled:
         x_data, x_scale, x_g = fallback_handler(QUANTIZE, add_to_fallback_set=False)(x2, None, False, False)
         inputs = realize_inputs(x_data, x_scale, w_data, w_scale)
@@ -141,7 +140,7 @@ def lower_linear_tiled(x, w_data, w_scale, w_global_scale, bias, n, activation):
             num_warps=c.num_warps, call_sizes=[m, n],
             SPLIT=c.split, TILES_PER_SPLIT=c.tiles_per_split, N=n, BLOCK_M=c.block_m,
             BLOCK_N=c.block_n, BLOCK_K=c.block_k, EVEN_K=k % c.block_k == 0, USE_ASM=use_asm,
-            OPERAND="tl.bfloat16" if use_asm else "tl.float16", X_FP4=x_fp4, DOT_SCALED=dot_scaled,
+            OPERAND="tl.bfloat16" if use_asm else "tl.float16", DOT_SCALED=dot_scaled,
             UNSCALE=1.0 if dot_scaled else 2.0**7)
     if extern:
         choices.append(extern_choice.bind(inputs, layout, n=n))
