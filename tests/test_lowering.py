@@ -148,8 +148,27 @@ def test_gelu_epilogue_fuses_on_the_gpu(triton_inductor):
 @pytest.mark.gpu
 @pytest.mark.parametrize("m", [gemm_configs.TEMPLATE_MAX_SPLIT_M + 36, gemm_configs.TEMPLATE_MAX_M + 44])
 def test_large_m_or_few_programs_pick_the_extern_choice(triton_inductor, m):
+    """The extern choice, and the frozen weight's global scale a constant: one cuBLAS addmm with
+    alpha = g and the bias (bf16 out), then ReLU + residual; W4A4 (a dynamic x scale) keeps the
+    fp32 product."""
     code = _run(triton_inductor, m, 256, 192)
-    assert "extern_kernels.nvfp4_mm_tiled_f32(" in code and TEMPLATE_MARK not in code
+    assert "extern_kernels.nvfp4_addmm_tiled(" in code and TEMPLATE_MARK not in code
+    assert "nvfp4_mm_tiled_f32(" not in code
+    torch.manual_seed(m)
+    model = LinearBlock(256, 192, torch.relu).to(device="cuda", dtype=torch.bfloat16).eval()
+    model.linear.bias = None
+    x = torch.randn(m, 256, device="cuda", dtype=torch.bfloat16)
+    residual = torch.randn(m, 192, device="cuda", dtype=torch.bfloat16)
+    y, code = run_and_get_code(nv.compile(model, nv.Config(activations="bf16")), x, residual)
+    assert "extern_kernels.nvfp4_addmm_tiled(" in "\n".join(code)
+    w = model.linear.weight.detach()
+    data, scale, g = torch.ops.nvfp4.quantize(w, None, False, False)
+    data, scale = torch.ops.nvfp4.tile_weight(data, scale)
+    with torch.no_grad():
+        expected = torch.relu(torch.ops.nvfp4.linear_tiled(x, data, scale, g, None, 192, "bf16")) + residual
+    torch.testing.assert_close(y, expected, rtol=2**-7, atol=2**-6)
+    y, code = run_and_get_code(nv.compile(model, nv.Config(activations="nvfp4")), x, residual)
+    assert "extern_kernels.nvfp4_mm_tiled_f32(" in "\n".join(code)
 
 
 @pytest.mark.gpu

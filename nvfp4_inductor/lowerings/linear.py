@@ -23,7 +23,9 @@ fuses it with whatever follows (activation, residual add, dtype cast):
 The fp32 operation order is the eager kernels': ((sum * 2^7) * g + bias), then one rounding.
 
 Choices: the template with the configs of gemm_configs.template_configs, and where the output is
-(M, N) on CUDA an extern choice (dequantize + cuBLAS, the eager op's path for large M). By default
+(M, N) on CUDA an extern choice (dequantize + cuBLAS, the eager op's path for large M). Where the
+extern choice is the pick, x is bf16 and the weight's global scale a compile-time constant (frozen
+weights, W4A16), it is one cuBLAS addmm instead, alpha = g, the bias as its input, bf16 out. By default
 one heuristic pick (gemm_configs.template_is_default: the template where it splits K, or up to
 TEMPLATE_MAX_M rows with a program per SM; measured); under mode="max-autotune" all of them. Where the
 template does not apply (a dynamic M, a non-CUDA device unless Inductor's CPU backend is Triton)
@@ -79,7 +81,16 @@ def mm_tiled_f32_x4(x_data, x_scale, w_data, w_scale, n):
     return run(dequantize(x_data, x_scale, None, False, torch.bfloat16), w_data, w_scale, n)
 
 
+def addmm_tiled(x, w_data, w_scale, bias=None, *, n, alpha):
+    """The extern choice of W4A16 on bf16 x with a compile-time weight scale: bf16 (M, N) =
+    alpha * (x @ (e2m1 * block scale)^T) + bias, one cuBLAS call (kernels/gemm.py)."""
+    from ..kernels.gemm import addmm_tiled as run
+
+    return run(x, w_data, w_scale, bias, n, alpha)
+
+
 extern_mm_tiled_f32 = ExternKernelChoice(mm_tiled_f32, name="nvfp4_mm_tiled_f32", has_out_variant=False)
+extern_addmm_tiled = ExternKernelChoice(addmm_tiled, name="nvfp4_addmm_tiled", has_out_variant=False)
 extern_mm_tiled_f32_x4 = ExternKernelChoice(mm_tiled_f32_x4, name="nvfp4_mm_tiled_f32_x4",
                                             has_out_variant=False)
 QUANTIZE = torch.ops.nvfp4.quantize.default
@@ -130,6 +141,16 @@ def lower_linear_tiled(x, w_data, w_scale, w_global_scale, bias, n, activation):
         template = not extern or gemm_configs.template_is_default(m, n, configs[0], num_sms)
         configs = configs[:1] if template else []
         extern = not template
+    if (extern and not configs and activation == "bf16" and x.get_dtype() == torch.bfloat16
+            and isinstance(w_global_scale, ir.Constant)
+            and (bias is None or bias.get_dtype() == torch.bfloat16)):
+        # The extern choice alone, and the weight's global scale a constant (a frozen weight's
+        # 0-d scale is inlined by Inductor): cuBLAS applies it as alpha and adds the bias, bf16
+        # out; no fp32 (M, N) product for an epilogue kernel to read (prefill).
+        inputs = realize_inputs(x2, w_data, w_scale, *([bias] if bias is not None else []))
+        y = extern_addmm_tiled.bind(inputs, ir.FixedLayout(device, torch.bfloat16, [m, n]), n=n,
+                                    alpha=float(w_global_scale.value)).output_node()
+        return lowerings[aten.view.default](y, [*lead, n])
     size = [split, m, n] if split > 1 else [m, n]
     layout = ir.FixedLayout(device, torch.float32, size)
     use_asm = device.type == "cuda"  # inline PTX decode; the CPU backend decodes with plain ops

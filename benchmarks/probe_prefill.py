@@ -1,0 +1,52 @@
+"""Prefill (large M) on the extern path: what the fp32 product + separate epilogue costs against
+one cuBLAS call that applies the weight's global scale as alpha (a Python float: the scale of a
+frozen weight is a compile-time constant) and the bias as beta * C, bf16 output, one rounding.
+
+    python benchmarks/probe_prefill.py
+"""
+import torch
+import triton
+from bench_quantize import stream_us
+
+import nvfp4_inductor as nv
+from nvfp4_inductor.kernels.dequantize import dequantize
+
+SHAPES = [(4096, 4096), (4096, 14336), (14336, 4096), (8192, 28672)]  # (K, N)
+
+
+def main() -> None:
+    print(f"GPU: {torch.cuda.get_device_name()}, torch {torch.__version__}, triton {triton.__version__}")
+    m = 4096
+    print("| K | N | bf16 x @ W.T | dequantize | mm fp32 out | + epilogue | addmm alpha=g bf16 | rel err fp32 path | rel err addmm |")
+    print("|---|---|---|---|---|---|---|---|---|")
+    for k, n in SHAPES:
+        w = torch.randn(n, k, dtype=torch.bfloat16, device="cuda") * 0.02
+        x = torch.randn(m, k, dtype=torch.bfloat16, device="cuda")
+        bias = torch.randn(n, dtype=torch.bfloat16, device="cuda")
+        q = nv.quantize(w)
+        wd = dequantize(q.data, q.scale.view(torch.uint8), None, False, torch.bfloat16)
+        g_dev, g = q.global_scale, q.global_scale.item()
+        ref = (x.double() @ (wd.double() * g).T + bias.double())
+
+        def fp32_path(_):
+            y = torch.mm(x, wd.T, out_dtype=torch.float32)
+            return torch.addcmul(bias.float(), y, g_dev).to(torch.bfloat16)
+
+        def addmm(_):
+            return torch.addmm(bias, x, wd.T, alpha=g)
+
+        errs = [((f(0).double() - ref).norm() / ref.norm()).item() for f in (fp32_path, addmm)]
+        t = {
+            "bf16": stream_us(lambda _: x @ w.T, [0]),
+            "deq": stream_us(lambda _: dequantize(q.data, q.scale.view(torch.uint8), None, False,
+                                                   torch.bfloat16), [0]),
+            "mm32": stream_us(lambda _: torch.mm(x, wd.T, out_dtype=torch.float32), [0]),
+            "fp32_path": stream_us(fp32_path, [0]),
+            "addmm": stream_us(addmm, [0]),
+        }
+        print(f"| {k} | {n} | {t['bf16']:.1f} | {t['deq']:.1f} | {t['mm32']:.1f} | {t['fp32_path']:.1f} | "
+              f"{t['addmm']:.1f} | {errs[0]:.2e} | {errs[1]:.2e} |", flush=True)
+
+
+if __name__ == "__main__":
+    main()
