@@ -9,7 +9,9 @@ import triton
 from bench_quantize import stream_us
 
 import nvfp4_inductor as nv
+from nvfp4_inductor import tiled
 from nvfp4_inductor.kernels.dequantize import dequantize
+from nvfp4_inductor.kernels.gemm import addmm_tiled
 
 SHAPES = [(4096, 4096), (4096, 14336), (14336, 4096), (8192, 28672)]  # (K, N)
 
@@ -17,8 +19,9 @@ SHAPES = [(4096, 4096), (4096, 14336), (14336, 4096), (8192, 28672)]  # (K, N)
 def main() -> None:
     print(f"GPU: {torch.cuda.get_device_name()}, torch {torch.__version__}, triton {triton.__version__}")
     m = 4096
-    print("| K | N | bf16 x @ W.T | dequantize | mm fp32 out | + epilogue | addmm alpha=g bf16 | rel err fp32 path | rel err addmm |")
-    print("|---|---|---|---|---|---|---|---|---|")
+    print("| K | N | bf16 x @ W.T | dequantize | mm fp32 out | + epilogue | addmm alpha=g bf16 | rel err fp32 path "
+          "| rel err addmm | tiled dequantize, generic kernel (fp16 out) | tiled, tile kernel (bf16) | addmm_tiled |")
+    print("|---|---|---|---|---|---|---|---|---|---|---|---|")
     for k, n in SHAPES:
         w = torch.randn(n, k, dtype=torch.bfloat16, device="cuda") * 0.02
         x = torch.randn(m, k, dtype=torch.bfloat16, device="cuda")
@@ -36,6 +39,9 @@ def main() -> None:
             return torch.addmm(bias, x, wd.T, alpha=g)
 
         errs = [((f(0).double() - ref).norm() / ref.norm()).item() for f in (fp32_path, addmm)]
+        data_t, scale_t = tiled.tile(q.data, q.scale.view(torch.uint8))
+        assert torch.equal(dequantize(data_t, scale_t, None, False, torch.bfloat16, tiled_nk=(n, k)), wd)
+        assert torch.equal(addmm_tiled(x, data_t, scale_t, bias, n, g), addmm(0))
         t = {
             "bf16": stream_us(lambda _: x @ w.T, [0]),
             "deq": stream_us(lambda _: dequantize(q.data, q.scale.view(torch.uint8), None, False,
@@ -43,9 +49,15 @@ def main() -> None:
             "mm32": stream_us(lambda _: torch.mm(x, wd.T, out_dtype=torch.float32), [0]),
             "fp32_path": stream_us(fp32_path, [0]),
             "addmm": stream_us(addmm, [0]),
+            "tiled_generic": stream_us(lambda _: dequantize(data_t, scale_t, None, False, torch.float16,
+                                                            tiled_nk=(n, k)), [0]),
+            "tiled_tiles": stream_us(lambda _: dequantize(data_t, scale_t, None, False, torch.bfloat16,
+                                                          tiled_nk=(n, k)), [0]),
+            "addmm_tiled": stream_us(lambda _: addmm_tiled(x, data_t, scale_t, bias, n, g), [0]),
         }
         print(f"| {k} | {n} | {t['bf16']:.1f} | {t['deq']:.1f} | {t['mm32']:.1f} | {t['fp32_path']:.1f} | "
-              f"{t['addmm']:.1f} | {errs[0]:.2e} | {errs[1]:.2e} |", flush=True)
+              f"{t['addmm']:.1f} | {errs[0]:.2e} | {errs[1]:.2e} | {t['tiled_generic']:.1f} | "
+              f"{t['tiled_tiles']:.1f} | {t['addmm_tiled']:.1f} |", flush=True)
 
 
 if __name__ == "__main__":

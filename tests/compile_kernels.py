@@ -161,6 +161,10 @@ def cases(sm):
                dk._dequantize_kernel, {**DEQUANTIZE_SIGNATURE, "out_ptr": f"*{dtype}"},
                {"PER_ROW": per_row, "HAS_G": True, "SWIZZLE": swizzle, "GATHER": gather,
                 "TILED": False, "BLOCK_M": dk.BLOCK_M, "BLOCK_K": dk.BLOCK_K}, dk.NUM_WARPS, [], 1)
+    yield ("dequantize-tiles-bf16", dk._tiles_bf16_kernel,
+           {"data_ptr": "*u8", "scale_ptr": "*u8", "out_ptr": "*bf16", "N": "i32", "K": "i32",
+            "USE_ASM": "constexpr", "OPERAND": "constexpr"},
+           {"USE_ASM": True, "OPERAND": triton.language.bfloat16}, 4, [WORD_DECODE, LOAD_16B], 1)
     yield ("dequantize-bf16-tiled", dk._dequantize_kernel, {**DEQUANTIZE_SIGNATURE, "out_ptr": "*bf16"},
            {"PER_ROW": False, "HAS_G": False, "SWIZZLE": False, "GATHER": False, "TILED": True,
             "BLOCK_M": dk.BLOCK_M, "BLOCK_K": dk.BLOCK_K}, dk.NUM_WARPS, [], 1)

@@ -269,9 +269,18 @@ def test_dequantize_reads_the_tiled_layout(kernel_device, n, k):
     from nvfp4_inductor import tiled
 
     gen = torch.Generator().manual_seed(n + k)
-    q = nv.quantize(torch.randn(n, k, generator=gen) * 5)
+    x = torch.randn(n, k, generator=gen) * 5
+    x[1, 16:32] = float("nan")  # a NaN block stays NaN
+    x[2, :16] = 1e-30           # a zero scale: zeros
+    q = nv.quantize(x)
     data_t, scale_t = tiled.tile(q.data, q.scale.view(torch.uint8))
     got = dequantize_kernels.dequantize(data_t.to(kernel_device), scale_t.to(kernel_device), None, False,
                                         torch.float32, tiled_nk=(n, k))
     want = OPS.dequantize(q.data, q.scale.view(torch.uint8), torch.tensor(1.0), False, torch.float32)
-    assert got.shape == (n, k) and torch.equal(got.cpu(), want)
+    torch.testing.assert_close(got.cpu(), want, rtol=0, atol=0, equal_nan=True)
+    assert got.shape == (n, k) and want[1, 16:32].isnan().all() and (want[2, :16] == 0).all()
+    # bf16 without g: the tile kernel (the word decode), exact
+    got = dequantize_kernels.dequantize(data_t.to(kernel_device), scale_t.to(kernel_device), None, False,
+                                        torch.bfloat16, tiled_nk=(n, k))
+    assert got.dtype == torch.bfloat16
+    torch.testing.assert_close(got.cpu().float(), want, rtol=0, atol=0, equal_nan=True)

@@ -7,6 +7,11 @@ the selected rows of data and scales (the use: attention over an NVFP4 KV cache 
 few rows). An index outside [0, rows) yields a NaN row: the eager op checks the indices first,
 so that happens only where no check can run (inside a CUDA-graph capture).
 Scales are read plain, (rows, K/16), or from the swizzled 128x4-tile layout.
+
+A tiled weight (nvfp4_inductor.tiled) wanted as bf16 e2m1 * block scale, without g (what the
+dequantize + cuBLAS paths multiply), takes `_tiles_bf16_kernel` instead: one 64 x 64 tile a
+program, decoded by the skinny GEMM's word decode (gemm_splitk.decode_tile, ~3 instructions a
+weight instead of ~10 for the fp32 decode above).
 """
 
 import torch
@@ -16,6 +21,7 @@ import triton.language as tl
 from ..format import BLOCK_SIZE
 from ..tiled import TILE_K, TILE_N
 from ._common import BLOCK, e2m1_decode, e4m3_bits_to_f32, scale_offsets, store_pairs
+from .gemm_splitk import decode_tile
 
 TILE_N_: tl.constexpr = tl.constexpr(TILE_N)
 TILE_K_: tl.constexpr = tl.constexpr(TILE_K)
@@ -89,11 +95,37 @@ def _dequantize_kernel(
     store_pairs(out_ptr, rows.to(tl.int64)[:, None] * (K // 2) + pair_cols[None, :], even, odd, pair_mask)
 
 
+@triton.jit
+def _tiles_bf16_kernel(data_ptr, scale_ptr, out_ptr, N, K, USE_ASM: tl.constexpr, OPERAND: tl.constexpr):
+    """Program (tn, tk): tile (tn, tk) of the tiled layout -> out[tn * 64 + r, tk * 64 + c] bf16,
+    e2m1 * block scale (the decode's e2m1 * s * 2^-7 times 2^7: exact)."""
+    tn = tl.program_id(0)
+    tk = tl.program_id(1)
+    tile = tn.to(tl.int64) * tl.cdiv(K, TILE_K_) + tk
+    packed = tl.load(data_ptr + tile * (TILE_N_ * TILE_K_ // 2) + tl.arange(0, TILE_N_ * TILE_K_ // 2))
+    s_bits = tl.load(scale_ptr + tile * (TILE_N_ * TILE_K_ // BLOCK) + tl.arange(0, TILE_N_ * TILE_K_ // BLOCK))
+    w = decode_tile(tl.reshape(packed, (TILE_N_, TILE_K_ // BLOCK, BLOCK // 2)),
+                    tl.reshape(s_bits, (TILE_N_, TILE_K_ // BLOCK)), USE_ASM, OPERAND, TILE_N_, TILE_K_)
+    rows = tn * TILE_N_ + tl.arange(0, TILE_N_)
+    cols = tk * TILE_K_ + tl.arange(0, TILE_K_)
+    tl.store(out_ptr + rows.to(tl.int64)[:, None] * K + cols[None, :], (w * 128.0).to(tl.bfloat16),
+             mask=(rows < N)[:, None] & (cols < K)[None, :])
+
+
 def dequantize(data, scale, global_scale, swizzled: bool, dtype, indices=None, tiled_nk=None):
     """NVFP4 parts (checked by the op) -> (..., K) of dtype; with indices (any shape), only the
     rows of the 2-D data named by them, as indices.shape + (K,). global_scale None: leave it out
     (e2m1 * block scale only). tiled_nk = (N, K): data and scale are nvfp4_inductor.tiled's 1-D
     layout of an (N, K) weight."""
+    if tiled_nk is not None and global_scale is None and dtype == torch.bfloat16 and indices is None:
+        n, k = tiled_nk
+        out = torch.empty((n, k), dtype=dtype, device=data.device)
+        if n and k:
+            use_asm = data.is_cuda  # inline PTX; the interpreter decodes in fp16 (exact here too)
+            _tiles_bf16_kernel[(triton.cdiv(n, TILE_N), triton.cdiv(k, TILE_K))](
+                data, scale, out, n, k, USE_ASM=use_asm, OPERAND=tl.bfloat16 if use_asm else tl.float16,
+                num_warps=4)
+        return out
     if tiled_nk is not None:
         n, k = tiled_nk
         data2 = data.view(1, -1)

@@ -101,7 +101,7 @@ def _decode_bytes(packed, scale):
 
 
 @triton.jit
-def _decode_tile(packed, s_bits, USE_ASM: tl.constexpr, OPERAND: tl.constexpr, ROWS: tl.constexpr,
+def decode_tile(packed, s_bits, USE_ASM: tl.constexpr, OPERAND: tl.constexpr, ROWS: tl.constexpr,
                  BLOCK_K: tl.constexpr):
     """Packed codes (ROWS, BLOCK_K / 16, 8) + their blocks' e4m3 bits (ROWS, BLOCK_K / 16) ->
     OPERAND (ROWS, BLOCK_K) in natural K order: e2m1 * s * 2^-7, exact."""
@@ -161,7 +161,7 @@ def splitk_mainloop(
                 s_bits = tl.load(s_ptrs, mask=n_ok[:, None] & (block_cols < K // BLOCK)[None, :],
                                  other=0)
                 packed = tl.load(w_ptrs, mask=n_ok[:, None, None] & (byte3 < K // 2), other=0)
-        w = _decode_tile(packed, s_bits, USE_ASM, OPERAND, BLOCK_N, BLOCK_K)
+        w = decode_tile(packed, s_bits, USE_ASM, OPERAND, BLOCK_N, BLOCK_K)
         ks = k0 + tl.arange(0, BLOCK_K)
         if EVEN:
             x = tl.load(x_rows + ks[:, None], mask=m_ok[None, :], other=0.0)
