@@ -112,6 +112,8 @@ def main() -> None:
             "ours static swz": (lambda x: nv.quantize(x, g, swizzle=True), static_bytes),
             "ours dynamic": (lambda x: nv.quantize(x), dynamic_bytes),
             "ours dynamic swz": (lambda x: nv.quantize(x, swizzle=True), dynamic_bytes),
+            # W4A4's activation quantization without FP4 tensor cores: bf16 values out (2n bytes)
+            "ours values dynamic": (lambda x: torch.ops.nvfp4.quantize_values(x), 6 * n),
             "compile(ref) static": (lambda x: compiled_ref(x, g), static_bytes),
             "compile(ref) dynamic": (lambda x: compiled_ref(x), dynamic_bytes),
             "eager ref dynamic": (lambda x: reference.quantize(x), dynamic_bytes),

@@ -32,8 +32,8 @@ QUANTIZE_SIGNATURE = {
     "x_ptr": None, "data_ptr": "*u8", "scale_ptr": "*u8", "g_in_ptr": "*fp32", "g_out_ptr": "*fp32",
     "partials_ptr": "*fp32", "M": "i32", "K": "i32", "num_partials": "i32", "scale_rows_pad": "i32",
     "scale_cols_pad": "i32", "tiles_k": "i32", "stride_xm": "i32", "stride_xm_pairs": "i32",
-    **{name: "constexpr" for name in ("GLOBAL", "WRITE_G", "SWIZZLE", "BLOCK_M", "BLOCK_K",
-                                      "FUSED_M", "FUSED_K", "PARTIALS_BLOCK")},
+    **{name: "constexpr" for name in ("GLOBAL", "WRITE_G", "SWIZZLE", "VALUES", "USE_ASM", "OPERAND",
+                                      "BLOCK_M", "BLOCK_K", "FUSED_M", "FUSED_K", "PARTIALS_BLOCK")},
 }
 AMAX_SIGNATURE = {"x_ptr": None, "partials_ptr": "*fp32", "M": "i32", "K": "i32", "stride_xm": "i32",
                   "num_programs": "i32", "BLOCK_M": "constexpr", "BLOCK_K": "constexpr"}
@@ -144,12 +144,19 @@ def cases(sm):
     for dtype, mode, swizzle in itertools.product(DTYPES, range(4), [False, True]):
         yield (f"quantize-{dtype}-g{mode}-swizzle{int(swizzle)}", qk._quantize_kernel,
                {**QUANTIZE_SIGNATURE, "x_ptr": f"*{dtype}"},
-               {"GLOBAL": mode, "WRITE_G": True, "SWIZZLE": swizzle, "BLOCK_M": block_m,
-                "BLOCK_K": block_k, "FUSED_M": 1, "FUSED_K": 4096, "PARTIALS_BLOCK": 1024},
+               {"GLOBAL": mode, "WRITE_G": True, "SWIZZLE": swizzle, "VALUES": False, "USE_ASM": False,
+                "OPERAND": triton.language.bfloat16, "BLOCK_M": block_m, "BLOCK_K": block_k,
+                "FUSED_M": 1, "FUSED_K": 4096, "PARTIALS_BLOCK": 1024},
                num_warps,
                # the element path never goes through shared memory (the dynamic modes reduce the
                # global amax across warps and the swizzled scale store re-lays out 1/16 of a tile)
                [LOAD_16B] + ([] if mode >= 2 or swizzle else ["!bar.sync"]), 1)
+    for mode in (2, 3):  # quantize_values: dynamic per-tensor scale, values by the word decode
+        yield (f"quantize-values-bf16-g{mode}", qk._quantize_kernel, {**QUANTIZE_SIGNATURE, "x_ptr": "*bf16"},
+               {"GLOBAL": mode, "WRITE_G": True, "SWIZZLE": False, "VALUES": True, "USE_ASM": True,
+                "OPERAND": triton.language.bfloat16, "BLOCK_M": block_m, "BLOCK_K": block_k,
+                "FUSED_M": 1, "FUSED_K": 4096, "PARTIALS_BLOCK": 1024},
+               num_warps, [LOAD_16B, WORD_DECODE], 1)
     amax_m, amax_k = qk.AMAX_TILE
     for dtype in DTYPES:
         yield (f"amax-partials-{dtype}", qk._amax_partials_kernel, {**AMAX_SIGNATURE, "x_ptr": f"*{dtype}"},

@@ -7,7 +7,8 @@ x is viewed as (M, K) rows (last dim contiguous, any even row stride). Outputs:
     g     () or (M,) fp32        written by the kernel itself (no extra copy launch)
 or, with VALUES (quantize_values), instead of data and scale:
     values (M, K) bf16           e2m1(code) * block scale, the quantized x without its global
-                                 scale (exact in bf16: at most 6 significant bits, 2^-10..2688)
+                                 scale (exact in bf16: at most 6 significant bits, 2^-10..2688),
+                                 decoded from the codes by the skinny GEMM's word decode
 
 Global scale modes (GLOBAL):
     G_STATIC      one given g (per tensor)                                     1 launch
@@ -35,7 +36,6 @@ from ._common import (
     FP8_NAN,
     TILE_ROWS,
     block_scale_bits,
-    e2m1_decode,
     e2m1_pack_pair,
     e4m3_bits_to_f32,
     finite_abs,
@@ -45,9 +45,9 @@ from ._common import (
     split_pair_words,
     max_propagate_nan,
     scale_offsets,
-    store_pairs,
     swizzled_scale_offset,
 )
+from .gemm_splitk import decode_tile
 
 G_STATIC: tl.constexpr = tl.constexpr(0)
 G_STATIC_ROW: tl.constexpr = tl.constexpr(1)
@@ -128,8 +128,8 @@ def _load_pair_tile(x_ptr, t, tiles_k, M, K, stride_xm_pairs,
 @triton.jit
 def _quantize_tile(
     words, g, t, tiles_k, data_ptr, scale_ptr, M, K, scale_rows_pad, scale_cols_pad,
-    DTYPE: tl.constexpr, SWIZZLE: tl.constexpr, VALUES: tl.constexpr, BLOCK_M: tl.constexpr,
-    BLOCK_K: tl.constexpr,
+    DTYPE: tl.constexpr, SWIZZLE: tl.constexpr, VALUES: tl.constexpr, USE_ASM: tl.constexpr,
+    OPERAND: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_K: tl.constexpr,
 ):
     """Quantize one loaded tile of pair words with global scale g (scalar or (BLOCK_M, 1)); store
     codes and scales. The pairs are viewed as (BLOCK_M, BLOCK_K / 16 blocks, 8 pairs) so that one
@@ -158,11 +158,11 @@ def _quantize_tile(
     packed = tl.where(usable[:, :, None], packed, 0)
     pair_cols = (t % tiles_k) * (BLOCK_K // 2) + tl.arange(0, BLOCK_K // 2)
     pair_mask = row_ok[:, None] & (pair_cols < K // 2)[None, :]
-    if VALUES:  # the codes decoded with their block scale (NaN for a NaN block), as bf16 pairs
-        scale = e4m3_bits_to_f32(bits)[:, :, None]
-        even = tl.reshape(e2m1_decode(packed & 0xF) * scale, (BLOCK_M, BLOCK_K // 2))
-        odd = tl.reshape(e2m1_decode(packed >> 4) * scale, (BLOCK_M, BLOCK_K // 2))
-        store_pairs(data_ptr, rows64 * (K // 2) + pair_cols[None, :], even, odd, pair_mask)
+    if VALUES:  # the codes decoded with their block scale (NaN for a NaN block) by the GEMM's decode
+        values = decode_tile(packed.to(tl.uint8), bits, USE_ASM, OPERAND, BLOCK_M, BLOCK_K)
+        cols = (t % tiles_k) * BLOCK_K + tl.arange(0, BLOCK_K)
+        tl.store(data_ptr + rows64 * K + cols[None, :], (values * 128.0).to(tl.bfloat16),  # 2^-7 undone
+                 mask=row_ok[:, None] & (cols < K)[None, :])
     else:
         packed = tl.reshape(packed.to(tl.uint8), (BLOCK_M, BLOCK_K // 2))
         tl.store(data_ptr + rows64 * (K // 2) + pair_cols[None, :], packed, mask=pair_mask)
@@ -189,7 +189,7 @@ def _quantize_kernel(
     stride_xm, stride_xm_pairs,
     # meta-parameters
     GLOBAL: tl.constexpr, WRITE_G: tl.constexpr, SWIZZLE: tl.constexpr, VALUES: tl.constexpr,
-    BLOCK_M: tl.constexpr, BLOCK_K: tl.constexpr, FUSED_M: tl.constexpr, FUSED_K: tl.constexpr,
+    USE_ASM: tl.constexpr, OPERAND: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_K: tl.constexpr, FUSED_M: tl.constexpr, FUSED_K: tl.constexpr,
     PARTIALS_BLOCK: tl.constexpr,
 ):
     """Program t quantizes tile t. (A persistent variant that kept the next one or two tiles'
@@ -217,7 +217,8 @@ def _quantize_kernel(
 
     words = _load_pair_tile(x_ptr, t, tiles_k, M, K, stride_xm_pairs, BLOCK_M, BLOCK_K)
     _quantize_tile(words, g, t, tiles_k, data_ptr, scale_ptr, M, K, scale_rows_pad,
-                   scale_cols_pad, x_ptr.dtype.element_ty, SWIZZLE, VALUES, BLOCK_M, BLOCK_K)
+                   scale_cols_pad, x_ptr.dtype.element_ty, SWIZZLE, VALUES, USE_ASM, OPERAND, BLOCK_M,
+                   BLOCK_K)
     if SWIZZLE:
         # The last row of tiles also zeroes the swizzled padding rows [M, rows_pad) of its block
         # columns (< 128 rows): no programs are launched for rows that hold no data, which at
@@ -287,6 +288,8 @@ def quantize(x: torch.Tensor, global_scale: torch.Tensor | None, per_row: bool, 
         m, k, num_partials, rows_pad, cols_pad, tiles_k,
         x2.stride(0), x2.stride(0) // 2,
         GLOBAL=mode, WRITE_G=write_g, SWIZZLE=swizzle, VALUES=values,
+        # values: the skinny GEMM's word decode (inline PTX; the interpreter decodes in fp16, exact)
+        USE_ASM=values and x.is_cuda, OPERAND=tl.bfloat16 if x.is_cuda else tl.float16,
         BLOCK_M=block_m, BLOCK_K=block_k,
         FUSED_M=triton.next_power_of_2(max(m, 1)), FUSED_K=triton.next_power_of_2(k),
         PARTIALS_BLOCK=triton.next_power_of_2(num_partials), num_warps=num_warps,
