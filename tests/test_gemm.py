@@ -183,6 +183,16 @@ def test_cuda_linear_launchers_under_the_interpreter(m, activation, monkeypatch)
             assert got.dtype == torch.bfloat16 and _rel(got, want_b) <= 1e-2
 
 
+def test_splitk_takes_an_nvfp4_x_only_for_the_block_scaled_mma():
+    from nvfp4_inductor.kernels.gemm_splitk import gemm_splitk
+
+    x = nv.quantize(torch.randn(2, 64))
+    w = nv.quantize(torch.randn(64, 64))
+    with pytest.raises(ValueError, match="needs tiled weights on sm_100"):
+        gemm_splitk(x.data, w.data, w.scale.view(torch.uint8), w.global_scale, None, torch.float32,
+                    False, x_scale=x.scale.view(torch.uint8))
+
+
 def test_splitk_config_fills_the_gpu():
     for m, n, k in [(1, 4096, 4096), (16, 28672, 8192), (7, 4096, 14336), (1, 64, 16)]:
         block_m, block_n, block_k, splits, _, _ = gemm_configs.splitk_config(m, n, k, 132)

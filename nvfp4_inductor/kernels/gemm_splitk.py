@@ -102,7 +102,7 @@ def _decode_bytes(packed, scale):
 
 @triton.jit
 def decode_tile(packed, s_bits, USE_ASM: tl.constexpr, OPERAND: tl.constexpr, ROWS: tl.constexpr,
-                 BLOCK_K: tl.constexpr):
+                BLOCK_K: tl.constexpr):
     """Packed codes (ROWS, BLOCK_K / 16, 8) + their blocks' e4m3 bits (ROWS, BLOCK_K / 16) ->
     OPERAND (ROWS, BLOCK_K) in natural K order: e2m1 * s * 2^-7, exact."""
     scale = tl.broadcast_to(_operand_scale(s_bits.to(tl.int32), OPERAND)[:, :, None],
