@@ -2,7 +2,7 @@
 variants with parts of the work removed (wrong results, timing only) and a launch sweep, bf16
 cuBLAS and the NVFP4 weight-read floor from the same run. Not a benchmark of record.
 
-    python benchmarks/probe_skinny.py
+    python benchmarks/probe_skinny.py [--no-sweep | --warps] [--m16]
 
 Variants (source replacements in a copy of gemm_splitk.py):
   nodecode    the word decode replaced by one conversion a byte (the scale multiply kept)
@@ -70,14 +70,52 @@ def variant_module(name, replacements):
     return module
 
 
+def min_steps() -> None:
+    """Split count: the shipped rule (about P programs per SM) against capping the splits so each
+    runs at least S K-steps (short K ranges spend their time filling the pipeline)."""
+    sms = torch.cuda.get_device_properties().multi_processor_count
+    l2 = torch.cuda.get_device_properties().L2_cache_size
+    print("| K | N | M | bf16 | shipped (splits) | >= 4 steps | >= 8 steps | >= 16 steps |")
+    print("|---|---|---|---|---|---|---|---|")
+    for k, n in [(4096, 1024), (4096, 4096), (4096, 14336), (14336, 4096), (8192, 28672)]:
+        copies = max(2, math.ceil(3 * l2 / (n * k * 0.5625)))
+        w_bf16 = [torch.randn(n, k, dtype=torch.bfloat16, device="cuda") for _ in range(copies)]
+        tiled = []
+        for w in w_bf16:
+            q = nv.quantize(w)
+            tiled.append((*tiled_layout.tile(q.data, q.scale.view(torch.uint8)), q.global_scale))
+        for m in (1, 16):
+            x = torch.randn(m, k, dtype=torch.bfloat16, device="cuda")
+            bf16 = stream_us(lambda w: x @ w.T, w_bf16, rounds=2)
+            shipped = gemm_configs.splitk_config(m, n, k, sms, tiled=True)
+            cells = []
+            for steps in (None, 4, 8, 16):
+                block_m, block_n, block_k, splits, warps, stages = shipped
+                if steps is not None:
+                    splits = max(1, min(splits, -(-k // block_k) // steps))
+                cfg = (block_m, block_n, block_k, splits, warps, stages)
+                us = stream_us(lambda p: gs.gemm_splitk(x, *p, None, torch.bfloat16, False, config=cfg,
+                                                        tiled_n=n), tiled, rounds=2)
+                cells.append(f"{us:.1f} ({splits})")
+            print(f"| {k} | {n} | {m} | {bf16:.1f} | " + " | ".join(cells) + " |", flush=True)
+        del w_bf16, tiled
+
+
 def main() -> None:
+    if "--min-steps" in sys.argv:
+        return min_steps()
     print(f"GPU: {torch.cuda.get_device_name()}, torch {torch.__version__}, triton {triton.__version__}")
     copy = copy_bandwidth_gbs()
     sms = torch.cuda.get_device_properties().multi_processor_count
     l2 = torch.cuda.get_device_properties().L2_cache_size
     print(f"copy {copy:.0f} GB/s, {sms} SMs")
-    modules = {name: variant_module(name, r) for name, r in VARIANTS.items()}
-    sweep = [] if "--no-sweep" in sys.argv else [(per_sm, stages) for per_sm in (4, 8, 12, 16) for stages in (3, 4, 6)]
+    modules = {} if "--warps" in sys.argv else {name: variant_module(name, r) for name, r in VARIANTS.items()}
+    if "--no-sweep" in sys.argv:
+        sweep = []
+    elif "--warps" in sys.argv:  # 4 warps: Triton uses wgmma (x^T read from shared memory by the MMA)
+        sweep = [(per_sm, warps, stages) for per_sm in (4, 8, 16) for warps in (2, 4) for stages in (3, 4)]
+    else:
+        sweep = [(per_sm, 2, stages) for per_sm in (4, 8, 12, 16) for stages in (3, 4, 6)]
     header = None
     for k, n in SHAPES:
         copies = max(2, math.ceil(3 * l2 / (n * k * 2)))
@@ -86,7 +124,8 @@ def main() -> None:
         for w in w_bf16:
             q = nv.quantize(w)
             tiled.append((*tiled_layout.tile(q.data, q.scale.view(torch.uint8)), q.global_scale))
-        x = torch.randn(1, k, dtype=torch.bfloat16, device="cuda")
+        m = 16 if "--m16" in sys.argv else 1
+        x = torch.randn(m, k, dtype=torch.bfloat16, device="cuda")
         ref = gs.gemm_splitk(x, *tiled[0][:3], None, torch.float32, False, tiled_n=n)
         cols = {"bf16": stream_us(lambda w: x @ w.T, w_bf16, rounds=2),
                 "floor": n * k * 0.5625 / copy / 1e3}
@@ -95,11 +134,11 @@ def main() -> None:
         for name, module in modules.items():
             cols[name] = stream_us(lambda p: module.gemm_splitk(x, *p, None, torch.bfloat16, False, tiled_n=n),
                                    tiled, rounds=2)
-        for per_sm, stages in sweep:
-            cfg = gemm_configs._skinny_config(1, n, k, sms, 64, 64, per_sm, 2, stages)
+        for per_sm, warps, stages in sweep:
+            cfg = gemm_configs._skinny_config(m, n, k, sms, 64, 64, per_sm, warps, stages)
             y = gs.gemm_splitk(x, *tiled[0][:3], None, torch.float32, False, config=cfg, tiled_n=n)
             assert torch.allclose(y, ref, rtol=1e-4, atol=1e-3), (cfg, (y - ref).abs().max())
-            cols[f"{per_sm}/sm s{stages}"] = stream_us(
+            cols[f"{per_sm}/sm w{warps} s{stages}"] = stream_us(
                 lambda p: gs.gemm_splitk(x, *p, None, torch.bfloat16, False, config=cfg, tiled_n=n),
                 tiled, rounds=2)
         if header is None:

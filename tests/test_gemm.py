@@ -127,7 +127,8 @@ def test_splitk_on_tiled_weights_matches_reference(kernel_device, m, n, k):
     x = (torch.randn(m, k, generator=gen) * 10).to(operand)
     w = nv.quantize(torch.randn(n, k, generator=gen))
     data_t, scale_t = tiled.tile(w.data, w.scale.view(torch.uint8))
-    config = gemm_configs.splitk_config(m, n, k, 4, tiled=True)
+    block_m, block_n, block_k, _, warps, stages = gemm_configs.splitk_config(m, n, k, 4, tiled=True)
+    config = (block_m, block_n, block_k, min(3, -(-k // block_k)), warps, stages)  # splits: the reduce runs
     y = gemm_splitk.gemm_splitk(x.to(kernel_device), data_t.to(kernel_device), scale_t.to(kernel_device),
                                 w.global_scale.to(kernel_device), None, torch.float32, False,
                                 config=config, tiled_n=n)
@@ -196,9 +197,10 @@ def test_splitk_takes_an_nvfp4_x_only_for_the_block_scaled_mma():
 def test_splitk_config_fills_the_gpu():
     for m, n, k in [(1, 4096, 4096), (16, 28672, 8192), (7, 4096, 14336), (1, 64, 16)]:
         block_m, block_n, block_k, splits, _, _ = gemm_configs.splitk_config(m, n, k, 132)
-        assert block_m >= max(16, m) and 1 <= splits <= -(-k // block_k)
+        steps = -(-k // block_k)
+        assert block_m >= max(16, m) and 1 <= splits <= max(1, steps // gemm_configs.MIN_STEPS_PER_SPLIT)
         programs = -(-n // block_n) * splits
-        assert programs >= min(4 * 132, -(-n // block_n) * -(-k // block_k))
+        assert programs >= min(4 * 132, -(-n // block_n) * (steps // gemm_configs.MIN_STEPS_PER_SPLIT))
 
 
 @pytest.mark.gpu

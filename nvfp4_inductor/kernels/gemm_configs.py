@@ -68,11 +68,20 @@ def sm_count(device) -> int:
     return 8
 
 
+# Each split runs at least this many K-steps: shorter ranges spend their time filling the pipeline
+# and writing partials (H200, benchmarks/probe_skinny.py --min-steps, tiled weights: N x K =
+# 1024 x 4096 took 14.1 us at M = 1 and 35.5 us at M = 16 with 64 one-step splits, 7.4 and 10.1 us
+# with 8 splits of 8 steps (bf16 cuBLAS: 6.9, 7.2 us); 4096 x 4096: 11.4 -> 10.1 us and 16.5 ->
+# 12.6 us; the shapes that already ran >= 8 steps a split unchanged).
+MIN_STEPS_PER_SPLIT = 8
+
+
 def _skinny_config(m, n, k, num_sms, block_n, block_k, per_sm, warps, stages):
-    """M padded to a power of two >= 16; K split so that about per_sm programs run on each SM."""
+    """M padded to a power of two >= 16; K split so that about per_sm programs run on each SM, but
+    into ranges of at least MIN_STEPS_PER_SPLIT K-steps."""
     block_m = max(16, 1 << (m - 1).bit_length())
     steps = -(-k // block_k)
-    splits = max(1, min(steps, -(-per_sm * num_sms // -(-n // block_n))))
+    splits = max(1, min(steps // MIN_STEPS_PER_SPLIT, -(-per_sm * num_sms // -(-n // block_n))))
     return block_m, block_n, block_k, splits, warps, stages
 
 
