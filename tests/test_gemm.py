@@ -196,11 +196,13 @@ def test_splitk_takes_an_nvfp4_x_only_for_the_block_scaled_mma():
 
 def test_splitk_config_fills_the_gpu():
     for m, n, k in [(1, 4096, 4096), (16, 28672, 8192), (7, 4096, 14336), (1, 64, 16)]:
-        block_m, block_n, block_k, splits, _, _ = gemm_configs.splitk_config(m, n, k, 132)
-        steps = -(-k // block_k)
-        assert block_m >= max(16, m) and 1 <= splits <= max(1, steps // gemm_configs.MIN_STEPS_PER_SPLIT)
-        programs = -(-n // block_n) * splits
-        assert programs >= min(4 * 132, -(-n // block_n) * (steps // gemm_configs.MIN_STEPS_PER_SPLIT))
+        for min_steps in (1, gemm_configs.MIN_STEPS_PER_SPLIT):  # the template's, the eager launcher's
+            block_m, block_n, block_k, splits, _, _ = gemm_configs.splitk_config(m, n, k, 132,
+                                                                                min_steps=min_steps)
+            steps = -(-k // block_k)
+            assert block_m >= max(16, m) and 1 <= splits <= max(1, steps // min_steps)
+            programs = -(-n // block_n) * splits
+            assert programs >= min(4 * 132, -(-n // block_n) * (steps // min_steps))
 
 
 @pytest.mark.gpu

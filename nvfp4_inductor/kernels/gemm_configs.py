@@ -47,15 +47,16 @@ TILED_CONFIG = (64, 64, 8, 2, 4)
 TILED_CONFIG_WIDE_N = (64, 64, 16, 2, 4)
 
 
-def splitk_config(m: int, n: int, k: int, num_sms: int, tiled: bool = False
+def splitk_config(m: int, n: int, k: int, num_sms: int, tiled: bool = False, min_steps: int = 1
                   ) -> tuple[int, int, int, int, int, int]:
-    """-> (BLOCK_M, BLOCK_N, BLOCK_K, num_splits, num_warps, num_stages) of the skinny kernel."""
+    """-> (BLOCK_M, BLOCK_N, BLOCK_K, num_splits, num_warps, num_stages) of the skinny kernel;
+    min_steps: K-steps a split runs at least (the eager launcher: MIN_STEPS_PER_SPLIT)."""
     wide = n >= 16384
     if tiled:
         block_n, block_k, per_sm, warps, stages = TILED_CONFIG_WIDE_N if wide else TILED_CONFIG
     else:
         block_n, block_k, per_sm, warps, stages = SPLITK_CONFIG_WIDE_N if wide else SPLITK_CONFIG
-    return _skinny_config(m, n, k, num_sms, block_n, block_k, per_sm, warps, stages)
+    return _skinny_config(m, n, k, num_sms, block_n, block_k, per_sm, warps, stages, min_steps)
 
 
 def sm_count(device) -> int:
@@ -68,20 +69,23 @@ def sm_count(device) -> int:
     return 8
 
 
-# Each split runs at least this many K-steps: shorter ranges spend their time filling the pipeline
-# and writing partials (H200, benchmarks/probe_skinny.py --min-steps, tiled weights: N x K =
-# 1024 x 4096 took 14.1 us at M = 1 and 35.5 us at M = 16 with 64 one-step splits, 7.4 and 10.1 us
-# with 8 splits of 8 steps (bf16 cuBLAS: 6.9, 7.2 us); 4096 x 4096: 11.4 -> 10.1 us and 16.5 ->
-# 12.6 us; the shapes that already ran >= 8 steps a split unchanged).
+# The eager launcher splits K into ranges of at least this many K-steps: its partials and its
+# reduce kernel (N / 128 programs looping over the splits) made many short splits slow (H200,
+# benchmarks/probe_skinny.py --min-steps, tiled weights, kernel + reduce: N x K = 1024 x 4096 took
+# 14.1 us at M = 1 and 35.5 us at M = 16 with 64 one-step splits, 7.4 and 10.1 us with 8 splits of
+# 8 steps (bf16 cuBLAS: 6.9, 7.2 us); 4096 x 4096: 11.4 -> 10.1 us and 16.5 -> 12.6 us; shapes that
+# already ran >= 8 steps a split unchanged). The Inductor template keeps one step as the minimum:
+# its split sum is an Inductor reduction fused with what follows, and the 8-step rule measured
+# 4.5% fewer tokens/s in bench_decode.py (W4A16 999 vs 1046, W4A4 864 vs 906 at batch 1).
 MIN_STEPS_PER_SPLIT = 8
 
 
-def _skinny_config(m, n, k, num_sms, block_n, block_k, per_sm, warps, stages):
-    """M padded to a power of two >= 16; K split so that about per_sm programs run on each SM, but
-    into ranges of at least MIN_STEPS_PER_SPLIT K-steps."""
+def _skinny_config(m, n, k, num_sms, block_n, block_k, per_sm, warps, stages, min_steps=1):
+    """M padded to a power of two >= 16; K split so that about per_sm programs run on each SM, in
+    ranges of at least min_steps K-steps."""
     block_m = max(16, 1 << (m - 1).bit_length())
     steps = -(-k // block_k)
-    splits = max(1, min(steps // MIN_STEPS_PER_SPLIT, -(-per_sm * num_sms // -(-n // block_n))))
+    splits = max(1, min(steps // min_steps, -(-per_sm * num_sms // -(-n // block_n))))
     return block_m, block_n, block_k, splits, warps, stages
 
 
@@ -97,9 +101,10 @@ def split_ranges(k: int, block_k: int, splits: int) -> tuple[int, int]:
 DOT_SCALED_SPLITK = (128, 128, 8, 4, 3)  # BLOCK_N, BLOCK_K, programs per SM, warps, stages
 
 
-def dot_scaled_splitk_config(m: int, n: int, k: int, num_sms: int) -> tuple[int, int, int, int, int, int]:
+def dot_scaled_splitk_config(m: int, n: int, k: int, num_sms: int, min_steps: int = 1
+                             ) -> tuple[int, int, int, int, int, int]:
     """-> (BLOCK_M, BLOCK_N, BLOCK_K, num_splits, num_warps, num_stages) of the sm_100 skinny GEMM."""
-    return _skinny_config(m, n, k, num_sms, *DOT_SCALED_SPLITK)
+    return _skinny_config(m, n, k, num_sms, *DOT_SCALED_SPLITK, min_steps)
 
 
 # Which implementation nvfp4::linear uses on CUDA:

@@ -314,8 +314,10 @@ def gemm_splitk(x, w_data, w_scale, w_g, bias, out_dtype, swizzled, config=None,
                          "x's quantized values (nvfp4.quantize_values)")
     if config is None:
         num_sms = gemm_configs.sm_count(x.device)
-        config = (gemm_configs.dot_scaled_splitk_config(m, n, k, num_sms) if dot_scaled
-                  else gemm_configs.splitk_config(m, n, k, num_sms, tiled=tiled_n is not None))
+        min_steps = gemm_configs.MIN_STEPS_PER_SPLIT
+        config = (gemm_configs.dot_scaled_splitk_config(m, n, k, num_sms, min_steps) if dot_scaled
+                  else gemm_configs.splitk_config(m, n, k, num_sms, tiled=tiled_n is not None,
+                                                  min_steps=min_steps))
     block_m, block_n, block_k, splits, warps, stages = config
     tile_group = (2 * TILE_N, 2 * TILE_K) if dot_scaled else (TILE_N, TILE_K)
     if tiled_n is not None and (block_n, block_k) != tile_group:
