@@ -2,11 +2,11 @@
 a 4096 x 14336 (K x N) tiled weight, for Nsight Compute:
     ncu --kernel-name regex:_splitk_kernel --launch-skip 2 python benchmarks/ncu_skinny.py"""
 import torch
+from probe_skinny import VARIANTS, variant_module
 
 import nvfp4_inductor as nv
 from nvfp4_inductor import tiled as tiled_layout
 from nvfp4_inductor.kernels import gemm_splitk as gs
-from probe_skinny import VARIANTS, variant_module
 
 k, n = 4096, 14336
 q = nv.quantize(torch.randn(n, k, dtype=torch.bfloat16, device="cuda"))

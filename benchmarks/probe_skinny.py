@@ -70,24 +70,30 @@ def variant_module(name, replacements):
     return module
 
 
+def weights(k, n):
+    """bf16 (N, K) weights and their tiled NVFP4 forms, enough copies to exceed L2 twice over."""
+    l2 = torch.cuda.get_device_properties().L2_cache_size
+    w_bf16 = [torch.randn(n, k, dtype=torch.bfloat16, device="cuda")
+              for _ in range(max(2, math.ceil(3 * l2 / (n * k * 2))))]
+    tiled = []
+    for w in w_bf16:
+        q = nv.quantize(w)
+        tiled.append((*tiled_layout.tile(q.data, q.scale.view(torch.uint8)), q.global_scale))
+    return w_bf16, tiled
+
+
 def min_steps() -> None:
     """Split count: the shipped rule (about P programs per SM) against capping the splits so each
     runs at least S K-steps (short K ranges spend their time filling the pipeline)."""
     sms = torch.cuda.get_device_properties().multi_processor_count
-    l2 = torch.cuda.get_device_properties().L2_cache_size
-    print("| K | N | M | bf16 | shipped (splits) | >= 4 steps | >= 8 steps | >= 16 steps |")
+    print("| K | N | M | bf16 | per-SM rule (splits) | >= 4 steps | >= 8 steps | >= 16 steps |")
     print("|---|---|---|---|---|---|---|---|")
     for k, n in [(4096, 1024), (4096, 4096), (4096, 14336), (14336, 4096), (8192, 28672)]:
-        copies = max(2, math.ceil(3 * l2 / (n * k * 0.5625)))
-        w_bf16 = [torch.randn(n, k, dtype=torch.bfloat16, device="cuda") for _ in range(copies)]
-        tiled = []
-        for w in w_bf16:
-            q = nv.quantize(w)
-            tiled.append((*tiled_layout.tile(q.data, q.scale.view(torch.uint8)), q.global_scale))
+        w_bf16, tiled = weights(k, n)
         for m in (1, 16):
             x = torch.randn(m, k, dtype=torch.bfloat16, device="cuda")
             bf16 = stream_us(lambda w: x @ w.T, w_bf16, rounds=2)
-            shipped = gemm_configs.splitk_config(m, n, k, sms, tiled=True)
+            shipped = gemm_configs.splitk_config(m, n, k, sms, tiled=True)  # min_steps 1
             cells = []
             for steps in (None, 4, 8, 16):
                 block_m, block_n, block_k, splits, warps, stages = shipped
@@ -107,7 +113,6 @@ def main() -> None:
     print(f"GPU: {torch.cuda.get_device_name()}, torch {torch.__version__}, triton {triton.__version__}")
     copy = copy_bandwidth_gbs()
     sms = torch.cuda.get_device_properties().multi_processor_count
-    l2 = torch.cuda.get_device_properties().L2_cache_size
     print(f"copy {copy:.0f} GB/s, {sms} SMs")
     modules = {} if "--warps" in sys.argv else {name: variant_module(name, r) for name, r in VARIANTS.items()}
     if "--no-sweep" in sys.argv:
@@ -118,12 +123,7 @@ def main() -> None:
         sweep = [(per_sm, 2, stages) for per_sm in (4, 8, 12, 16) for stages in (3, 4, 6)]
     header = None
     for k, n in SHAPES:
-        copies = max(2, math.ceil(3 * l2 / (n * k * 2)))
-        w_bf16 = [torch.randn(n, k, dtype=torch.bfloat16, device="cuda") for _ in range(copies)]
-        tiled = []
-        for w in w_bf16:
-            q = nv.quantize(w)
-            tiled.append((*tiled_layout.tile(q.data, q.scale.view(torch.uint8)), q.global_scale))
+        w_bf16, tiled = weights(k, n)
         m = 16 if "--m16" in sys.argv else 1
         x = torch.randn(m, k, dtype=torch.bfloat16, device="cuda")
         ref = gs.gemm_splitk(x, *tiled[0][:3], None, torch.float32, False, tiled_n=n)
