@@ -13,6 +13,7 @@ from torch import nn
 
 from . import _checks, api
 from .format import BLOCK_SIZE
+from .kernels import gemm_configs  # the path tables: no Triton import
 
 __all__ = ["Config", "NVFP4Linear", "ConversionReport", "convert"]
 
@@ -62,7 +63,7 @@ class Config:
 def _resolve_activation(mode: str, x: torch.Tensor) -> str:
     if mode != "auto":
         return mode
-    if x.is_cuda and torch.cuda.get_device_capability(x.device)[0] >= 10:
+    if gemm_configs.block_scaled_mma(x.device):
         return "nvfp4"
     return "bf16"
 

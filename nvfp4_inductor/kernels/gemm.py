@@ -175,10 +175,9 @@ def linear(x, w_data, w_scale, w_g, bias, w_swizzled: bool, activation: str):
     if path == "dequant_cublas":
         w = dequantize(w_data, w_scale, None, w_swizzled, torch.bfloat16)
         return _linear_dequant_cublas(x2, w, w_g, bias, activation, x.dtype).reshape(*lead, n)
-    major, _ = torch.cuda.get_device_capability(x.device)
     if activation == "nvfp4":
         a, a_scale, a_g = quantize(x2, None, False, w_swizzled)
-        mma = (gemm_configs.MMA_DOT_SCALED if major >= 10 and w_swizzled
+        mma = (gemm_configs.MMA_DOT_SCALED if gemm_configs.block_scaled_mma(x.device) and w_swizzled
                else gemm_configs.MMA_DEQUANT)
         y = gemm(a, a_scale, a_g, w_data, w_scale, w_g, bias, x.dtype, w_swizzled, True, mma)
     else:
@@ -207,8 +206,7 @@ def _linear_splitk(x2, w_data, w_scale, w_g, bias, w_swizzled, activation, out_d
     from .gemm_splitk import gemm_splitk
     from .quantize import quantize
 
-    if (activation == "nvfp4" and tiled_n is not None and x2.is_cuda
-            and torch.cuda.get_device_capability(x2.device)[0] >= 10):
+    if activation == "nvfp4" and tiled_n is not None and gemm_configs.block_scaled_mma(x2.device):
         a, a_scale, a_g = quantize(x2, None, False, False)
         return gemm_splitk(a, w_data, w_scale, w_g * a_g, bias, out_dtype, w_swizzled,
                            tiled_n=tiled_n, x_scale=a_scale)

@@ -59,6 +59,13 @@ def splitk_config(m: int, n: int, k: int, num_sms: int, tiled: bool = False, min
     return _skinny_config(m, n, k, num_sms, block_n, block_k, per_sm, warps, stages, min_steps)
 
 
+def block_scaled_mma(device) -> bool:
+    """Whether a device multiplies NVFP4 natively (sm_100 and up: tcgen05 block-scaled MMA)."""
+    import torch
+
+    return device.type == "cuda" and torch.cuda.get_device_capability(device)[0] >= 10
+
+
 def sm_count(device) -> int:
     """Streaming multiprocessors of a CUDA device; 8 elsewhere (the Triton interpreter or CPU
     backend: a small grid)."""

@@ -308,8 +308,7 @@ def gemm_splitk(x, w_data, w_scale, w_g, bias, out_dtype, swizzled, config=None,
         use_asm = x.is_cuda
     # sm_100 with both operands NVFP4 and W tiled: tcgen05 block-scaled MMA (dot_scaled_mainloop)
     dot_scaled = x_scale is not None
-    if dot_scaled and not (tiled_n is not None and x.is_cuda
-                           and torch.cuda.get_device_capability(x.device)[0] >= 10):
+    if dot_scaled and not (tiled_n is not None and gemm_configs.block_scaled_mma(x.device)):
         raise ValueError("an NVFP4 x (x_scale) needs tiled weights on sm_100 or newer; elsewhere pass "
                          "x's quantized values (nvfp4.quantize_values)")
     if config is None:

@@ -156,8 +156,6 @@ def _quantize_tile(
     signs = tl.reshape(pair_sign_bits(words, DTYPE), (BLOCK_M, BLOCK_K // BLOCK, BLOCK // 2))
     packed = e2m1_pack_pair(even * recip, odd * recip, signs)
     packed = tl.where(usable[:, :, None], packed, 0)
-    pair_cols = (t % tiles_k) * (BLOCK_K // 2) + tl.arange(0, BLOCK_K // 2)
-    pair_mask = row_ok[:, None] & (pair_cols < K // 2)[None, :]
     if VALUES:  # the codes decoded with their block scale (NaN for a NaN block) by the GEMM's decode
         values = decode_tile(packed.to(tl.uint8), bits, USE_ASM, OPERAND, BLOCK_M, BLOCK_K)
         cols = (t % tiles_k) * BLOCK_K + tl.arange(0, BLOCK_K)
@@ -165,7 +163,9 @@ def _quantize_tile(
                  mask=row_ok[:, None] & (cols < K)[None, :])
     else:
         packed = tl.reshape(packed.to(tl.uint8), (BLOCK_M, BLOCK_K // 2))
-        tl.store(data_ptr + rows64 * (K // 2) + pair_cols[None, :], packed, mask=pair_mask)
+        pair_cols = (t % tiles_k) * (BLOCK_K // 2) + tl.arange(0, BLOCK_K // 2)
+        tl.store(data_ptr + rows64 * (K // 2) + pair_cols[None, :], packed,
+                 mask=row_ok[:, None] & (pair_cols < K // 2)[None, :])
 
         # Scales: padding blocks (rows >= M or columns >= K/16) hold 0, never NaN.
         block_cols = (t % tiles_k) * (BLOCK_K // BLOCK) + tl.arange(0, BLOCK_K // BLOCK)
@@ -189,8 +189,8 @@ def _quantize_kernel(
     stride_xm, stride_xm_pairs,
     # meta-parameters
     GLOBAL: tl.constexpr, WRITE_G: tl.constexpr, SWIZZLE: tl.constexpr, VALUES: tl.constexpr,
-    USE_ASM: tl.constexpr, OPERAND: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_K: tl.constexpr, FUSED_M: tl.constexpr, FUSED_K: tl.constexpr,
-    PARTIALS_BLOCK: tl.constexpr,
+    USE_ASM: tl.constexpr, OPERAND: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_K: tl.constexpr,
+    FUSED_M: tl.constexpr, FUSED_K: tl.constexpr, PARTIALS_BLOCK: tl.constexpr,
 ):
     """Program t quantizes tile t. (A persistent variant that kept the next one or two tiles'
     loads in flight while computing was measured no faster on an H200: at ~25 instructions per

@@ -120,8 +120,7 @@ def lower_linear_tiled(x, w_data, w_scale, w_global_scale, bias, n, activation):
     # W4A4 on sm_100: x stays NVFP4 for the block-scaled MMA (tl.dot_scaled); elsewhere x's
     # quantized values multiply in bf16, so W4A4 runs the W4A16 template on them (measured faster
     # than decoding x's codes in every program: benchmarks/NOTES.md).
-    dot_scaled = (activation == "nvfp4" and device.type == "cuda"
-                  and torch.cuda.get_device_capability(device)[0] >= 10)
+    dot_scaled = activation == "nvfp4" and gemm_configs.block_scaled_mma(device)
     if dot_scaled:
         x_data, x_scale, x_g = fallback_handler(QUANTIZE, add_to_fallback_set=False)(x2, None, False, False)
         inputs = realize_inputs(x_data, x_scale, w_data, w_scale)
