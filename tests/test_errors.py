@@ -33,6 +33,8 @@ CASES = [
     ("g inf", lambda: nv.quantize(X, math.inf), ValueError, "global_scale must be finite and > 0"),
     ("g bool", lambda: nv.quantize(X, True), TypeError, "global_scale must be None, a float"),
     ("g number per row", lambda: nv.quantize(X, 1.0, per_row=True), ValueError, "per_row=True needs a global_scale tensor"),
+    ("values: int input", lambda: torch.ops.nvfp4.quantize_values(torch.ones(4, 32, dtype=torch.int32)), TypeError, "x must have dtype"),
+    ("values: K not multiple of 16", lambda: torch.ops.nvfp4.quantize_values(torch.randn(4, 40)), ValueError, "K = 40 must be a positive multiple of 16"),
     # dequantize
     ("not NVFP4", lambda: nv.dequantize(X), TypeError, "q must be an nvfp4_inductor.NVFP4"),
     ("data dtype", lambda: nv.dequantize(_w()._replace(data=_w().data.to(torch.int16))), TypeError, "q.data must have dtype uint8"),
