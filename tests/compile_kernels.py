@@ -59,7 +59,7 @@ SPLITK_SIGNATURE = {
     "bias_ptr": "*bf16", "out_ptr": "*bf16", "partial_ptr": "*fp32", "M": "i32", "N": "i32", "K": "i32",
     "w_scale_cols": "i32", "tiles_per_split": "i32", "stride_xm": "i32", "stride_om": "i32",
     **{name: "constexpr" for name in ("SWIZZLED", "W_G_PER_ROW", "HAS_BIAS", "SPLIT", "USE_ASM",
-                                      "OPERAND", "EVEN", "TILED", "DOT_SCALED", "UNSCALE",
+                                      "OPERAND", "EVEN", "TILED", "DOT_SCALED", "REG_MMA", "UNSCALE",
                                       "BLOCK_M", "BLOCK_N", "BLOCK_K")},
 }
 WGMMA = r"wgmma\.mma_async"
@@ -101,7 +101,7 @@ def gemm_cases(sm):
 def _splitk_constexprs(**overrides):
     return {"SWIZZLED": False, "W_G_PER_ROW": False, "HAS_BIAS": True, "SPLIT": True, "USE_ASM": True,
             "OPERAND": triton.language.bfloat16, "EVEN": True, "TILED": False,
-            "DOT_SCALED": False, "UNSCALE": 128.0, **overrides}
+            "DOT_SCALED": False, "REG_MMA": 0, "UNSCALE": 128.0, **overrides}
 
 
 def splitk_cases():
@@ -123,6 +123,16 @@ def splitk_cases():
                warps, [WORD_DECODE, MMA_SYNC_BF16], stages)
 
 
+def reg_mma_cases():
+    """The register-fed mainloop (gemm_mma.py): mma.sync on operands it loads into registers
+    itself, scales through the hardware e4m3 conversion; x rows 1-8 and 9-16."""
+    bn, bk, _, warps, stages = gemm_configs.REG_MMA_CONFIG
+    for b_blocks in (1, 2):
+        yield (f"splitk-reg-mma-{8 * b_blocks}x{bn}x{bk}", sk._splitk_kernel, SPLITK_SIGNATURE,
+               _splitk_constexprs(TILED=True, REG_MMA=b_blocks, BLOCK_M=16, BLOCK_N=bn, BLOCK_K=bk),
+               warps, [MMA_SYNC_BF16, WORD_DECODE, r"cvt\.rn\.f16x2\.e4m3x2"], stages)
+
+
 def dot_scaled_splitk_cases():
     """sm_100: the skinny kernel's block-scaled mainloop (tiled W, NVFP4 x) -> tcgen05 MMA."""
     _, bn, bk, _, warps, stages = gemm_configs.dot_scaled_splitk_config(16, 4096, 4096, 148)
@@ -140,6 +150,7 @@ def cases(sm):
         return
     yield from gemm_cases(sm)
     yield from splitk_cases()
+    yield from reg_mma_cases()
     block_m, block_k, num_warps = qk.LARGE_TILE
     for dtype, mode, swizzle in itertools.product(DTYPES, range(4), [False, True]):
         yield (f"quantize-{dtype}-g{mode}-swizzle{int(swizzle)}", qk._quantize_kernel,

@@ -136,6 +136,44 @@ def test_splitk_on_tiled_weights_matches_reference(kernel_device, m, n, k):
 
 
 @pytest.mark.gpu
+@pytest.mark.parametrize("m, n, k", [(1, 64, 64), (3, 80, 208), (8, 192, 1040), (9, 128, 512),
+                                     (16, 1056, 4160)])
+@pytest.mark.parametrize("splits", [1, 3])
+def test_register_fed_mainloop_matches_reference(m, n, k, splits):
+    """gemm_mma's lane mapping, K tails (K not a multiple of the 64-wide tile), N not a tile
+    multiple, both x-row blocks (M <= 8 and 9..16), NaN-free wide-range inputs and per-row
+    weight scales, split K with the reduce kernel and without (the in-kernel epilogue)."""
+    gen = torch.Generator().manual_seed(m * 7 + n + k + splits)
+    x = (torch.randn(m, k, generator=gen) * torch.logspace(-3, 3, k)).to(torch.bfloat16)
+    w = nv.quantize(torch.randn(n, k, generator=gen) * torch.logspace(-2, 2, n)[:, None], per_row=True)
+    bias = torch.randn(n, generator=gen)
+    data_t, scale_t = nv_tiled.tile(w.data, w.scale.view(torch.uint8))
+    y = gemm_splitk.gemm_splitk(x.cuda(), data_t.cuda(), scale_t.cuda(), w.global_scale.cuda(), bias.cuda(),
+                                torch.float32, False, config=(16, 64, 64, splits, 4, 1), tiled_n=n,
+                                reg_mma=True)
+    want = x.double() @ w.dequantize(torch.float32).double().T + bias.double()
+    assert _rel(y, want) <= 1e-5
+    # a NaN block scale makes exactly its own weight row NaN
+    scale_nan = scale_t.clone()
+    scale_nan[5] = 0x7F  # tile 0, row 1, block 1
+    y = gemm_splitk.gemm_splitk(x.cuda(), data_t.cuda(), scale_nan.cuda(), w.global_scale.cuda(), None,
+                                torch.float32, False, tiled_n=n)
+    assert y[:, 1].isnan().all() and not y[:, [0] + list(range(2, n))].isnan().any()
+
+
+def test_register_fed_mainloop_refuses_what_it_cannot_run():
+    x = torch.zeros(17, 64, dtype=torch.bfloat16)
+    data_t, scale_t = nv_tiled.tile(torch.zeros(64, 32, dtype=torch.uint8), torch.zeros(64, 4, dtype=torch.uint8))
+    g = torch.ones(())
+    with pytest.raises(ValueError, match="register-fed mainloop needs"):
+        gemm_splitk.gemm_splitk(x, data_t, scale_t, g, None, torch.float32, False, tiled_n=64,
+                                use_asm=True, reg_mma=True)
+    with pytest.raises(ValueError, match="runs 16 x 64 x 64 tiles on 4 warps"):
+        gemm_splitk.gemm_splitk(x[:3], data_t, scale_t, g, None, torch.float32, False, tiled_n=64,
+                                use_asm=True, reg_mma=True, config=(16, 64, 64, 1, 2, 4))
+
+
+@pytest.mark.gpu
 @pytest.mark.parametrize("m", [1, 7, 16, 33])
 @pytest.mark.parametrize("activation", ["bf16", "nvfp4"])
 def test_linear_tiled_on_cuda_matches_reference(m, activation):

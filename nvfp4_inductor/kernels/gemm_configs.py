@@ -47,12 +47,22 @@ TILED_CONFIG = (64, 64, 8, 2, 4)
 TILED_CONFIG_WIDE_N = (64, 64, 16, 2, 4)
 
 
-def splitk_config(m: int, n: int, k: int, num_sms: int, tiled: bool = False, min_steps: int = 1
-                  ) -> tuple[int, int, int, int, int, int]:
+# The register-fed mainloop (gemm_mma.py, tiled weights, M <= 16): a warp per 16 rows of the 64 x 64
+# tile, so 4 warps; it prefetches in registers itself (no Triton pipelining: num_stages 1).
+# Measured on an H100 at M = 1 (benchmarks/probe_mma.py): 8 programs per SM best on the large shapes
+# (4096 x 14336: 18.9 us vs 21.5 / 21.2 with 4 / 16; 8192 x 28672: 56.6 vs 60.7 / 58.8).
+REG_MMA_CONFIG = (64, 64, 8, 4, 1)
+
+
+def splitk_config(m: int, n: int, k: int, num_sms: int, tiled: bool = False, min_steps: int = 1,
+                  reg_mma: bool = False) -> tuple[int, int, int, int, int, int]:
     """-> (BLOCK_M, BLOCK_N, BLOCK_K, num_splits, num_warps, num_stages) of the skinny kernel;
-    min_steps: K-steps a split runs at least (the eager launcher: MIN_STEPS_PER_SPLIT)."""
+    min_steps: K-steps a split runs at least (the eager launcher: MIN_STEPS_PER_SPLIT); reg_mma:
+    the register-fed mainloop (tiled weights, M <= 16)."""
     wide = n >= 16384
-    if tiled:
+    if reg_mma:
+        block_n, block_k, per_sm, warps, stages = REG_MMA_CONFIG
+    elif tiled:
         block_n, block_k, per_sm, warps, stages = TILED_CONFIG_WIDE_N if wide else TILED_CONFIG
     else:
         block_n, block_k, per_sm, warps, stages = SPLITK_CONFIG_WIDE_N if wide else SPLITK_CONFIG
@@ -151,6 +161,7 @@ class TemplateConfig(NamedTuple):
     num_stages: int
     block_n: int = TILE_N
     block_k: int = TILE_K
+    reg_mma: int = 0  # 1 or 2: the register-fed mainloop for x rows up to 8 * reg_mma (gemm_mma.py)
 
 
 TEMPLATE_MAX_SPLIT_M = TILED_SPLITK_MAX_M  # up to here the template splits K like the eager kernel
@@ -177,10 +188,20 @@ def template_is_default(m: int, n: int, config: "TemplateConfig", num_sms: int) 
 TEMPLATE_WIDE_CONFIGS = [(128, 4, 3), (64, 4, 4), (128, 8, 3), (256, 8, 3)]
 
 
-def template_configs(m: int, n: int, k: int, num_sms: int, dot_scaled: bool = False
-                     ) -> list[TemplateConfig]:
+def template_configs(m: int, n: int, k: int, num_sms: int, dot_scaled: bool = False,
+                     reg_mma: bool = False) -> list[TemplateConfig]:
     """The template's configs for an (M, K) x (N, K)^T product, default pick first. dot_scaled:
-    sm_100 with x NVFP4 (128 x 128 weight steps; compiled for sm_100, never run here)."""
+    sm_100 with x NVFP4 (128 x 128 weight steps; compiled for sm_100, never run here); reg_mma:
+    the register-fed mainloop may run (CUDA, M <= 16): it is the default pick, the tl.dot
+    mainloop's configs follow for max-autotune."""
+    if reg_mma and m <= 16 and not dot_scaled:
+        block_m, block_n, block_k, splits, warps, stages = splitk_config(m, n, k, num_sms, reg_mma=True)
+        splits, per_split = split_ranges(k, block_k, splits)
+        first = TemplateConfig(block_m, splits, per_split, warps, stages, block_n, block_k,
+                               reg_mma=2 if m > 8 else 1)
+        # every choice must store the same (split, M, N) partials
+        return [first] + [c._replace(split=splits, tiles_per_split=per_split)
+                          for c in template_configs(m, n, k, num_sms)]
     if m <= TEMPLATE_MAX_SPLIT_M:
         if dot_scaled:
             block_m, block_n, block_k, splits, warps, stages = dot_scaled_splitk_config(m, n, k, num_sms)

@@ -41,6 +41,7 @@ import triton.language as tl
 from ..format import BLOCK_SIZE
 from ..tiled import TILE_K, TILE_N
 from . import gemm_configs
+from .gemm_mma import mma_mainloop
 from ._common import BLOCK, FP8_NAN, e2m1_decode, scale_offsets
 
 # $4: 4 packed bytes b0..b3; $5, $6: bf16x2 block scales; $0, $1: low nibbles of (b0, b1), (b2, b3);
@@ -246,7 +247,7 @@ def _splitk_kernel(
     # meta-parameters
     SWIZZLED: tl.constexpr, W_G_PER_ROW: tl.constexpr, HAS_BIAS: tl.constexpr,
     SPLIT: tl.constexpr, USE_ASM: tl.constexpr, OPERAND: tl.constexpr, EVEN: tl.constexpr,
-    TILED: tl.constexpr, DOT_SCALED: tl.constexpr, UNSCALE: tl.constexpr,
+    TILED: tl.constexpr, DOT_SCALED: tl.constexpr, REG_MMA: tl.constexpr, UNSCALE: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
 ):
     pid_n = tl.program_id(0)
@@ -256,6 +257,9 @@ def _splitk_kernel(
     if DOT_SCALED:  # sm_100, W tiled and x NVFP4: the tensor core applies the block scales
         acc = dot_scaled_mainloop(x_ptr, x_scale_ptr, w_ptr, w_scale_ptr, M, N, K, stride_xm, pid_n,
                                   tile_begin, tile_end, BLOCK_M, BLOCK_N, BLOCK_K)
+    elif REG_MMA > 0:  # sm_90+, W tiled, M <= 8 * REG_MMA <= 16: mma.sync on registers (gemm_mma.py)
+        acc = mma_mainloop(x_ptr, w_ptr, w_scale_ptr, M, K, stride_xm, pid_n, tile_begin, tile_end,
+                           REG_MMA == 2, EVEN)
     else:
         acc = splitk_mainloop(x_ptr, w_ptr, w_scale_ptr, M, N, K, stride_xm, w_scale_cols, pid_n,
                               tile_begin, tile_end, SWIZZLED, USE_ASM, OPERAND, EVEN, TILED,
@@ -290,13 +294,15 @@ def _reduce_kernel(
 
 
 def gemm_splitk(x, w_data, w_scale, w_g, bias, out_dtype, swizzled, config=None, use_asm=None,
-                tiled_n=None, x_scale=None):
+                tiled_n=None, x_scale=None, reg_mma=None):
     """x (M, K) (bf16 on the GPU: the word decode multiplies in bf16; fp16 under the interpreter),
     M <= 64; W NVFP4 (N, K/2) + uint8 scale bits + g (() or (N,)) -> (M, N) out_dtype.
     tiled_n: W is in the tiled layout of nvfp4_inductor.tiled, with N = tiled_n rows (the config
     must then use BLOCK_N, BLOCK_K = TILE_N, TILE_K). x_scale (sm_100, tiled W only): x is NVFP4
     itself, codes (M, K/2) + these plain scale bits (M, K/16), for the block-scaled MMA; g must
-    then hold both global scales (w_g * x_g). Elsewhere W4A4 passes x's quantized values."""
+    then hold both global scales (w_g * x_g). Elsewhere W4A4 passes x's quantized values.
+    reg_mma: run gemm_mma's register-fed mainloop (CUDA, tiled W, M <= 16, x rows 4-byte aligned;
+    config (16, 64, 64, splits, 4 warps, stages)); None: wherever it applies and no config is given."""
     m, k = x.shape[0], x.shape[1] * (2 if x_scale is not None else 1)
     n = w_data.shape[0] if tiled_n is None else tiled_n
     if m > 64:
@@ -311,13 +317,26 @@ def gemm_splitk(x, w_data, w_scale, w_g, bias, out_dtype, swizzled, config=None,
     if dot_scaled and not (tiled_n is not None and gemm_configs.block_scaled_mma(x.device)):
         raise ValueError("an NVFP4 x (x_scale) needs tiled weights on sm_100 or newer; elsewhere pass "
                          "x's quantized values (nvfp4.quantize_values)")
+    # sm_90+ (inline PTX), W tiled, M <= 16, x rows 4-byte aligned: the register-fed mainloop
+    reg_mma_applies = (use_asm and tiled_n is not None and not dot_scaled and m <= 16
+                       and x.stride(0) % 2 == 0 and x.data_ptr() % 4 == 0)
+    if reg_mma is None:
+        reg_mma = reg_mma_applies and config is None
+    elif reg_mma and not reg_mma_applies:
+        raise ValueError("the register-fed mainloop needs inline PTX (CUDA), tiled weights, at most 16 "
+                         "rows of x and x rows at even element offsets")
     if config is None:
         num_sms = gemm_configs.sm_count(x.device)
         min_steps = gemm_configs.MIN_STEPS_PER_SPLIT
         config = (gemm_configs.dot_scaled_splitk_config(m, n, k, num_sms, min_steps) if dot_scaled
                   else gemm_configs.splitk_config(m, n, k, num_sms, tiled=tiled_n is not None,
-                                                  min_steps=min_steps))
+                                                  min_steps=min_steps, reg_mma=reg_mma))
     block_m, block_n, block_k, splits, warps, stages = config
+    if reg_mma and (block_m, block_n, block_k, warps) != (16, TILE_N, TILE_K, 4):
+        raise ValueError(f"the register-fed mainloop runs 16 x {TILE_N} x {TILE_K} tiles on 4 warps; "
+                         f"got {config}")
+    if reg_mma and w_data.numel() >= 2**33:  # it addresses codes as int32 word offsets
+        raise ValueError(f"the register-fed mainloop takes at most 2^33 code bytes; got {w_data.numel()}")
     tile_group = (2 * TILE_N, 2 * TILE_K) if dot_scaled else (TILE_N, TILE_K)
     if tiled_n is not None and (block_n, block_k) != tile_group:
         raise ValueError(f"tiled weights need BLOCK_N, BLOCK_K = {tile_group}; got {block_n}, {block_k}")
@@ -333,7 +352,7 @@ def gemm_splitk(x, w_data, w_scale, w_g, bias, out_dtype, swizzled, config=None,
         x.stride(0), out.stride(0),
         SWIZZLED=swizzled, SPLIT=splits > 1, USE_ASM=use_asm,
         OPERAND=tl.bfloat16 if use_asm else tl.float16, EVEN=n % block_n == 0 and k % block_k == 0,
-        TILED=tiled_n is not None, DOT_SCALED=dot_scaled,
+        TILED=tiled_n is not None, DOT_SCALED=dot_scaled, REG_MMA=(2 if m > 8 else 1) if reg_mma else 0,
         BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_K=block_k, num_warps=warps, num_stages=stages,
         **common,
     )

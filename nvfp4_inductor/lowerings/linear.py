@@ -107,6 +107,13 @@ def _uses_template(x) -> bool:
     return triton_device and static and all(int(s) > 0 for s in sizes)
 
 
+def _even_rows(x) -> bool:
+    """x's rows start at even element offsets (a static layout): 4-byte aligned bf16 pairs."""
+    layout = x.get_layout()
+    stride, offset = layout.stride[0], layout.offset
+    return isinstance(stride, int) and isinstance(offset, int) and stride % 2 == 0 and offset % 2 == 0
+
+
 def lower_linear_tiled(x, w_data, w_scale, w_global_scale, bias, n, activation):
     if not _uses_template(x):
         return fallback_handler(OP, add_to_fallback_set=False)(
@@ -128,12 +135,16 @@ def lower_linear_tiled(x, w_data, w_scale, w_global_scale, bias, n, activation):
     else:
         if activation == "nvfp4":
             x2, x_g = fallback_handler(QUANTIZE_VALUES, add_to_fallback_set=False)(x2)
+        if device.type == "cuda" and m <= 16:  # fixed, contiguous rows for the register-fed mainloop
+            x2 = ir.ExternKernel.require_contiguous(x2)
         inputs = realize_inputs(x2, w_data, w_scale)
         extern_choice = extern_mm_tiled_f32
     if activation == "nvfp4":
         w_global_scale = lowerings[aten.mul.Tensor](w_global_scale, x_g)  # the eager kernels' order
     num_sms = gemm_configs.sm_count(device)
-    configs = gemm_configs.template_configs(m, n, k, num_sms, dot_scaled)
+    # the register-fed mainloop reads x's rows as 32-bit words: even row stride and offset
+    reg_mma = device.type == "cuda" and not dot_scaled and _even_rows(inputs[0])
+    configs = gemm_configs.template_configs(m, n, k, num_sms, dot_scaled, reg_mma)
     split = configs[0].split
     extern = split == 1 and device.type == "cuda"  # same output contract: (M, N) fp32 products
     if not _compat.max_autotune():  # the heuristic pick alone
@@ -160,6 +171,7 @@ def lower_linear_tiled(x, w_data, w_scale, w_global_scale, bias, n, activation):
             num_warps=c.num_warps, call_sizes=[m, n],
             SPLIT=c.split, TILES_PER_SPLIT=c.tiles_per_split, N=n, BLOCK_M=c.block_m,
             BLOCK_N=c.block_n, BLOCK_K=c.block_k, EVEN_K=k % c.block_k == 0, USE_ASM=use_asm,
+            REG_MMA=c.reg_mma,
             OPERAND="tl.bfloat16" if use_asm else "tl.float16", DOT_SCALED=dot_scaled,
             UNSCALE=1.0 if dot_scaled else 2.0**7)
     if extern:

@@ -1,0 +1,77 @@
+"""The register-fed skinny GEMM (kernels/gemm_mma.py) against the tl.dot skinny kernel and bf16
+cuBLAS at decode sizes, same run: correctness first (float64 reference), then CUDA-graph times
+over weight copies beyond L2. Not a benchmark of record (bench_gemm.py is).
+
+    python benchmarks/probe_mma.py
+"""
+
+import math
+
+import torch
+import triton
+from bench_quantize import copy_bandwidth_gbs, stream_us
+
+import nvfp4_inductor as nv
+from nvfp4_inductor.kernels import gemm_configs
+from nvfp4_inductor.kernels.gemm_splitk import gemm_splitk
+
+SHAPES = [(4096, 4096), (4096, 14336), (14336, 4096), (8192, 28672), (4096, 1024)]  # (K, N)
+ops = torch.ops.nvfp4
+
+
+def check() -> None:
+    worst = 0.0
+    for n, k in [(64, 64), (80, 176), (4096, 4096), (1024, 14336), (192, 4160)]:
+        w = torch.randn(n, k, device="cuda", dtype=torch.bfloat16)
+        q = nv.quantize(w)
+        data, scale = ops.tile_weight(q.data, q.scale.view(torch.uint8))
+        w_ref = q.dequantize(torch.float32).double()
+        for m in (1, 3, 8, 9, 16):
+            x = torch.randn(m, k, device="cuda", dtype=torch.bfloat16)
+            bias = torch.randn(n, device="cuda", dtype=torch.bfloat16)
+            ref = x.double() @ w_ref.T + bias.double()
+            for splits in (None, 1, 3):
+                config = None if splits is None else (16, 64, 64, splits, 4, 1)
+                y = gemm_splitk(x, data, scale, q.global_scale, bias, torch.float32, False, config=config,
+                                tiled_n=n, reg_mma=True)
+                err = ((y.double() - ref).abs().max() / ref.abs().max()).item()
+                worst = max(worst, err)
+                assert err < 1e-4, (n, k, m, splits, err)
+    print(f"correct: worst relative error {worst:.2e} (fp32 out vs float64)")
+
+
+def main() -> None:
+    torch.manual_seed(0)
+    print(f"GPU: {torch.cuda.get_device_name()}, torch {torch.__version__}, triton {triton.__version__}")
+    check()
+    copy = copy_bandwidth_gbs()
+    l2 = torch.cuda.get_device_properties().L2_cache_size
+    print(f"device copy: {copy:.0f} GB/s")
+    cols = ["bf16", "tiled", "mma4", "mma8", "mma16", "floor"]
+    sms = torch.cuda.get_device_properties().multi_processor_count
+    print(f"{'K':>6} {'N':>6} {'M':>3} " + " ".join(f"{c:>7}" for c in cols) + " | x bf16: "
+          + " ".join(f"{c:>6}" for c in cols[1:]))
+    for k, n in SHAPES:
+        copies = max(2, math.ceil(3 * l2 / (n * k * 2)))
+        w_bf16 = [torch.randn(n, k, dtype=torch.bfloat16, device="cuda") for _ in range(copies)]
+        w_q = [nv.quantize(w) for w in w_bf16]
+        w_tiled = [(*ops.tile_weight(q.data, q.scale.view(torch.uint8)), q.global_scale) for q in w_q]
+        for m in (1, 4, 16):
+            x = torch.randn(m, k, dtype=torch.bfloat16, device="cuda")
+            old = gemm_configs.splitk_config(m, n, k, sms, tiled=True, min_steps=8)
+            times = [stream_us(lambda w: x @ w.T, w_bf16),
+                     stream_us(lambda w: gemm_splitk(x, w[0], w[1], w[2], None, torch.bfloat16, False,
+                                                     config=old, tiled_n=n, reg_mma=False), w_tiled)]
+            for per_sm in (4, 8, 16):
+                _, _, _, splits, _, _ = gemm_configs._skinny_config(m, n, k, sms, 64, 64, per_sm, 4, 1, 8)
+                config = (16, 64, 64, splits, 4, 1)
+                times.append(stream_us(lambda w: gemm_splitk(x, w[0], w[1], w[2], None, torch.bfloat16, False,
+                                                             config=config, tiled_n=n, reg_mma=True), w_tiled))
+            times.append((n * k * 0.5625 + 2 * m * k + 2 * m * n) / copy / 1e3)
+            print(f"{k:>6} {n:>6} {m:>3} " + " ".join(f"{t:7.1f}" for t in times) + " | x bf16: "
+                  + " ".join(f"{times[0] / t:6.2f}" for t in times[1:]), flush=True)
+        del w_bf16, w_q, w_tiled
+
+
+if __name__ == "__main__":
+    main()

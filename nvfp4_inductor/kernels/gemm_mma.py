@@ -1,0 +1,225 @@
+"""Register-fed skinny NVFP4 GEMM for decode on sm_90: y = x @ W^T, x (M <= 16, K) bf16, W NVFP4
+in the tiled layout (nvfp4_inductor/tiled.py: 64 x 64 tiles, each tile's 64 rows of 32 bytes
+contiguous, plain e4m3 scale bits likewise).
+
+Why not tl.dot: at M <= 16 the GEMM is a weight stream with ~4 instructions per weight to spend on
+an H200 (SPEC §5). Through tl.dot (gemm_splitk.py) Triton stages x^T, padded to 16 columns, in
+shared memory every K-step, and joins the decoded nibbles into its operand layout with byte
+permutes: ~5.7 SASS instructions a weight, the kernel issue- and shared-memory-bound at 40-50% of
+the HBM floor (benchmarks/NOTES.md). Here every warp issues mma.sync.m16n8k16 itself (inline
+PTX) on operands that never leave registers, in a mapping chosen so that each lane loads exactly
+the bytes it multiplies.
+
+Lanes and data. All tensors are 1-D of BLOCK = 32 * num_warps elements, element i held by thread
+i (lane l = i % 32, warp u = i // 32, g = l // 4, q = l % 4). Warp u owns rows 16u .. 16u + 15 of
+the program's 64-row tile; per K-step (one 64 x 64 tile) lane (g, q) holds
+    W rows 16u + g and 16u + g + 8, k in [16q, 16q + 16): 2 x 8 bytes, one e4m3 scale each
+        (coalesced: each 8-byte load of a warp reads 256 contiguous bytes of the tile),
+    x row g (and g + 8 when BLOCK_M = 16), the same 16 k: 32 bytes (zeros for rows >= M).
+mma.sync.m16n8k16 (row.col, bf16, fp32 accumulate), A = W (16 rows x 16 k-slots), B = x^T
+(16 k-slots x 8 rows of x): lane (g, q) supplies A rows g, g + 8 and B column g at k-slots
+2q, 2q + 1, 2q + 8, 2q + 9, and gets D rows g, g + 8, columns 2q, 2q + 1. The k-slot -> k mapping
+is free as long as A and B agree; it is chosen for the decode: with 8 codes per 32-bit word
+(natural order, nibble i = k offset i), codes i and i + 4 sit 16 bits apart, so one shift/mask
+places both into a bf16x2 (`_DECODE_PAIRS_ASM`), and x's matching pair (x[i], x[i + 4]) is one
+byte permute of two loaded words. Sub-step j of a K-step multiplies the pairs
+    j = 0: (0, 4), (1, 5)   j = 1: (2, 6), (3, 7)   j = 2: (8, 12), (9, 13)   j = 3: (10, 14), (11, 15)
+(offsets from 16q; the first pair at k-slots 2q, 2q + 1, the second at 2q + 8, 2q + 9).
+
+Values. Codes become bf16 e2m1 * 2^-126 (bits mag << 6, sign at 15), multiplied by bf16
+s * 2^119 (one mul.bf16x2, exact: at most 6 significant bits): e2m1 * s * 2^-7, as in
+gemm_splitk.py; the epilogue multiplies by 2^7 * g. s * 2^119 comes from the e4m3 bits through
+the hardware conversion (cvt.rn.f16x2.e4m3x2, exact, NaN kept) and fp32.
+
+The mainloop returns the (64, 16) fp32 tile of gemm_splitk.splitk_mainloop's contract, so the
+eager split-K kernel and the Inductor template call either (REG_MMA): this one on CUDA for
+M <= 16, the tl.dot one for larger M and under the Triton interpreter (which runs no inline PTX).
+"""
+
+import triton
+import triton.language as tl
+
+from ..tiled import TILE_K, TILE_N
+
+_TILE_N: tl.constexpr = tl.constexpr(TILE_N)
+_TILE_K: tl.constexpr = tl.constexpr(TILE_K)
+_TILE_WORDS: tl.constexpr = tl.constexpr(TILE_N * TILE_K // 8)  # uint32 words of codes a tile
+_TILE_SCALES: tl.constexpr = tl.constexpr(TILE_N * TILE_K // 16)  # scale bytes a tile
+_ROW_WORDS: tl.constexpr = tl.constexpr(TILE_K // 8)  # uint32 words a tile row (8)
+_WARPS: tl.constexpr = tl.constexpr(TILE_N // 16)  # a warp per 16 rows of the tile
+
+# $4: 8 codes (natural order), $5: bf16x2 s * 2^119; $0..$3: bf16x2 pairs (i, i + 4), i = 0..3,
+# each e2m1 * s * 2^-7: magnitude bits to 6..8 (+16), sign to 15 (+16).
+_DECODE_PAIRS_ASM: tl.constexpr = tl.constexpr("""
+{
+.reg .b32 m, s;
+shl.b32 m, $4, 6; and.b32 m, m, 0x01C001C0; shl.b32 s, $4, 12; and.b32 s, s, 0x80008000;
+or.b32 m, m, s; mul.rn.bf16x2 $0, m, $5;
+shl.b32 m, $4, 2; and.b32 m, m, 0x01C001C0; shl.b32 s, $4, 8; and.b32 s, s, 0x80008000;
+or.b32 m, m, s; mul.rn.bf16x2 $1, m, $5;
+shr.b32 m, $4, 2; and.b32 m, m, 0x01C001C0; shl.b32 s, $4, 4; and.b32 s, s, 0x80008000;
+or.b32 m, m, s; mul.rn.bf16x2 $2, m, $5;
+shr.b32 m, $4, 6; and.b32 m, m, 0x01C001C0; and.b32 s, $4, 0x80008000;
+or.b32 m, m, s; mul.rn.bf16x2 $3, m, $5;
+}
+""")
+
+# $2: two e4m3 bytes (row g, row g + 8); $0, $1: bf16x2 (s * 2^119, s * 2^119) of each.
+_SCALES_ASM: tl.constexpr = tl.constexpr("""
+{
+.reg .b32 h; .reg .b16 lo, hi; .reg .f32 a, b;
+cvt.rn.f16x2.e4m3x2 h, $2;
+mov.b32 {lo, hi}, h;
+cvt.f32.f16 a, lo; cvt.f32.f16 b, hi;
+mul.f32 a, a, 0f7B000000; mul.f32 b, b, 0f7B000000;
+cvt.rn.bf16x2.f32 $0, a, a; cvt.rn.bf16x2.f32 $1, b, b;
+}
+""")
+
+_MMA_ASM: tl.constexpr = tl.constexpr(
+    "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 "
+    "{$0, $1, $2, $3}, {$4, $5, $6, $7}, {$8, $9}, {$10, $11, $12, $13};")
+
+
+@triton.jit
+def _decode_pairs(word, scale):
+    return tl.inline_asm_elementwise(_DECODE_PAIRS_ASM, "=r,=r,=r,=r,r,r", [word, scale],
+                                     dtype=(tl.uint32, tl.uint32, tl.uint32, tl.uint32),
+                                     is_pure=True, pack=1)
+
+
+@triton.jit
+def _scales(s_pair):
+    return tl.inline_asm_elementwise(_SCALES_ASM, "=r,=r,h", [s_pair.to(tl.uint16)],
+                                     dtype=(tl.uint32, tl.uint32), is_pure=True, pack=1)
+
+
+@triton.jit
+def _mma(a0, a1, a2, a3, b0, b1, c0, c1, c2, c3):
+    return tl.inline_asm_elementwise(_MMA_ASM, "=f,=f,=f,=f,r,r,r,r,r,r,f,f,f,f",
+                                     [a0, a1, a2, a3, b0, b1, c0, c1, c2, c3],
+                                     dtype=(tl.float32, tl.float32, tl.float32, tl.float32),
+                                     is_pure=True, pack=1)
+
+
+@triton.jit
+def _pair_lo(a, b):
+    """(low bf16 of a, low bf16 of b)"""
+    return tl.inline_asm_elementwise("prmt.b32 $0, $1, $2, 0x5410;", "=r,r,r", [a, b],
+                                     dtype=tl.uint32, is_pure=True, pack=1)
+
+
+@triton.jit
+def _pair_hi(a, b):
+    """(high bf16 of a, high bf16 of b)"""
+    return tl.inline_asm_elementwise("prmt.b32 $0, $1, $2, 0x7632;", "=r,r,r", [a, b],
+                                     dtype=tl.uint32, is_pure=True, pack=1)
+
+
+@triton.jit
+def _split4(v):
+    """(BLOCK, 4) -> its 4 columns."""
+    a, b = tl.split(tl.reshape(v, (v.shape[0], 2, 2)))
+    c0, c2 = tl.split(a)
+    c1, c3 = tl.split(b)
+    return c0, c1, c2, c3
+
+
+@triton.jit
+def _load_x4(words, k_ok, EVEN_K: tl.constexpr):
+    if EVEN_K:
+        return _split4(tl.load(words))
+    return _split4(tl.load(words, mask=k_ok[:, None], other=0))
+
+
+@triton.jit
+def _load_x(x_ptr, x_word, k_ok, EVEN_K: tl.constexpr):
+    """A lane's 16 bf16 of x (32 bytes from uint32 word x_word) -> 8 words, (x[2p], x[2p + 1]);
+    zeros past K (k_ok false) unless EVEN_K."""
+    x0, x1, x2, x3 = _load_x4(x_ptr + x_word[:, None] + tl.arange(0, 4)[None, :], k_ok, EVEN_K)
+    x4, x5, x6, x7 = _load_x4(x_ptr + x_word[:, None] + (4 + tl.arange(0, 4))[None, :], k_ok, EVEN_K)
+    return x0, x1, x2, x3, x4, x5, x6, x7
+
+
+@triton.jit
+def _load_tile(ww_ptr, ws_ptr, xw_ptr, tile, t, x_a, x_b, q, K, TWO_B: tl.constexpr,
+               EVEN_K: tl.constexpr):
+    """What a lane reads for K-tile t (tile index `tile` in the tiled layout): its codes (rows g,
+    g + 8: two words each), the two e4m3 scales as one 16-bit pair, its x words (rows a, b)."""
+    words = ww_ptr + tile * _TILE_WORDS
+    wg0, wg1 = tl.split(tl.load(words[:, None] + tl.arange(0, 2)[None, :]))
+    wh0, wh1 = tl.split(tl.load(words[:, None] + (8 * _ROW_WORDS + tl.arange(0, 2))[None, :]))
+    scales = ws_ptr + tile * _TILE_SCALES
+    s_pair = tl.load(scales).to(tl.uint32) | (tl.load(scales + 8 * (_TILE_K // 16)).to(tl.uint32) << 8)
+    k_ok = t * _TILE_K + 16 * q < K
+    xa = _load_x(xw_ptr, x_a + t * (_TILE_K // 2), k_ok, EVEN_K)
+    if TWO_B:
+        xb = _load_x(xw_ptr, x_b + t * (_TILE_K // 2), k_ok, EVEN_K)
+    else:
+        xb = xa
+    return (wg0, wg1, wh0, wh1, s_pair), xa, xb
+
+
+@triton.jit
+def _mma_word(wg, wh, sg, sh, xa, xb, xc, xd, c0, c1, c2, c3):
+    """8 codes of rows g and g + 8 (k offsets o .. o + 7) against x words xa..xd (the same k):
+    two mma sub-steps, pairs (o, o + 4), (o + 1, o + 5), then (o + 2, o + 6), (o + 3, o + 7)."""
+    g0, g1, g2, g3 = _decode_pairs(wg, sg)
+    h0, h1, h2, h3 = _decode_pairs(wh, sh)
+    c0, c1, c2, c3 = _mma(g0, h0, g1, h1, _pair_lo(xa, xc), _pair_hi(xa, xc), c0, c1, c2, c3)
+    c0, c1, c2, c3 = _mma(g2, h2, g3, h3, _pair_lo(xb, xd), _pair_hi(xb, xd), c0, c1, c2, c3)
+    return c0, c1, c2, c3
+
+
+@triton.jit
+def _mma_tile(w, xa, xb, c, TWO_B: tl.constexpr):
+    """One K-tile's 4 (8 with TWO_B) mma sub-steps on a lane's loaded words; c: the 8 sums."""
+    sg, sh = _scales(w[4])
+    c0, c1, c2, c3 = _mma_word(w[0], w[2], sg, sh, xa[0], xa[1], xa[2], xa[3], c[0], c[1], c[2], c[3])
+    c0, c1, c2, c3 = _mma_word(w[1], w[3], sg, sh, xa[4], xa[5], xa[6], xa[7], c0, c1, c2, c3)
+    c4, c5, c6, c7 = c[4], c[5], c[6], c[7]
+    if TWO_B:
+        c4, c5, c6, c7 = _mma_word(w[0], w[2], sg, sh, xb[0], xb[1], xb[2], xb[3], c4, c5, c6, c7)
+        c4, c5, c6, c7 = _mma_word(w[1], w[3], sg, sh, xb[4], xb[5], xb[6], xb[7], c4, c5, c6, c7)
+    return c0, c1, c2, c3, c4, c5, c6, c7
+
+
+@triton.jit
+def mma_mainloop(x_ptr, w_ptr, w_scale_ptr, M, K, stride_xm, pid_n, tile_begin, tile_end,
+                 TWO_B: tl.constexpr, EVEN_K: tl.constexpr):
+    """fp32 (TILE_N, 16) = 2^-7 * (W . x^T) over the K-tiles [tile_begin, tile_end) of tile row
+    pid_n, block scales applied, global scale not: the contract of gemm_splitk.splitk_mainloop
+    with BLOCK_N, BLOCK_M = 64, 16 (run with 4 warps). x bf16 (M <= 16, K), row stride stride_xm
+    (even); TWO_B: M > 8 (a second mma for x rows 8..15); EVEN_K: K % 64 == 0 (no x masks).
+    Lanes whose x row is >= M read row M - 1: its products land in columns nobody stores, and the
+    loads need no mask. Each tile's loads are issued a tile ahead (registers double-buffered;
+    unrolling by two to swap buffers instead of copying them measured 3% fewer instructions, not
+    kept). Codes and scales are addressed with 32-bit offsets (the launcher checks the sizes)."""
+    i = tl.arange(0, 32 * _WARPS)
+    lane = i % 32
+    g = lane // 4
+    q = lane % 4
+    row = (i // 32) * 16 + g  # row of the tile
+    tiles_k = tl.cdiv(K, _TILE_K)
+    xw_ptr = x_ptr.to(tl.pointer_type(tl.uint32))
+    ww_ptr = w_ptr.to(tl.pointer_type(tl.uint32)) + row * _ROW_WORDS + 2 * q
+    ws_ptr = w_scale_ptr + row * (_TILE_K // 16) + q
+    x_a = (tl.minimum(g, M - 1).to(tl.int64) * stride_xm + 16 * q) // 2  # in uint32 words
+    x_b = (tl.minimum(g + 8, M - 1).to(tl.int64) * stride_xm + 16 * q) // 2
+    zero = tl.zeros([32 * _WARPS], tl.float32)
+    c = (zero, zero, zero, zero, zero, zero, zero, zero)
+    first = pid_n * tiles_k  # + t: the tile index of K-tile t
+    w, xa, xb = _load_tile(ww_ptr, ws_ptr, xw_ptr, first + tile_begin, tile_begin, x_a, x_b, q, K,
+                           TWO_B, EVEN_K)
+    for t in range(tile_begin, tile_end):
+        # the next tile's loads (the last tile's again at the end: an L1 hit, never out of bounds)
+        t_next = tl.minimum(t + 1, tile_end - 1)
+        w1, xa1, xb1 = _load_tile(ww_ptr, ws_ptr, xw_ptr, first + t_next, t_next, x_a, x_b, q, K, TWO_B,
+                                  EVEN_K)
+        c = _mma_tile(w, xa, xb, c, TWO_B)
+        w, xa, xb = w1, xa1, xb1
+    # lane (u, g, q)'s c[a * 2 + b + 4 * h] is out[n = 16u + 8a + g, m = 8h + 2q + b]
+    acc = tl.join(tl.join(tl.join(c[0], c[1]), tl.join(c[2], c[3])),
+                  tl.join(tl.join(c[4], c[5]), tl.join(c[6], c[7])))
+    acc = tl.reshape(acc, (_WARPS, 8, 4, 2, 2, 2))  # (u, g, q, b, a, h)
+    return tl.reshape(tl.permute(acc, (0, 4, 1, 5, 2, 3)), (_TILE_N, 16))
