@@ -63,7 +63,7 @@ def nvfp4_backend(gm: torch.fx.GraphModule, example_inputs, mode=None, options=N
     keep = {name: layer_skip_reason(config, name, tuple(p.shape))
             for name, p in gm.named_parameters() if p.dim() == 2}
     rewrite = LinearToNVFP4(_resolve_activation(config.activations, sample), names, keep,
-                            config.weight_method)
+                            config.weight_method, config.merge_linears)
     from . import lowerings  # imports Inductor's lowering machinery: only when compiling
 
     lowerings.register()  # nvfp4.linear_tiled -> the NVFP4 GEMM template + fused epilogue

@@ -38,6 +38,9 @@ class Config:
     hessians: for "hessian", {layer name: (in_features/16, 16, 16) fp32}, e.g. from
         nvfp4_inductor.collect_hessians; every converted layer needs one. Not supported under
         backend="nvfp4" (convert() first, then compile).
+    merge_linears: under backend="nvfp4", linears that read the same input (q / k / v, gate /
+        up) become one GEMM at decode sizes (at most 64 rows), each weight keeping its own global
+        scale (nvfp4_inductor/rewrite.py).
     """
 
     activations: str = "auto"
@@ -46,6 +49,7 @@ class Config:
     min_weight_numel: int = 0
     weight_method: str = "rtn"
     hessians: dict | None = field(default=None, compare=False)  # tensors: not hashed / compared
+    merge_linears: bool = True
 
     def __post_init__(self):
         if self.activations not in ACTIVATION_MODES:
@@ -58,6 +62,8 @@ class Config:
             raise TypeError(f"hessians must be a dict {{layer name: tensor}} or None; got "
                             f"{type(self.hessians).__name__}")
         _checks.check_weight_method(self.weight_method, self.hessians)
+        if not isinstance(self.merge_linears, bool):
+            raise TypeError(f"merge_linears must be a bool; got {self.merge_linears!r}")
 
 
 def _resolve_activation(mode: str, x: torch.Tensor) -> str:

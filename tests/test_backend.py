@@ -191,3 +191,63 @@ def test_prepare_freezing_only_while_dynamo_compiles(monkeypatch, callbacks):
         x9 = torch.randn(9, 64, dtype=torch.bfloat16)  # a new shape: traced again, frozen again
         assert torch.equal(compiled(x9), _eager_nvfp4(model, x9))
     assert not torch._dynamo.config.prepare_freezing
+
+
+class SharedInput(nn.Module):
+    """q / k / v and gate / up: linears reading the same input (with and without biases)."""
+
+    def __init__(self, width=64):
+        super().__init__()
+        self.q, self.k, self.v = nn.Linear(64, 128), nn.Linear(64, 64), nn.Linear(64, width)
+        self.gate, self.up = nn.Linear(64, 192, bias=False), nn.Linear(64, 192, bias=False)
+        self.down = nn.Linear(192, 64, bias=False)
+
+    def forward(self, x):
+        h = x + self.q(x)[..., :64] * self.k(x) + self.v(x)[..., :64]
+        return self.down(torch.nn.functional.silu(self.gate(h)) * self.up(h))
+
+
+def _compiled_code(model, x, **config):
+    torch._dynamo.reset()
+    return run_and_get_code(nv.compile(model, nv.Config(activations="bf16", **config)), x)
+
+
+def test_linears_reading_one_input_merge_into_one_gemm(caplog):
+    torch.manual_seed(0)
+    model = SharedInput().to(torch.bfloat16).eval()
+    x = torch.randn(1, 3, 64, dtype=torch.bfloat16)  # 3-D: each linear gets its own view of x
+    with caplog.at_level(logging.INFO, logger="nvfp4_inductor"):
+        y, code = _compiled_code(model, x)
+    source = "\n".join(code)
+    # q / k / v (N = 256) and gate / up (N = 384) one call each, down alone; the concatenation
+    # of the quantized weights was folded at compile time
+    assert source.count("torch.ops.nvfp4.linear_tiled.default(") == 3
+    assert "256, 'bf16')" in source and "384, 'bf16')" in source
+    assert "aten.cat" not in source
+    assert "merged into one GEMM each" in caplog.text and "q_weight', 'L__self___k_weight'" in caplog.text
+    y_apart, code_apart = _compiled_code(model, x, merge_linears=False)
+    assert "\n".join(code_apart).count("torch.ops.nvfp4.linear_tiled.default(") == 6
+    assert torch.equal(y, y_apart)  # each weight keeps its own global scale: the same numbers
+    with torch.no_grad():
+        q = [nv.quantize(layer.weight) for layer in (model.q, model.k, model.v, model.gate, model.up, model.down)]
+        h = (x + nv.linear(x, q[0], model.q.bias)[..., :64] * nv.linear(x, q[1], model.k.bias)
+             + nv.linear(x, q[2], model.v.bias))
+        want = nv.linear(torch.nn.functional.silu(nv.linear(h, q[3])) * nv.linear(h, q[4]), q[5])
+    # Inductor rounds the fused bf16 pointwise ops around the linears once, eager at every op
+    assert ((y.float() - want.float()).norm() / want.float().norm()).item() < 1e-2
+
+
+@pytest.mark.parametrize("rows, width", [(65, 64), (3, 80)])
+def test_linears_stay_apart_above_decode_size_or_off_the_tile(rows, width):
+    """More than MERGE_MAX_M rows (prefill keeps cuBLAS's scalar alpha), or an N that is not a
+    multiple of the 64-row tile (v: N = 80): only what can merge does."""
+    torch.manual_seed(0)
+    model = SharedInput(width).to(torch.bfloat16).eval()
+    _, code = _compiled_code(model, torch.randn(rows, 64, dtype=torch.bfloat16))
+    calls = "\n".join(code).count("torch.ops.nvfp4.linear_tiled.default(")
+    assert calls == (6 if rows > 64 else 4)  # q + k merged, v alone; gate + up merged; down
+
+
+def test_merge_linears_must_be_a_bool():
+    with pytest.raises(TypeError, match="merge_linears must be a bool"):
+        nv.Config(merge_linears="yes")
