@@ -15,7 +15,8 @@ i (lane l = i % 32, warp u = i // 32, g = l // 4, q = l % 4). Warp u owns rows 1
 the program's 64-row tile; per K-step (one 64 x 64 tile) lane (g, q) holds
     W rows 16u + g and 16u + g + 8, k in [16q, 16q + 16): 2 x 8 bytes, one e4m3 scale each
         (coalesced: each 8-byte load of a warp reads 256 contiguous bytes of the tile),
-    x row g (and g + 8 when BLOCK_M = 16), the same 16 k: 32 bytes (zeros for rows >= M).
+    x row g (and g + 8 when M > 8), the same 16 k: 32 bytes (row M - 1 again for rows >= M:
+        their products land in output columns nobody stores).
 mma.sync.m16n8k16 (row.col, bf16, fp32 accumulate), A = W (16 rows x 16 k-slots), B = x^T
 (16 k-slots x 8 rows of x): lane (g, q) supplies A rows g, g + 8 and B column g at k-slots
 2q, 2q + 1, 2q + 8, 2q + 9, and gets D rows g, g + 8, columns 2q, 2q + 1. The k-slot -> k mapping

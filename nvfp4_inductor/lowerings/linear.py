@@ -143,7 +143,9 @@ def lower_linear_tiled(x, w_data, w_scale, w_global_scale, bias, n, activation):
         w_global_scale = lowerings[aten.mul.Tensor](w_global_scale, x_g)  # the eager kernels' order
     num_sms = gemm_configs.sm_count(device)
     # the register-fed mainloop reads x's rows as 32-bit words: even row stride and offset
-    reg_mma = device.type == "cuda" and not dot_scaled and _even_rows(inputs[0])
+    # and addresses the codes with int32 word offsets
+    reg_mma = (device.type == "cuda" and not dot_scaled and _even_rows(inputs[0])
+               and int(w_data.get_numel()) < 2**33)
     configs = gemm_configs.template_configs(m, n, k, num_sms, dot_scaled, reg_mma)
     split = configs[0].split
     extern = split == 1 and device.type == "cuda"  # same output contract: (M, N) fp32 products
