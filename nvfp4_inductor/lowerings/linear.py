@@ -135,14 +135,13 @@ def lower_linear_tiled(x, w_data, w_scale, w_global_scale, bias, n, activation):
     else:
         if activation == "nvfp4":
             x2, x_g = fallback_handler(QUANTIZE_VALUES, add_to_fallback_set=False)(x2)
-        if device.type == "cuda" and m <= 16:  # fixed, contiguous rows for the register-fed mainloop
-            x2 = ir.ExternKernel.require_contiguous(x2)
         inputs = realize_inputs(x2, w_data, w_scale)
         extern_choice = extern_mm_tiled_f32
     if activation == "nvfp4":
         w_global_scale = lowerings[aten.mul.Tensor](w_global_scale, x_g)  # the eager kernels' order
     num_sms = gemm_configs.sm_count(device)
-    # the register-fed mainloop reads x's rows as 32-bit words: even row stride and offset
+    # the register-fed mainloop reads x's rows as 32-bit words: even row stride and offset (a
+    # flexible layout is contiguous until the template freezes it; forcing one copied x)
     # and addresses the codes with int32 word offsets
     reg_mma = (device.type == "cuda" and not dot_scaled and _even_rows(inputs[0])
                and int(w_data.get_numel()) < 2**33)
