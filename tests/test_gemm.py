@@ -171,6 +171,10 @@ def test_register_fed_mainloop_refuses_what_it_cannot_run():
     with pytest.raises(ValueError, match="runs 16 x 64 x 64 tiles on 4 warps"):
         gemm_splitk.gemm_splitk(x[:3], data_t, scale_t, g, None, torch.float32, False, tiled_n=64,
                                 use_asm=True, reg_mma=True, config=(16, 64, 64, 1, 2, 4))
+    huge = torch.empty(gemm_configs.REG_MMA_MAX_CODE_BYTES, dtype=torch.uint8, device="meta")  # int32 word offsets
+    with pytest.raises(ValueError, match="fewer than 8589934592 code bytes"):
+        gemm_splitk.gemm_splitk(x[:3], huge, scale_t, g, None, torch.float32, False, tiled_n=64,
+                                use_asm=True, reg_mma=True)
 
 
 @pytest.mark.gpu

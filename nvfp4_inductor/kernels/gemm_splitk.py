@@ -335,8 +335,10 @@ def gemm_splitk(x, w_data, w_scale, w_g, bias, out_dtype, swizzled, config=None,
     if reg_mma and (block_m, block_n, block_k, warps) != (16, TILE_N, TILE_K, 4):
         raise ValueError(f"the register-fed mainloop runs 16 x {TILE_N} x {TILE_K} tiles on 4 warps; "
                          f"got {config}")
-    if reg_mma and w_data.numel() >= 2**33:  # it addresses codes as int32 word offsets
-        raise ValueError(f"the register-fed mainloop takes at most 2^33 code bytes; got {w_data.numel()}")
+    max_bytes = gemm_configs.REG_MMA_MAX_CODE_BYTES
+    if reg_mma and w_data.numel() >= max_bytes:
+        raise ValueError(f"the register-fed mainloop takes fewer than {max_bytes} code bytes (int32 word "
+                         f"offsets); got {w_data.numel()}")
     tile_group = (2 * TILE_N, 2 * TILE_K) if dot_scaled else (TILE_N, TILE_K)
     if tiled_n is not None and (block_n, block_k) != tile_group:
         raise ValueError(f"tiled weights need BLOCK_N, BLOCK_K = {tile_group}; got {block_n}, {block_k}")

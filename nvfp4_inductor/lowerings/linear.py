@@ -144,7 +144,7 @@ def lower_linear_tiled(x, w_data, w_scale, w_global_scale, bias, n, activation):
     # flexible layout is contiguous until the template freezes it; forcing one copied x)
     # and addresses the codes with int32 word offsets
     reg_mma = (device.type == "cuda" and not dot_scaled and _even_rows(inputs[0])
-               and int(w_data.get_numel()) < 2**33)
+               and int(w_data.get_numel()) < gemm_configs.REG_MMA_MAX_CODE_BYTES)
     configs = gemm_configs.template_configs(m, n, k, num_sms, dot_scaled, reg_mma)
     split = configs[0].split
     extern = split == 1 and device.type == "cuda"  # same output contract: (M, N) fp32 products
