@@ -101,7 +101,8 @@ def gemm_cases(sm):
 def _splitk_constexprs(**overrides):
     return {"SWIZZLED": False, "W_G_PER_ROW": False, "HAS_BIAS": True, "SPLIT": True, "USE_ASM": True,
             "OPERAND": triton.language.bfloat16, "EVEN": True, "TILED": False,
-            "DOT_SCALED": False, "REG_MMA": 0, "UNSCALE": 128.0, **overrides}
+            "DOT_SCALED": False, "REG_MMA": 0, "UNSCALE": 128.0, "PREFETCH": 0,
+            "PREFETCH_BULK": False, **overrides}
 
 
 def splitk_cases():

@@ -82,6 +82,39 @@ _MMA_ASM: tl.constexpr = tl.constexpr(
     "{$0, $1, $2, $3}, {$4, $5, $6, $7}, {$8, $9}, {$10, $11, $12, $13};")
 
 
+# L2 prefetch of a tile's codes ($1) and scales ($2): each lane names 16 code bytes and 2 scale
+# bytes, so a program's 128 lanes cover the tile's 2048 + 256 bytes. $0: a dummy result.
+_PREFETCH_ASM: tl.constexpr = tl.constexpr(
+    "prefetch.global.L2 [$1]; prefetch.global.L2 [$2]; mov.u32 $0, 0;")
+# The same through the bulk-copy unit: lane 0 of each warp asks for its warp's 512 code bytes and
+# 64 scale bytes ($3: 1 on those lanes).
+_PREFETCH_BULK_ASM: tl.constexpr = tl.constexpr("""
+{
+.reg .pred p;
+setp.ne.u32 p, $3, 0;
+@p cp.async.bulk.prefetch.L2.global [$1], 512;
+@p cp.async.bulk.prefetch.L2.global [$2], 64;
+mov.u32 $0, 0;
+}
+""")
+
+
+@triton.jit
+def _prefetch_tile(w_ptr, w_scale_ptr, tile, i, BULK: tl.constexpr):
+    """Ask L2 for tile `tile` (codes and scales) of the tiled layout; i: the lane's element."""
+    words = w_ptr.to(tl.pointer_type(tl.uint32)) + tile * _TILE_WORDS  # int32 offsets in words
+    if BULK:
+        codes = words + (i // 32) * 128
+        scales = w_scale_ptr + tile * _TILE_SCALES + (i // 32) * 64
+        tl.inline_asm_elementwise(_PREFETCH_BULK_ASM, "=r,l,l,r", [codes.to(tl.pointer_type(tl.uint8)), scales, (i % 32 == 0).to(tl.int32)],
+                                  dtype=tl.int32, is_pure=False, pack=1)
+    else:
+        codes = words + i * 4
+        scales = w_scale_ptr + tile * _TILE_SCALES + i * 2
+        tl.inline_asm_elementwise(_PREFETCH_ASM, "=r,l,l", [codes.to(tl.pointer_type(tl.uint8)), scales], dtype=tl.int32,
+                                  is_pure=False, pack=1)
+
+
 @triton.jit
 def _decode_pairs(word, scale):
     return tl.inline_asm_elementwise(_DECODE_PAIRS_ASM, "=r,=r,=r,=r,r,r", [word, scale],
@@ -187,7 +220,8 @@ def _mma_tile(w, xa, xb, c, TWO_B: tl.constexpr):
 
 @triton.jit
 def mma_mainloop(x_ptr, w_ptr, w_scale_ptr, M, K, stride_xm, pid_n, tile_begin, tile_end,
-                 TWO_B: tl.constexpr, EVEN_K: tl.constexpr):
+                 TWO_B: tl.constexpr, EVEN_K: tl.constexpr, PREFETCH: tl.constexpr = 0,
+                 PREFETCH_BULK: tl.constexpr = False):
     """fp32 (TILE_N, 16) = 2^-7 * (W . x^T) over the K-tiles [tile_begin, tile_end) of tile row
     pid_n, block scales applied, global scale not: the contract of gemm_splitk.splitk_mainloop
     with BLOCK_N, BLOCK_M = 64, 16 (run with 4 warps). x bf16 (M <= 16, K), row stride stride_xm
@@ -210,11 +244,16 @@ def mma_mainloop(x_ptr, w_ptr, w_scale_ptr, M, K, stride_xm, pid_n, tile_begin, 
     zero = tl.zeros([32 * _WARPS], tl.float32)
     c = (zero, zero, zero, zero, zero, zero, zero, zero)
     first = pid_n * tiles_k  # + t: the tile index of K-tile t
+    for j in tl.static_range(1, PREFETCH):
+        _prefetch_tile(w_ptr, w_scale_ptr, first + tl.minimum(tile_begin + j, tile_end - 1), i, PREFETCH_BULK)
     w, xa, xb = _load_tile(ww_ptr, ws_ptr, xw_ptr, first + tile_begin, tile_begin, x_a, x_b, q, K,
                            TWO_B, EVEN_K)
     for t in range(tile_begin, tile_end):
         # the next tile's loads (the last tile's again at the end: an L1 hit, never out of bounds)
         t_next = tl.minimum(t + 1, tile_end - 1)
+        if PREFETCH > 0:
+            _prefetch_tile(w_ptr, w_scale_ptr, first + tl.minimum(t + PREFETCH, tile_end - 1), i,
+                           PREFETCH_BULK)
         w1, xa1, xb1 = _load_tile(ww_ptr, ws_ptr, xw_ptr, first + t_next, t_next, x_a, x_b, q, K, TWO_B,
                                   EVEN_K)
         c = _mma_tile(w, xa, xb, c, TWO_B)

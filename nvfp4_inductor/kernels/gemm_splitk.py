@@ -249,6 +249,7 @@ def _splitk_kernel(
     SPLIT: tl.constexpr, USE_ASM: tl.constexpr, OPERAND: tl.constexpr, EVEN: tl.constexpr,
     TILED: tl.constexpr, DOT_SCALED: tl.constexpr, REG_MMA: tl.constexpr, UNSCALE: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+    PREFETCH: tl.constexpr = 0, PREFETCH_BULK: tl.constexpr = False,
 ):
     pid_n = tl.program_id(0)
     pid_k = tl.program_id(1)
@@ -259,7 +260,7 @@ def _splitk_kernel(
                                   tile_begin, tile_end, BLOCK_M, BLOCK_N, BLOCK_K)
     elif REG_MMA > 0:  # sm_90+, W tiled, M <= 8 * REG_MMA <= 16: mma.sync on registers (gemm_mma.py)
         acc = mma_mainloop(x_ptr, w_ptr, w_scale_ptr, M, K, stride_xm, pid_n, tile_begin, tile_end,
-                           REG_MMA == 2, EVEN)
+                           REG_MMA == 2, EVEN, PREFETCH, PREFETCH_BULK)
     else:
         acc = splitk_mainloop(x_ptr, w_ptr, w_scale_ptr, M, N, K, stride_xm, w_scale_cols, pid_n,
                               tile_begin, tile_end, SWIZZLED, USE_ASM, OPERAND, EVEN, TILED,
@@ -294,7 +295,7 @@ def _reduce_kernel(
 
 
 def gemm_splitk(x, w_data, w_scale, w_g, bias, out_dtype, swizzled, config=None, use_asm=None,
-                tiled_n=None, x_scale=None, reg_mma=None):
+                tiled_n=None, x_scale=None, reg_mma=None, prefetch=None, maxnreg=None):
     """x (M, K) (bf16 on the GPU: the word decode multiplies in bf16; fp16 under the interpreter),
     M <= 64; W NVFP4 (N, K/2) + uint8 scale bits + g (() or (N,)) -> (M, N) out_dtype.
     tiled_n: W is in the tiled layout of nvfp4_inductor.tiled, with N = tiled_n rows (the config
@@ -335,6 +336,8 @@ def gemm_splitk(x, w_data, w_scale, w_g, bias, out_dtype, swizzled, config=None,
     if reg_mma and (block_m, block_n, block_k, warps) != (16, TILE_N, TILE_K, 4):
         raise ValueError(f"the register-fed mainloop runs 16 x {TILE_N} x {TILE_K} tiles on 4 warps; "
                          f"got {config}")
+    if prefetch is None:
+        prefetch = gemm_configs.REG_MMA_PREFETCH
     max_bytes = gemm_configs.REG_MMA_MAX_CODE_BYTES
     if reg_mma and w_data.numel() >= max_bytes:
         raise ValueError(f"the register-fed mainloop takes fewer than {max_bytes} code bytes (int32 word "
@@ -356,7 +359,8 @@ def gemm_splitk(x, w_data, w_scale, w_g, bias, out_dtype, swizzled, config=None,
         OPERAND=tl.bfloat16 if use_asm else tl.float16, EVEN=n % block_n == 0 and k % block_k == 0,
         TILED=tiled_n is not None, DOT_SCALED=dot_scaled, REG_MMA=(2 if m > 8 else 1) if reg_mma else 0,
         BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_K=block_k, num_warps=warps, num_stages=stages,
-        **common,
+        PREFETCH=abs(prefetch) if reg_mma else 0, PREFETCH_BULK=prefetch < 0,
+        **({} if maxnreg is None else {"maxnreg": maxnreg}), **common,
     )
     if splits > 1:
         reduce_n = 128
