@@ -52,9 +52,6 @@ TILED_CONFIG_WIDE_N = (64, 64, 16, 2, 4)
 # Measured on an H100 at M = 1 (benchmarks/probe_mma.py): 8 programs per SM best on the large shapes
 # (4096 x 14336: 18.9 us vs 21.5 / 21.2 with 4 / 16; 8192 x 28672: 56.6 vs 60.7 / 58.8).
 REG_MMA_CONFIG = (64, 64, 8, 4, 1)
-# L2 prefetch distance of the register-fed mainloop, in K-tiles (0: none; < 0: through the bulk-copy
-# unit). Being measured.
-REG_MMA_PREFETCH = 0
 # It addresses the codes with int32 offsets in uint32 words: fewer than 2^31 words of 4 bytes.
 REG_MMA_MAX_CODE_BYTES = 2**33
 
