@@ -101,7 +101,7 @@ def gemm_cases(sm):
 def _splitk_constexprs(**overrides):
     return {"SWIZZLED": False, "W_G_PER_ROW": False, "HAS_BIAS": True, "SPLIT": True, "USE_ASM": True,
             "OPERAND": triton.language.bfloat16, "EVEN": True, "TILED": False,
-            "DOT_SCALED": False, "REG_MMA": 0, "UNSCALE": 128.0, "MMA_ORDER": False, **overrides}
+            "DOT_SCALED": False, "REG_MMA": 0, "UNSCALE": 128.0, **overrides}
 
 
 def splitk_cases():
@@ -125,16 +125,12 @@ def splitk_cases():
 
 def reg_mma_cases():
     """The register-fed mainloop (gemm_mma.py): mma.sync on operands it loads into registers
-    itself, scales through the hardware e4m3 conversion; x rows 1-8 and 9-16; codes in the natural
-    and the MMA order (whose x words go to the MMA unpermuted: no prmt in the kernel)."""
+    itself, scales through the hardware e4m3 conversion; x rows 1-8 and 9-16."""
     bn, bk, _, warps, stages = gemm_configs.REG_MMA_CONFIG
-    for b_blocks, mma_order in itertools.product((1, 2), (False, True)):
-        yield (f"splitk-reg-mma-{8 * b_blocks}x{bn}x{bk}{'-mma-order' if mma_order else ''}",
-               sk._splitk_kernel, SPLITK_SIGNATURE,
-               _splitk_constexprs(TILED=True, REG_MMA=b_blocks, MMA_ORDER=mma_order, BLOCK_M=16, BLOCK_N=bn,
-                                  BLOCK_K=bk),
-               warps, [MMA_SYNC_BF16, WORD_DECODE, r"cvt\.rn\.f16x2\.e4m3x2"] + (["!prmt"] if mma_order else []),
-               stages)
+    for b_blocks in (1, 2):
+        yield (f"splitk-reg-mma-{8 * b_blocks}x{bn}x{bk}", sk._splitk_kernel, SPLITK_SIGNATURE,
+               _splitk_constexprs(TILED=True, REG_MMA=b_blocks, BLOCK_M=16, BLOCK_N=bn, BLOCK_K=bk),
+               warps, [MMA_SYNC_BF16, WORD_DECODE, r"cvt\.rn\.f16x2\.e4m3x2"], stages)
 
 
 def dot_scaled_splitk_cases():

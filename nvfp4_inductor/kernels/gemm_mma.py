@@ -65,19 +65,6 @@ or.b32 m, m, s; mul.rn.bf16x2 $3, m, $5;
 }
 """)
 
-# The same from 8 codes in the MMA order (nvfp4_inductor/tiled.py): $0..$3: pairs (2p, 2p + 1).
-_DECODE_MMA_ORDER_ASM: tl.constexpr = tl.constexpr("""
-{
-.reg .b32 m, s;
-and.b32 m, $4, 0x81C081C0; mul.rn.bf16x2 $0, m, $5;
-shl.b32 m, $4, 6; and.b32 m, m, 0x81C081C0; mul.rn.bf16x2 $1, m, $5;
-shl.b32 m, $4, 3; and.b32 m, m, 0x01C001C0; shl.b32 s, $4, 5; and.b32 s, s, 0x80008000;
-or.b32 m, m, s; mul.rn.bf16x2 $2, m, $5;
-shr.b32 m, $4, 5; and.b32 m, m, 0x01C001C0; shl.b32 s, $4, 1; and.b32 s, s, 0x80008000;
-or.b32 m, m, s; mul.rn.bf16x2 $3, m, $5;
-}
-""")
-
 # $2: two e4m3 bytes (row g, row g + 8); $0, $1: bf16x2 (s * 2^119, s * 2^119) of each.
 _SCALES_ASM: tl.constexpr = tl.constexpr("""
 {
@@ -96,11 +83,7 @@ _MMA_ASM: tl.constexpr = tl.constexpr(
 
 
 @triton.jit
-def _decode_pairs(word, scale, MMA_ORDER: tl.constexpr):
-    if MMA_ORDER:
-        return tl.inline_asm_elementwise(_DECODE_MMA_ORDER_ASM, "=r,=r,=r,=r,r,r", [word, scale],
-                                         dtype=(tl.uint32, tl.uint32, tl.uint32, tl.uint32),
-                                         is_pure=True, pack=1)
+def _decode_pairs(word, scale):
     return tl.inline_asm_elementwise(_DECODE_PAIRS_ASM, "=r,=r,=r,=r,r,r", [word, scale],
                                      dtype=(tl.uint32, tl.uint32, tl.uint32, tl.uint32),
                                      is_pure=True, pack=1)
@@ -179,46 +162,36 @@ def _load_tile(ww_ptr, ws_ptr, xw_ptr, tile, t, x_a, x_b, q, K, TWO_B: tl.conste
 
 
 @triton.jit
-def _mma_word(wg, wh, sg, sh, xa, xb, xc, xd, c0, c1, c2, c3, MMA_ORDER: tl.constexpr):
+def _mma_word(wg, wh, sg, sh, xa, xb, xc, xd, c0, c1, c2, c3):
     """8 codes of rows g and g + 8 (k offsets o .. o + 7) against x words xa..xd (the same k):
-    two mma sub-steps, pairs (o, o + 4), (o + 1, o + 5), then (o + 2, o + 6), (o + 3, o + 7); in
-    the MMA order pairs (o, o + 1), (o + 2, o + 3), then (o + 4, o + 5), (o + 6, o + 7), which are
-    x's words as loaded."""
-    g0, g1, g2, g3 = _decode_pairs(wg, sg, MMA_ORDER)
-    h0, h1, h2, h3 = _decode_pairs(wh, sh, MMA_ORDER)
-    if MMA_ORDER:
-        c0, c1, c2, c3 = _mma(g0, h0, g1, h1, xa, xb, c0, c1, c2, c3)
-        c0, c1, c2, c3 = _mma(g2, h2, g3, h3, xc, xd, c0, c1, c2, c3)
-    else:
-        c0, c1, c2, c3 = _mma(g0, h0, g1, h1, _pair_lo(xa, xc), _pair_hi(xa, xc), c0, c1, c2, c3)
-        c0, c1, c2, c3 = _mma(g2, h2, g3, h3, _pair_lo(xb, xd), _pair_hi(xb, xd), c0, c1, c2, c3)
+    two mma sub-steps, pairs (o, o + 4), (o + 1, o + 5), then (o + 2, o + 6), (o + 3, o + 7)."""
+    g0, g1, g2, g3 = _decode_pairs(wg, sg)
+    h0, h1, h2, h3 = _decode_pairs(wh, sh)
+    c0, c1, c2, c3 = _mma(g0, h0, g1, h1, _pair_lo(xa, xc), _pair_hi(xa, xc), c0, c1, c2, c3)
+    c0, c1, c2, c3 = _mma(g2, h2, g3, h3, _pair_lo(xb, xd), _pair_hi(xb, xd), c0, c1, c2, c3)
     return c0, c1, c2, c3
 
 
 @triton.jit
-def _mma_tile(w, xa, xb, c, TWO_B: tl.constexpr, MMA_ORDER: tl.constexpr):
+def _mma_tile(w, xa, xb, c, TWO_B: tl.constexpr):
     """One K-tile's 4 (8 with TWO_B) mma sub-steps on a lane's loaded words; c: the 8 sums."""
     sg, sh = _scales(w[4])
-    c0, c1, c2, c3 = _mma_word(w[0], w[2], sg, sh, xa[0], xa[1], xa[2], xa[3], c[0], c[1], c[2], c[3],
-                               MMA_ORDER)
-    c0, c1, c2, c3 = _mma_word(w[1], w[3], sg, sh, xa[4], xa[5], xa[6], xa[7], c0, c1, c2, c3, MMA_ORDER)
+    c0, c1, c2, c3 = _mma_word(w[0], w[2], sg, sh, xa[0], xa[1], xa[2], xa[3], c[0], c[1], c[2], c[3])
+    c0, c1, c2, c3 = _mma_word(w[1], w[3], sg, sh, xa[4], xa[5], xa[6], xa[7], c0, c1, c2, c3)
     c4, c5, c6, c7 = c[4], c[5], c[6], c[7]
     if TWO_B:
-        c4, c5, c6, c7 = _mma_word(w[0], w[2], sg, sh, xb[0], xb[1], xb[2], xb[3], c4, c5, c6, c7,
-                                   MMA_ORDER)
-        c4, c5, c6, c7 = _mma_word(w[1], w[3], sg, sh, xb[4], xb[5], xb[6], xb[7], c4, c5, c6, c7,
-                                   MMA_ORDER)
+        c4, c5, c6, c7 = _mma_word(w[0], w[2], sg, sh, xb[0], xb[1], xb[2], xb[3], c4, c5, c6, c7)
+        c4, c5, c6, c7 = _mma_word(w[1], w[3], sg, sh, xb[4], xb[5], xb[6], xb[7], c4, c5, c6, c7)
     return c0, c1, c2, c3, c4, c5, c6, c7
 
 
 @triton.jit
 def mma_mainloop(x_ptr, w_ptr, w_scale_ptr, M, K, stride_xm, pid_n, tile_begin, tile_end,
-                 TWO_B: tl.constexpr, EVEN_K: tl.constexpr, MMA_ORDER: tl.constexpr = False):
+                 TWO_B: tl.constexpr, EVEN_K: tl.constexpr):
     """fp32 (TILE_N, 16) = 2^-7 * (W . x^T) over the K-tiles [tile_begin, tile_end) of tile row
     pid_n, block scales applied, global scale not: the contract of gemm_splitk.splitk_mainloop
     with BLOCK_N, BLOCK_M = 64, 16 (run with 4 warps). x bf16 (M <= 16, K), row stride stride_xm
-    (even); TWO_B: M > 8 (a second mma for x rows 8..15); EVEN_K: K % 64 == 0 (no x masks);
-    MMA_ORDER: the codes are in tiled.to_mma_order's order (cheaper decode, no x permutes).
+    (even); TWO_B: M > 8 (a second mma for x rows 8..15); EVEN_K: K % 64 == 0 (no x masks).
     Lanes whose x row is >= M read row M - 1: its products land in columns nobody stores, and the
     loads need no mask. Each tile's loads are issued a tile ahead (registers double-buffered;
     unrolling by two to swap buffers instead of copying them measured 3% fewer instructions, not
@@ -244,7 +217,7 @@ def mma_mainloop(x_ptr, w_ptr, w_scale_ptr, M, K, stride_xm, pid_n, tile_begin, 
         t_next = tl.minimum(t + 1, tile_end - 1)
         w1, xa1, xb1 = _load_tile(ww_ptr, ws_ptr, xw_ptr, first + t_next, t_next, x_a, x_b, q, K, TWO_B,
                                   EVEN_K)
-        c = _mma_tile(w, xa, xb, c, TWO_B, MMA_ORDER)
+        c = _mma_tile(w, xa, xb, c, TWO_B)
         w, xa, xb = w1, xa1, xb1
     # lane (u, g, q)'s c[a * 2 + b + 4 * h] is out[n = 16u + 8a + g, m = 8h + 2q + b]
     acc = tl.join(tl.join(tl.join(c[0], c[1]), tl.join(c[2], c[3])),

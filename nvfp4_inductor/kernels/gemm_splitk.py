@@ -248,7 +248,7 @@ def _splitk_kernel(
     SWIZZLED: tl.constexpr, W_G_PER_ROW: tl.constexpr, HAS_BIAS: tl.constexpr,
     SPLIT: tl.constexpr, USE_ASM: tl.constexpr, OPERAND: tl.constexpr, EVEN: tl.constexpr,
     TILED: tl.constexpr, DOT_SCALED: tl.constexpr, REG_MMA: tl.constexpr, UNSCALE: tl.constexpr,
-    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, MMA_ORDER: tl.constexpr = False,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
 ):
     pid_n = tl.program_id(0)
     pid_k = tl.program_id(1)
@@ -259,7 +259,7 @@ def _splitk_kernel(
                                   tile_begin, tile_end, BLOCK_M, BLOCK_N, BLOCK_K)
     elif REG_MMA > 0:  # sm_90+, W tiled, M <= 8 * REG_MMA <= 16: mma.sync on registers (gemm_mma.py)
         acc = mma_mainloop(x_ptr, w_ptr, w_scale_ptr, M, K, stride_xm, pid_n, tile_begin, tile_end,
-                           REG_MMA == 2, EVEN, MMA_ORDER)
+                           REG_MMA == 2, EVEN)
     else:
         acc = splitk_mainloop(x_ptr, w_ptr, w_scale_ptr, M, N, K, stride_xm, w_scale_cols, pid_n,
                               tile_begin, tile_end, SWIZZLED, USE_ASM, OPERAND, EVEN, TILED,
@@ -294,7 +294,7 @@ def _reduce_kernel(
 
 
 def gemm_splitk(x, w_data, w_scale, w_g, bias, out_dtype, swizzled, config=None, use_asm=None,
-                tiled_n=None, x_scale=None, reg_mma=None, mma_order=False):
+                tiled_n=None, x_scale=None, reg_mma=None):
     """x (M, K) (bf16 on the GPU: the word decode multiplies in bf16; fp16 under the interpreter),
     M <= 64; W NVFP4 (N, K/2) + uint8 scale bits + g (() or (N,)) -> (M, N) out_dtype.
     tiled_n: W is in the tiled layout of nvfp4_inductor.tiled, with N = tiled_n rows (the config
@@ -302,9 +302,7 @@ def gemm_splitk(x, w_data, w_scale, w_g, bias, out_dtype, swizzled, config=None,
     itself, codes (M, K/2) + these plain scale bits (M, K/16), for the block-scaled MMA; g must
     then hold both global scales (w_g * x_g). Elsewhere W4A4 passes x's quantized values.
     reg_mma: run gemm_mma's register-fed mainloop (CUDA, tiled W, M <= 16, x rows 4-byte aligned;
-    config (16, 64, 64, splits, 4 warps, stages)); None: wherever it applies and no config is given.
-    mma_order: the tiled codes are in tiled.to_mma_order's order, which only the register-fed
-    mainloop reads (it then must apply)."""
+    config (16, 64, 64, splits, 4 warps, stages)); None: wherever it applies and no config is given."""
     m, k = x.shape[0], x.shape[1] * (2 if x_scale is not None else 1)
     n = w_data.shape[0] if tiled_n is None else tiled_n
     if m > 64:
@@ -323,10 +321,7 @@ def gemm_splitk(x, w_data, w_scale, w_g, bias, out_dtype, swizzled, config=None,
     reg_mma_applies = (use_asm and tiled_n is not None and not dot_scaled and m <= 16
                        and x.stride(0) % 2 == 0 and x.data_ptr() % 4 == 0)
     if reg_mma is None:
-        reg_mma = reg_mma_applies and (config is None or mma_order)
-    if mma_order and not reg_mma:
-        raise ValueError("codes in the MMA order are read by the register-fed mainloop only (CUDA, tiled "
-                         "weights, at most 16 rows of x, x rows at even element offsets)")
+        reg_mma = reg_mma_applies and config is None
     elif reg_mma and not reg_mma_applies:
         raise ValueError("the register-fed mainloop needs inline PTX (CUDA), tiled weights, at most 16 "
                          "rows of x and x rows at even element offsets")
@@ -360,7 +355,6 @@ def gemm_splitk(x, w_data, w_scale, w_g, bias, out_dtype, swizzled, config=None,
         SWIZZLED=swizzled, SPLIT=splits > 1, USE_ASM=use_asm,
         OPERAND=tl.bfloat16 if use_asm else tl.float16, EVEN=n % block_n == 0 and k % block_k == 0,
         TILED=tiled_n is not None, DOT_SCALED=dot_scaled, REG_MMA=(2 if m > 8 else 1) if reg_mma else 0,
-        MMA_ORDER=mma_order,
         BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_K=block_k, num_warps=warps, num_stages=stages,
         **common,
     )
