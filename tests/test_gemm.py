@@ -101,6 +101,7 @@ def test_linear_path_choice():
     (5, 48, 160, True, (16, 32, 64, 2, 4, 1)),       # odd M, N not a tile multiple, 2 splits
     (16, 130, 512, False, (16, 64, 128, 3, 4, 1)),   # uneven splits (4 tiles over 3)
     (3, 64, 256, True, (16, 64, 256, 1, 4, 1)),      # even: no masks, one split
+    (9, 64, 2560, False, (16, 64, 64, 40, 4, 1)),    # more splits than the reduce loads at once
 ])
 def test_splitk_mainloop_matches_reference(kernel_device, m, n, k, swizzled, config):
     """The skinny kernel's index formulas and fp32 epilogue, at fresh random inputs with a wide

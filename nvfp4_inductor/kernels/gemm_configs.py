@@ -108,6 +108,22 @@ def _skinny_config(m, n, k, num_sms, block_n, block_k, per_sm, warps, stages, mi
     return block_m, block_n, block_k, splits, warps, stages
 
 
+# The split-K reduce kernel (gemm_splitk._reduce_kernel) sums SPLITS x BLOCK_N x ROWS partials at
+# once, 32 a thread on 4 warps (up to 64 where BLOCK_N reaches its floor of 16): one memory round
+# trip for up to REDUCE_MAX_SPLITS splits instead of one a split (H100, 14336 x 4096 at M = 1,
+# 17 splits: 3.6 -> 2.2 us; benchmarks/results/probe_breakdown_h100.txt).
+REDUCE_ELEMENTS = 4096
+REDUCE_MAX_SPLITS = 32
+
+
+def reduce_tile(m: int, splits: int) -> tuple[int, int, int]:
+    """-> (ROWS, SPLITS, BLOCK_N) of the split-K reduce kernel for M rows and that many splits."""
+    rows = 1 << (m - 1).bit_length()
+    at_once = min(1 << (splits - 1).bit_length(), REDUCE_MAX_SPLITS)
+    block_n = max(16, min(128, REDUCE_ELEMENTS // (rows * at_once)))
+    return rows, at_once, block_n
+
+
 def split_ranges(k: int, block_k: int, splits: int) -> tuple[int, int]:
     """-> (splits, K-steps per split) covering cdiv(k, block_k) steps with no empty split."""
     steps = -(-k // block_k)

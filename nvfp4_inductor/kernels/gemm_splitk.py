@@ -299,19 +299,6 @@ def _reduce_kernel(
               UNSCALE)
 
 
-# The reduce kernel's tile: SPLITS x BLOCK_N x ROWS partials at once, about 32 a thread (4 warps).
-REDUCE_ELEMENTS = 4096
-REDUCE_MAX_SPLITS = 32
-
-
-def _reduce_tile(m: int, splits: int) -> tuple[int, int, int]:
-    """-> (ROWS, SPLITS, BLOCK_N) of _reduce_kernel."""
-    rows = triton.next_power_of_2(m)
-    at_once = min(triton.next_power_of_2(splits), REDUCE_MAX_SPLITS)
-    block_n = max(16, min(128, REDUCE_ELEMENTS // (rows * at_once)))
-    return rows, at_once, block_n
-
-
 def gemm_splitk(x, w_data, w_scale, w_g, bias, out_dtype, swizzled, config=None, use_asm=None,
                 tiled_n=None, x_scale=None, reg_mma=None):
     """x (M, K) (bf16 on the GPU: the word decode multiplies in bf16; fp16 under the interpreter),
@@ -378,7 +365,7 @@ def gemm_splitk(x, w_data, w_scale, w_g, bias, out_dtype, swizzled, config=None,
         **common,
     )
     if splits > 1:
-        rows, at_once, reduce_n = _reduce_tile(m, splits)
+        rows, at_once, reduce_n = gemm_configs.reduce_tile(m, splits)
         _reduce_kernel[(triton.cdiv(n, reduce_n),)](
             partial, w_g, bias if bias is not None else dummy, out, m, n, splits, out.stride(0),
             BLOCK_M=block_m, ROWS=rows, SPLITS=at_once, BLOCK_N=reduce_n, num_warps=4, **common,
