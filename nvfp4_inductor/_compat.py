@@ -37,3 +37,11 @@ def compile_callback_handler():
             "register_start_callback", "register_end_callback", "start_callbacks")):
         return None
     return handler
+
+
+def scratch_workspace(device, count: int, dtype: torch.dtype):
+    """A workspace of `count` uninitialized elements for one kernel (a template reads it as ws_ptr)."""
+    from torch._inductor.codegen.common import WorkspaceArg, WorkspaceZeroMode
+
+    return WorkspaceArg(count=count, zero_mode=WorkspaceZeroMode.UNINITIALIZED, device=device,
+                        outer_name=WorkspaceArg.unique_name(), dtype=dtype)

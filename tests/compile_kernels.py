@@ -56,11 +56,12 @@ GEMM_SIGNATURE = {
 }
 SPLITK_SIGNATURE = {
     "x_ptr": "*bf16", "x_scale_ptr": "*u8", "w_ptr": "*u8", "w_scale_ptr": "*u8", "w_g_ptr": "*fp32",
-    "bias_ptr": "*bf16", "out_ptr": "*bf16", "partial_ptr": "*fp32", "M": "i32", "N": "i32", "K": "i32",
+    "bias_ptr": "*bf16", "out_ptr": "*bf16", "partial_ptr": "*fp32", "counter_ptr": "*i32", "M": "i32",
+    "N": "i32", "K": "i32",
     "w_scale_cols": "i32", "tiles_per_split": "i32", "stride_xm": "i32", "stride_om": "i32",
     **{name: "constexpr" for name in ("SWIZZLED", "W_G_PER_ROW", "HAS_BIAS", "SPLIT", "USE_ASM",
                                       "OPERAND", "EVEN", "TILED", "DOT_SCALED", "REG_MMA", "UNSCALE",
-                                      "BLOCK_M", "BLOCK_N", "BLOCK_K")},
+                                      "BLOCK_M", "BLOCK_N", "BLOCK_K", "SUM_ROWS", "SUM_SPLITS")},
 }
 WGMMA = r"wgmma\.mma_async"
 MMA_SYNC_BF16 = r"mma\.sync\.aligned\.m16n8k16\.row\.col\.f32\.bf16\.bf16\.f32"
@@ -101,7 +102,8 @@ def gemm_cases(sm):
 def _splitk_constexprs(**overrides):
     return {"SWIZZLED": False, "W_G_PER_ROW": False, "HAS_BIAS": True, "SPLIT": True, "USE_ASM": True,
             "OPERAND": triton.language.bfloat16, "EVEN": True, "TILED": False,
-            "DOT_SCALED": False, "REG_MMA": 0, "UNSCALE": 128.0, **overrides}
+            "DOT_SCALED": False, "REG_MMA": 0, "UNSCALE": 128.0, "SUM_ROWS": 1, "SUM_SPLITS": 16,
+            **overrides}
 
 
 def splitk_cases():

@@ -101,7 +101,7 @@ def test_linear_path_choice():
     (5, 48, 160, True, (16, 32, 64, 2, 4, 1)),       # odd M, N not a tile multiple, 2 splits
     (16, 130, 512, False, (16, 64, 128, 3, 4, 1)),   # uneven splits (4 tiles over 3)
     (3, 64, 256, True, (16, 64, 256, 1, 4, 1)),      # even: no masks, one split
-    (9, 64, 2560, False, (16, 64, 64, 40, 4, 1)),    # more splits than the reduce loads at once
+    (9, 64, 2560, False, (16, 64, 64, 40, 4, 1)),    # more splits than the split sum loads at once
 ])
 def test_splitk_mainloop_matches_reference(kernel_device, m, n, k, swizzled, config):
     """The skinny kernel's index formulas and fp32 epilogue, at fresh random inputs with a wide
@@ -117,6 +117,12 @@ def test_splitk_mainloop_matches_reference(kernel_device, m, n, k, swizzled, con
     y = gemm_splitk.gemm_splitk(x.to(kernel_device), *parts, bias.to(kernel_device), torch.float32,
                                 swizzled, config=config)
     assert _rel(y, x.double() @ w.dequantize(torch.float32).double().T + bias.double()) <= 1e-5
+    # the last split of each tile left its counter at zero: the next call sums the same way
+    counters = gemm_splitk.split_counters(y.device, -(-n // config[1]))
+    assert not counters.any()
+    again = gemm_splitk.gemm_splitk(x.to(kernel_device), *parts, bias.to(kernel_device), torch.float32,
+                                    swizzled, config=config)
+    assert torch.equal(again, y)
 
 
 @pytest.mark.parametrize("m, n, k", [(1, 64, 64), (5, 80, 208), (16, 128, 512)])
@@ -129,7 +135,8 @@ def test_splitk_on_tiled_weights_matches_reference(kernel_device, m, n, k):
     w = nv.quantize(torch.randn(n, k, generator=gen))
     data_t, scale_t = tiled.tile(w.data, w.scale.view(torch.uint8))
     block_m, block_n, block_k, _, warps, stages = gemm_configs.splitk_config(m, n, k, 4, tiled=True)
-    config = (block_m, block_n, block_k, min(3, -(-k // block_k)), warps, stages)  # splits: the reduce runs
+    # several splits: the in-kernel split sum runs
+    config = (block_m, block_n, block_k, min(3, -(-k // block_k)), warps, stages)
     y = gemm_splitk.gemm_splitk(x.to(kernel_device), data_t.to(kernel_device), scale_t.to(kernel_device),
                                 w.global_scale.to(kernel_device), None, torch.float32, False,
                                 config=config, tiled_n=n)
@@ -143,7 +150,7 @@ def test_splitk_on_tiled_weights_matches_reference(kernel_device, m, n, k):
 def test_register_fed_mainloop_matches_reference(m, n, k, splits):
     """gemm_mma's lane mapping, K tails (K not a multiple of the 64-wide tile), N not a tile
     multiple, both x-row blocks (M <= 8 and 9..16), NaN-free wide-range inputs and per-row
-    weight scales, split K with the reduce kernel and without (the in-kernel epilogue)."""
+    weight scales, split K (the last split sums the partials) and not."""
     gen = torch.Generator().manual_seed(m * 7 + n + k + splits)
     x = (torch.randn(m, k, generator=gen) * torch.logspace(-3, 3, k)).to(torch.bfloat16)
     w = nv.quantize(torch.randn(n, k, generator=gen) * torch.logspace(-2, 2, n)[:, None], per_row=True)

@@ -88,14 +88,15 @@ def sm_count(device) -> int:
     return 8
 
 
-# The eager launcher splits K into ranges of at least this many K-steps: its partials and its
-# reduce kernel (N / 128 programs looping over the splits) made many short splits slow (H200,
-# benchmarks/probe_skinny.py --min-steps, tiled weights, kernel + reduce: N x K = 1024 x 4096 took
-# 14.1 us at M = 1 and 35.5 us at M = 16 with 64 one-step splits, 7.4 and 10.1 us with 8 splits of
-# 8 steps (bf16 cuBLAS: 6.9, 7.2 us); 4096 x 4096: 11.4 -> 10.1 us and 16.5 -> 12.6 us; shapes that
-# already ran >= 8 steps a split unchanged). The Inductor template keeps one step as the minimum:
-# its split sum is an Inductor reduction fused with what follows, and the 8-step rule measured
-# 4.5% fewer tokens/s in bench_decode.py (W4A16 999 vs 1046, W4A4 864 vs 906 at batch 1).
+# The eager launcher splits K into ranges of at least this many K-steps. Measured when a separate
+# reduce kernel (N / 128 programs looping over the splits) summed the partials, many short splits
+# were slow (H200, benchmarks/probe_skinny.py --min-steps, tiled weights, kernel + reduce: N x K =
+# 1024 x 4096 took 14.1 us at M = 1 and 35.5 us at M = 16 with 64 one-step splits, 7.4 and 10.1 us
+# with 8 splits of 8 steps (bf16 cuBLAS: 6.9, 7.2 us); 4096 x 4096: 11.4 -> 10.1 us and 16.5 ->
+# 12.6 us; shapes that already ran >= 8 steps a split unchanged). The Inductor template keeps one
+# step as the minimum: there the 8-step rule measured 4.5% fewer tokens/s in bench_decode.py (W4A16
+# 999 vs 1046, W4A4 864 vs 906 at batch 1). Neither was re-measured since the split sum moved into
+# the GEMM kernel (gemm_splitk.sum_splits).
 MIN_STEPS_PER_SPLIT = 8
 
 
@@ -108,20 +109,17 @@ def _skinny_config(m, n, k, num_sms, block_n, block_k, per_sm, warps, stages, mi
     return block_m, block_n, block_k, splits, warps, stages
 
 
-# The split-K reduce kernel (gemm_splitk._reduce_kernel) sums SPLITS x BLOCK_N x ROWS partials at
-# once, 32 a thread on 4 warps (up to 64 where BLOCK_N reaches its floor of 16): one memory round
-# trip for up to REDUCE_MAX_SPLITS splits instead of one a split (H100, 14336 x 4096 at M = 1,
-# 17 splits: 3.6 -> 2.2 us; benchmarks/results/probe_breakdown_h100.txt).
-REDUCE_ELEMENTS = 4096
-REDUCE_MAX_SPLITS = 32
+# The last split of an output tile sums the tile's partials in the GEMM kernel itself
+# (gemm_splitk.sum_splits): SPLITS x BLOCK_N x ROWS of them a load, SPLIT_SUM_PER_THREAD a thread,
+# so that the sum adds few registers to the mainloop's (occupancy sets the weight stream's speed).
+SPLIT_SUM_PER_THREAD = 8
 
 
-def reduce_tile(m: int, splits: int) -> tuple[int, int, int]:
-    """-> (ROWS, SPLITS, BLOCK_N) of the split-K reduce kernel for M rows and that many splits."""
+def split_sum_tile(m: int, splits: int, block_n: int, num_warps: int) -> tuple[int, int]:
+    """-> (ROWS, SPLITS) of the in-kernel split sum for M rows and that many splits."""
     rows = 1 << (m - 1).bit_length()
-    at_once = min(1 << (splits - 1).bit_length(), REDUCE_MAX_SPLITS)
-    block_n = max(16, min(128, REDUCE_ELEMENTS // (rows * at_once)))
-    return rows, at_once, block_n
+    at_once = SPLIT_SUM_PER_THREAD * 32 * num_warps // (block_n * rows)
+    return rows, max(1, min(1 << (splits - 1).bit_length(), at_once))
 
 
 def split_ranges(k: int, block_k: int, splits: int) -> tuple[int, int]:

@@ -18,8 +18,9 @@ kernel must decode weights at HBM speed, about 8 instructions per weight byte on
 3. Swapped operands and split K: the decoded weights are the wide operand (BLOCK_N rows, in
    registers), x^T the narrow one (BLOCK_M columns, M padded to 16, read straight from memory by
    the software pipeline); two warps make Triton use mma.sync. K is cut into ranges so that about
-   8 programs per SM stream the weight; each writes fp32 partials that `_reduce_kernel` sums before
-   the epilogue (global scales, bias, output dtype).
+   8 programs per SM stream the weight; each writes fp32 partials, and the last of an output
+   tile's splits to finish (an atomic counter, `last_split`) sums them and runs the epilogue
+   (global scales, bias, output dtype): one kernel a call.
 4. Weights in the row-major interchange layout, or (TILED) in nvfp4_inductor.tiled's layout,
    where each (BLOCK_N, BLOCK_K) tile is one contiguous run: 1.4-1.8x faster (benchmarks/NOTES.md).
 5. W4A4 runs this kernel on x's quantized values (nvfp4.quantize_values: e2m1 * s_x, exact in
@@ -237,9 +238,40 @@ def _epilogue(acc, ms, cols_n, M, N, w_g_ptr, bias_ptr, out_ptr, stride_om,
 
 
 @triton.jit
+def last_split(counter_ptr, num_splits):
+    """Called by each of an output tile's num_splits programs once its partials are stored: True in
+    the last to arrive, which resets the tile's counter (zero again for the next launch) and may
+    then read every split's partials. The barrier puts all the program's stores before its
+    release; the acquire puts the other programs' stores before the last one's reads."""
+    tl.debug_barrier()
+    arrived = tl.atomic_add(counter_ptr, 1, sem="acq_rel", scope="gpu")
+    last = arrived == num_splits - 1
+    tl.store(counter_ptr, 0, mask=last)
+    return last
+
+
+@triton.jit
+def sum_splits(partial_ptr, num_splits, M, N, cols_n, BLOCK_N: tl.constexpr, ROWS: tl.constexpr,
+               SPLITS: tl.constexpr):
+    """(BLOCK_N, ROWS) fp32 = the sum over the splits of partials (num_splits, M, N) at columns
+    cols_n, rows >= M zero. SPLITS partials per load, one memory round trip for up to SPLITS
+    splits (a load a split took 1.6-3.6 us in the reduce kernel this replaced, H100,
+    results/probe_breakdown_h100.txt); read through L2 (.cg: another SM wrote them)."""
+    ms = tl.arange(0, ROWS)
+    mask = (cols_n < N)[:, None] & (ms < M)[None, :]
+    ss = tl.arange(0, SPLITS)[:, None, None]
+    acc = tl.zeros((BLOCK_N, ROWS), tl.float32)
+    for s0 in range(0, num_splits, SPLITS):
+        offsets = ((s0 + ss) * M + ms[None, None, :]).to(tl.int64) * N + cols_n[None, :, None]
+        acc += tl.sum(tl.load(partial_ptr + offsets, mask=mask[None, :, :] & (s0 + ss < num_splits),
+                              other=0.0, cache_modifier=".cg"), axis=0)
+    return acc
+
+
+@triton.jit
 def _splitk_kernel(
     # pointers
-    x_ptr, x_scale_ptr, w_ptr, w_scale_ptr, w_g_ptr, bias_ptr, out_ptr, partial_ptr,
+    x_ptr, x_scale_ptr, w_ptr, w_scale_ptr, w_g_ptr, bias_ptr, out_ptr, partial_ptr, counter_ptr,
     # sizes
     M, N, K, w_scale_cols, tiles_per_split,
     # strides
@@ -249,6 +281,7 @@ def _splitk_kernel(
     SPLIT: tl.constexpr, USE_ASM: tl.constexpr, OPERAND: tl.constexpr, EVEN: tl.constexpr,
     TILED: tl.constexpr, DOT_SCALED: tl.constexpr, REG_MMA: tl.constexpr, UNSCALE: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+    SUM_ROWS: tl.constexpr, SUM_SPLITS: tl.constexpr,
 ):
     pid_n = tl.program_id(0)
     pid_k = tl.program_id(1)
@@ -267,36 +300,35 @@ def _splitk_kernel(
     ms = tl.arange(0, BLOCK_M)
     cols_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
     if SPLIT:
-        # partials (num_splits, BLOCK_M, N) fp32, summed by _reduce_kernel
+        # partials (num_splits, M, N) fp32; the last split of the tile to finish sums them
         mask = (cols_n < N)[:, None] & (ms < M)[None, :]
-        tl.store(partial_ptr + (pid_k * BLOCK_M + ms)[None, :].to(tl.int64) * N + cols_n[:, None], acc,
+        tl.store(partial_ptr + (pid_k * M + ms)[None, :].to(tl.int64) * N + cols_n[:, None], acc,
                  mask=mask)
+        num_splits = tl.num_programs(1)
+        if last_split(counter_ptr + pid_n, num_splits):
+            total = sum_splits(partial_ptr, num_splits, M, N, cols_n, BLOCK_N, SUM_ROWS, SUM_SPLITS)
+            _epilogue(total, tl.arange(0, SUM_ROWS), cols_n, M, N, w_g_ptr, bias_ptr, out_ptr, stride_om,
+                      W_G_PER_ROW, HAS_BIAS, UNSCALE)
     else:
         _epilogue(acc, ms, cols_n, M, N, w_g_ptr, bias_ptr, out_ptr, stride_om, W_G_PER_ROW, HAS_BIAS,
                   UNSCALE)
 
 
-@triton.jit
-def _reduce_kernel(
-    partial_ptr, w_g_ptr, bias_ptr, out_ptr, M, N, num_splits, stride_om,
-    W_G_PER_ROW: tl.constexpr, HAS_BIAS: tl.constexpr, UNSCALE: tl.constexpr,
-    BLOCK_M: tl.constexpr, ROWS: tl.constexpr, SPLITS: tl.constexpr, BLOCK_N: tl.constexpr,
-):
-    """out[:, n-block] = epilogue(sum over the splits of the partials (num_splits, BLOCK_M, N)),
-    rows < M <= ROWS. SPLITS partials are loaded at once (one memory round trip for the usual
-    <= 32 splits): a loop of one load a split took 1.6-3.6 us at M = 1 (H100, 17 splits at
-    14336 x 4096: 3.6 us, results/probe_breakdown_h100.txt)."""
-    cols_n = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
-    ms = tl.arange(0, ROWS)
-    mask = (cols_n < N)[:, None] & (ms < M)[None, :]
-    ss = tl.arange(0, SPLITS)[:, None, None]
-    acc = tl.zeros((BLOCK_N, ROWS), tl.float32)
-    for s0 in range(0, num_splits, SPLITS):
-        offsets = ((s0 + ss) * BLOCK_M + ms[None, None, :]).to(tl.int64) * N + cols_n[None, :, None]
-        acc += tl.sum(tl.load(partial_ptr + offsets, mask=mask[None, :, :] & (s0 + ss < num_splits),
-                              other=0.0), axis=0)
-    _epilogue(acc, ms, cols_n, M, N, w_g_ptr, bias_ptr, out_ptr, stride_om, W_G_PER_ROW, HAS_BIAS,
-              UNSCALE)
+# Split-K tile counters, zero between launches (the last split of a tile resets its counter), one
+# buffer per (device, stream): launches on one stream run in order, on two streams they could
+# overlap. A buffer first used in a CUDA-graph capture belongs to that graph's memory pool.
+_counters: dict = {}
+
+
+def split_counters(device, tiles: int) -> torch.Tensor:
+    """A zeroed int32 counter for each of `tiles` output tiles, kept for the next launch."""
+    stream = torch.cuda.current_stream(device).cuda_stream if device.type == "cuda" else 0
+    key = (device, stream)
+    counters = _counters.get(key)
+    if counters is None or counters.numel() < tiles:
+        counters = torch.zeros(max(tiles, 1024), dtype=torch.int32, device=device)
+        _counters[key] = counters
+    return counters
 
 
 def gemm_splitk(x, w_data, w_scale, w_g, bias, out_dtype, swizzled, config=None, use_asm=None,
@@ -350,24 +382,24 @@ def gemm_splitk(x, w_data, w_scale, w_g, bias, out_dtype, swizzled, config=None,
         raise ValueError(f"tiled weights need BLOCK_N, BLOCK_K = {tile_group}; got {block_n}, {block_k}")
     splits, tiles_per_split = gemm_configs.split_ranges(k, block_k, splits)
     scale_cols_pad = w_scale.shape[1] if swizzled else k // BLOCK_SIZE
-    partial = torch.empty((splits, block_m, n), dtype=torch.float32, device=x.device) if splits > 1 else out
-    dummy = w_g
-    common = {"W_G_PER_ROW": w_g.dim() > 0, "HAS_BIAS": bias is not None}
-    common["UNSCALE"] = 1.0 if dot_scaled else 2.0**7
-    _splitk_kernel[(triton.cdiv(n, block_n), splits)](
-        x, x_scale if dot_scaled else x, w_data, w_scale, w_g, bias if bias is not None else dummy, out, partial,
+    tiles_n = triton.cdiv(n, block_n)
+    if splits > 1:
+        partial = torch.empty((splits, m, n), dtype=torch.float32, device=x.device)
+        counters = split_counters(x.device, tiles_n)
+    else:
+        partial = counters = out
+    sum_rows, sum_splits = gemm_configs.split_sum_tile(m, splits, block_n, warps)
+    _splitk_kernel[(tiles_n, splits)](
+        x, x_scale if dot_scaled else x, w_data, w_scale, w_g, bias if bias is not None else w_g, out,
+        partial, counters,
         m, n, k, scale_cols_pad, tiles_per_split,
         x.stride(0), out.stride(0),
-        SWIZZLED=swizzled, SPLIT=splits > 1, USE_ASM=use_asm,
+        SWIZZLED=swizzled, W_G_PER_ROW=w_g.dim() > 0, HAS_BIAS=bias is not None,
+        SPLIT=splits > 1, USE_ASM=use_asm,
         OPERAND=tl.bfloat16 if use_asm else tl.float16, EVEN=n % block_n == 0 and k % block_k == 0,
         TILED=tiled_n is not None, DOT_SCALED=dot_scaled, REG_MMA=(2 if m > 8 else 1) if reg_mma else 0,
-        BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_K=block_k, num_warps=warps, num_stages=stages,
-        **common,
+        UNSCALE=1.0 if dot_scaled else 2.0**7,
+        BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_K=block_k, SUM_ROWS=sum_rows, SUM_SPLITS=sum_splits,
+        num_warps=warps, num_stages=stages,
     )
-    if splits > 1:
-        rows, at_once, reduce_n = gemm_configs.reduce_tile(m, splits)
-        _reduce_kernel[(triton.cdiv(n, reduce_n),)](
-            partial, w_g, bias if bias is not None else dummy, out, m, n, splits, out.stride(0),
-            BLOCK_M=block_m, ROWS=rows, SPLITS=at_once, BLOCK_N=reduce_n, num_warps=4, **common,
-        )
     return out

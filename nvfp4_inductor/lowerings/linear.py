@@ -2,24 +2,22 @@
 
     y = nvfp4.linear_tiled(x, W_data, W_scale, g, bias, N, "bf16")
       -> P = nvfp4_tiled_gemm(x2, W_data, W_scale)          a TritonTemplate (or an extern choice)
-         y = (sum_split(P) * g + bias).to(x.dtype)           Inductor IR: fused, see below
+         y = (P * g + bias).to(x.dtype)                      Inductor IR: fused, see below
     y = nvfp4.linear_tiled(x, W_data, W_scale, g, bias, N, "nvfp4")          (W4A4)
       -> x_values, g_x = nvfp4.quantize_values(x2)        its eager kernel: e2m1 * s_x in bf16
          P = nvfp4_tiled_gemm(x_values, W_data, W_scale)          the W4A16 template
-         y = (sum_split(P) * (g * g_x) + bias).to(x.dtype)
+         y = (P * (g * g_x) + bias).to(x.dtype)
     On sm_100 W4A4 keeps x as NVFP4 for the block-scaled MMA instead:
       -> x_data, x_scale, g_x = nvfp4.quantize(x2, None, False, False)
          P = nvfp4_tiled_gemm(x_data, x_scale, W_data, W_scale)          (DOT_SCALED)
 
 The template (templates/nvfp4_tiled_gemm.py.jinja) runs the eager skinny kernel's mainloop and
-stores fp32 products with the block scales applied. The rest of the linear is plain IR, so Inductor
-fuses it with whatever follows (activation, residual add, dtype cast):
-- SPLIT == 1 (M above the decode range): P is (M, N); the scale, bias and everything pointwise after
-  it fuse into the template's store (store_output): one kernel for GEMM + bias + GELU + residual.
-- SPLIT > 1 (decode, M <= SPLITK_MAX_M): P holds (SPLIT, M, N) partial sums over K ranges (the
-  weight stream needs ~8 programs per SM); the sum over SPLIT is an Inductor reduction kernel with
-  the same epilogue fused into it: two kernels, where the eager op launches its reduce kernel and
-  then Inductor its own epilogue kernels.
+stores the fp32 products P (M, N) with the block scales applied. The rest of the linear is plain
+IR, so Inductor fuses it with whatever follows (activation, residual add, dtype cast) into the
+template's store (store_output): one kernel for GEMM + bias + GELU + residual. At decode (M <= 64)
+the template splits K (the weight stream needs ~8 programs per SM): each program stores partial
+sums to a workspace, and the last split of each output tile sums them and runs that epilogue, so
+this is one kernel too (it was the template and an Inductor reduction over the partials).
 The fp32 operation order is the eager kernels': ((sum * 2^7) * g + bias), then one rounding.
 
 Choices: the template with the configs of gemm_configs.template_configs, and where the output is
@@ -35,6 +33,7 @@ the op stays the eager custom op (also for an empty x).
 import torch
 from torch._inductor import config as inductor_config
 from torch._inductor import ir
+from torch._inductor.virtualized import V
 from torch._inductor.lowering import (
     fallback_handler,
     lowerings,
@@ -93,6 +92,20 @@ extern_mm_tiled_f32 = ExternKernelChoice(mm_tiled_f32, name="nvfp4_mm_tiled_f32"
 extern_addmm_tiled = ExternKernelChoice(addmm_tiled, name="nvfp4_addmm_tiled", has_out_variant=False)
 extern_mm_tiled_f32_x4 = ExternKernelChoice(mm_tiled_f32_x4, name="nvfp4_mm_tiled_f32_x4",
                                             has_out_variant=False)
+# The split-K template's tile counters: one zeroed int32 tensor per device, a constant of every
+# graph that splits K there. Kernels leave it zeroed (the last split of a tile resets its
+# counter); those of one graph run in order on its stream, so they can share it, but two compiled
+# graphs must not run at once on two streams of one device.
+_counters: dict = {}
+
+
+def _split_counters(device, tiles: int) -> torch.Tensor:
+    counters = _counters.get(device)
+    if counters is None or counters.numel() < tiles:
+        counters = torch.zeros(max(tiles, 4096), dtype=torch.int32, device=device)
+        _counters[device] = counters
+    return counters
+
 QUANTIZE = torch.ops.nvfp4.quantize.default
 QUANTIZE_VALUES = torch.ops.nvfp4.quantize_values.default
 
@@ -147,7 +160,7 @@ def lower_linear_tiled(x, w_data, w_scale, w_global_scale, bias, n, activation):
                and int(w_data.get_numel()) < gemm_configs.REG_MMA_MAX_CODE_BYTES)
     configs = gemm_configs.template_configs(m, n, k, num_sms, dot_scaled, reg_mma)
     split = configs[0].split
-    extern = split == 1 and device.type == "cuda"  # same output contract: (M, N) fp32 products
+    extern = split == 1 and device.type == "cuda"  # where dequantize + cuBLAS may win (M > 64)
     if not _compat.max_autotune():  # the heuristic pick alone
         template = not extern or gemm_configs.template_is_default(m, n, configs[0], num_sms)
         configs = configs[:1] if template else []
@@ -162,11 +175,20 @@ def lower_linear_tiled(x, w_data, w_scale, w_global_scale, bias, n, activation):
         y = extern_addmm_tiled.bind(inputs, ir.FixedLayout(device, torch.bfloat16, [m, n]), n=n,
                                     alpha=float(w_global_scale.value)).output_node()
         return lowerings[aten.view.default](y, [*lead, n])
-    size = [split, m, n] if split > 1 else [m, n]
-    layout = ir.FixedLayout(device, torch.float32, size)
+    layout = ir.FixedLayout(device, torch.float32, [m, n])
     use_asm = device.type == "cuda"  # inline PTX decode; the CPU backend decodes with plain ops
+    extra = {}
+    if split > 1:
+        # split K: partials in a workspace, the last split of each tile sums them (the template's
+        # docstring); every choice splits alike, all rows in one program
+        assert all(c.split == split and c.block_m >= m for c in configs), configs
+        extra["workspace_arg"] = _compat.scratch_workspace(device, split * m * n, torch.float32)
+        inputs.append(V.graph.add_tensor_constant(_split_counters(device, -(-n // configs[0].block_n))))
     choices = []
     for c in configs:
+        if split > 1:
+            extra["SUM_ROWS"], extra["SUM_SPLITS"] = gemm_configs.split_sum_tile(m, split, c.block_n,
+                                                                                 c.num_warps)
         tiled_gemm_template.maybe_append_choice(
             choices, input_nodes=inputs, layout=layout, num_stages=c.num_stages,
             num_warps=c.num_warps, call_sizes=[m, n],
@@ -174,13 +196,16 @@ def lower_linear_tiled(x, w_data, w_scale, w_global_scale, bias, n, activation):
             BLOCK_N=c.block_n, BLOCK_K=c.block_k, EVEN_K=k % c.block_k == 0, USE_ASM=use_asm,
             REG_MMA=c.reg_mma,
             OPERAND="tl.bfloat16" if use_asm else "tl.float16", DOT_SCALED=dot_scaled,
-            UNSCALE=1.0 if dot_scaled else 2.0**7)
+            UNSCALE=1.0 if dot_scaled else 2.0**7, **extra)
     if extern:
         choices.append(extern_choice.bind(inputs, layout, n=n))
+    # (autotuning benchmarks the choices on random inputs: zeros for the counters)
+    counters_input = {len(inputs) - 1: lambda node: torch.zeros(
+        [int(s) for s in node.get_size()], dtype=torch.int32, device=node.get_device())}
     products = _compat.selected_node(autotune_select_algorithm(
-        "nvfp4_tiled_gemm", choices, list(inputs), layout))
-    y = lowerings[aten.sum.dim_IntList](products, [0]) if split > 1 else products
-    y = lowerings[aten.mul.Tensor](y, w_global_scale)
+        "nvfp4_tiled_gemm", choices, list(inputs), layout,
+        input_gen_fns=counters_input if split > 1 else None))
+    y = lowerings[aten.mul.Tensor](products, w_global_scale)
     if bias is not None:
         y = lowerings[aten.add.Tensor](y, to_dtype(bias, torch.float32))
     y = to_dtype(y, x.get_dtype())
