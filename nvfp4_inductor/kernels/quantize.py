@@ -13,8 +13,9 @@ or, with VALUES (quantize_values), instead of data and scale:
 Global scale modes (GLOBAL):
     G_STATIC      one given g (per tensor)                                     1 launch
     G_STATIC_ROW  given g per row, or per-row g just computed by _row_g_kernel
-    G_FUSED       dynamic per tensor, x of at most FUSED_AMAX_MAX_NUMEL elements: every program
-                  reduces all of x in one load (it is in L2)                   1 launch
+    G_FUSED       dynamic per tensor, decode-sized x (padded to powers of two, at most
+                  FUSED_AMAX_MAX_TILE elements): every program reduces all of x in one load
+                  (it is in L2)                                                1 launch
     G_PARTIALS    dynamic per tensor: _amax_partials_kernel writes <= MAX_PARTIALS maxima, each
                   quantize program reduces those (4 KB, from L2)              2 launches
 Nothing is read back to the host: capturable in a CUDA graph, no sync.
@@ -62,9 +63,13 @@ G_PARTIALS: tl.constexpr = tl.constexpr(3)
 # (a 32-row tile for M = 1 was measured at 1.9 us against 0.56 us for an empty kernel).
 LARGE_TILE = (16, 256, 4)
 SMALL_M = 16
-# Dynamic per-tensor amax of at most this many elements is reduced inside the quantize kernel by
-# every program, in one load (one launch instead of two); larger x takes the partial-amax pass.
-FUSED_AMAX_MAX_NUMEL = 8192
+# A dynamic per-tensor amax over x padded to at most this many elements (next powers of two of M
+# and K) is reduced inside the quantize kernel by every program, in one load (one launch instead of
+# two); larger x takes the partial-amax pass. H100 (benchmarks/probe_fused_amax.py, CUDA graphs,
+# quantize_values): one launch 1.97 / 2.68 / 2.79 us against two 3.52 / 4.15 / 4.02 us at
+# 1 x 4096, 1 x 14336, 4 x 4096; above, every program's read of all of x costs more than the
+# second launch (8 x 4096: 4.61 vs 4.07 us, 16 x 4096: 8.33 vs 4.05).
+FUSED_AMAX_MAX_TILE = 16384
 MAX_PARTIALS = 1024  # partial maxima read by every quantize program: 4 KB
 AMAX_TILE = (16, 512)  # (rows, columns) per step of the partial-amax kernels, 4 warps
 
@@ -270,7 +275,7 @@ def quantize(x: torch.Tensor, global_scale: torch.Tensor | None, per_row: bool, 
         if m:
             _row_g_kernel[(triton.cdiv(m, amax_m),)](
                 x2, g_out, m, k, x2.stride(0), BLOCK_M=amax_m, BLOCK_K=amax_k)
-    elif m * k <= FUSED_AMAX_MAX_NUMEL:
+    elif triton.next_power_of_2(max(m, 1)) * triton.next_power_of_2(k) <= FUSED_AMAX_MAX_TILE:
         mode, g_in = G_FUSED, g_out
     else:
         mode, g_in = G_PARTIALS, g_out
