@@ -177,13 +177,16 @@ def lower_linear_tiled(x, w_data, w_scale, w_global_scale, bias, n, activation):
         return lowerings[aten.view.default](y, [*lead, n])
     layout = ir.FixedLayout(device, torch.float32, [m, n])
     use_asm = device.type == "cuda"  # inline PTX decode; the CPU backend decodes with plain ops
-    extra = {}
+    extra, input_gen_fns = {}, None
     if split > 1:
         # split K: partials in a workspace, the last split of each tile sums them (the template's
         # docstring); every choice splits alike, all rows in one program
         assert all(c.split == split and c.block_m >= m for c in configs), configs
         extra["workspace_arg"] = _compat.scratch_workspace(device, split * m * n, torch.float32)
         inputs.append(V.graph.add_tensor_constant(_split_counters(device, -(-n // configs[0].block_n))))
+        # (autotuning benchmarks the choices on random inputs: zeros for the counters)
+        input_gen_fns = {len(inputs) - 1: lambda node: torch.zeros(
+            [int(s) for s in node.get_size()], dtype=torch.int32, device=node.get_device())}
     choices = []
     for c in configs:
         if split > 1:
@@ -199,12 +202,8 @@ def lower_linear_tiled(x, w_data, w_scale, w_global_scale, bias, n, activation):
             UNSCALE=1.0 if dot_scaled else 2.0**7, **extra)
     if extern:
         choices.append(extern_choice.bind(inputs, layout, n=n))
-    # (autotuning benchmarks the choices on random inputs: zeros for the counters)
-    counters_input = {len(inputs) - 1: lambda node: torch.zeros(
-        [int(s) for s in node.get_size()], dtype=torch.int32, device=node.get_device())}
     products = _compat.selected_node(autotune_select_algorithm(
-        "nvfp4_tiled_gemm", choices, list(inputs), layout,
-        input_gen_fns=counters_input if split > 1 else None))
+        "nvfp4_tiled_gemm", choices, list(inputs), layout, input_gen_fns=input_gen_fns))
     y = lowerings[aten.mul.Tensor](products, w_global_scale)
     if bias is not None:
         y = lowerings[aten.add.Tensor](y, to_dtype(bias, torch.float32))
