@@ -61,11 +61,15 @@ def _finish(c, pid_n, pid_k, M, N, w_g_ptr, out_ptr, partial_ptr, counter_ptr, s
 
 
 @triton.jit
-def _tma_splitk_kernel(wdesc, sdesc, x_ptr, w_g_ptr, out_ptr, partial_ptr, counter_ptr,
-                       M, N, K, tiles_per_split, stride_xm, stride_om,
-                       NUM_STAGES: tl.constexpr, SUM_ROWS: tl.constexpr, SUM_SPLITS: tl.constexpr):
-    """gemm_splitk._splitk_kernel with REG_MMA = 1 (x rows <= 8), K % 64 == 0, no bias, tiled W
-    through TMA descriptors."""
+def _probe_kernel(w_src, s_src, x_ptr, w_g_ptr, out_ptr, partial_ptr, counter_ptr,
+                  M, N, K, tiles_per_split, stride_xm, stride_om,
+                  TMA: tl.constexpr, NUM_STAGES: tl.constexpr, SUM_ROWS: tl.constexpr,
+                  SUM_SPLITS: tl.constexpr):
+    """gemm_splitk._splitk_kernel with REG_MMA = 1 (x rows <= 8), K % 64 == 0, no bias, tiled W,
+    the loop a tl.range(num_stages), no hand prefetch. TMA: w_src, s_src are tensor descriptors of
+    the codes and scales; else their pointers, read by gemm_mma's own per-lane loads (Triton then
+    pipelines the code and x words through cp.async: 4 of the 6 loads a tile, the two 1-byte scale
+    loads stay plain; 40 registers at S = 3, sm_90)."""
     pid_n = tl.program_id(0)
     pid_k = tl.program_id(1)
     tiles_k = tl.cdiv(K, 64)
@@ -76,51 +80,29 @@ def _tma_splitk_kernel(wdesc, sdesc, x_ptr, w_g_ptr, out_ptr, partial_ptr, count
     q = i % 4
     xw_ptr = x_ptr.to(tl.pointer_type(tl.uint32))
     x_a = (tl.minimum(g, M - 1).to(tl.int64) * stride_xm + 16 * q) // 2
+    if not TMA:
+        row = (i // 32) * 16 + g
+        ww_ptr = w_src.to(tl.pointer_type(tl.uint32)) + row * 8 + 2 * q
+        ws_ptr = s_src + row * 4 + q
     zero = tl.zeros([128], tl.float32)
     c = (zero, zero, zero, zero, zero, zero, zero, zero)
     for t in tl.range(tile_begin, tile_end, num_stages=NUM_STAGES):
         tile = pid_n * tiles_k + t
-        # (64, 8) words, row 16u + 8h + g, word 2q + p -> lane (u, g, q) holds (h, p)
-        w = tl.reshape(wdesc.load([tile * 64, 0]).to(tl.uint32, bitcast=True), (4, 2, 8, 4, 2))
-        w = tl.permute(tl.reshape(tl.permute(w, (0, 2, 3, 1, 4)), (128, 2, 2)), (0, 2, 1))
-        wg, wh = tl.split(w)
-        wg0, wg1 = tl.split(wg)
-        wh0, wh1 = tl.split(wh)
-        # 256 scale bytes, byte (16u + 8h + g) * 4 + q -> lane (u, g, q) holds h
-        s = tl.reshape(sdesc.load([tile * 16, 0]), (4, 2, 8, 4))
-        s0, s1 = tl.split(tl.reshape(tl.permute(s, (0, 2, 3, 1)), (128, 2)))
-        s_pair = s0.to(tl.uint32) | (s1.to(tl.uint32) << 8)
-        xa = gm._load_x(xw_ptr, x_a + t * 32, i < 128, True)
-        c = gm._mma_tile((wg0, wg1, wh0, wh1, s_pair), xa, xa, c, False)
-    _finish(c, pid_n, pid_k, M, N, w_g_ptr, out_ptr, partial_ptr, counter_ptr, stride_om, SUM_ROWS,
-            SUM_SPLITS)
-
-
-@triton.jit
-def _cp_async_splitk_kernel(x_ptr, w_ptr, w_scale_ptr, w_g_ptr, out_ptr, partial_ptr, counter_ptr,
-                            M, N, K, tiles_per_split, stride_xm, stride_om,
-                            NUM_STAGES: tl.constexpr, SUM_ROWS: tl.constexpr, SUM_SPLITS: tl.constexpr):
-    """The same with gemm_mma's own per-lane loads and no hand prefetch: the loop as
-    tl.range(num_stages) makes Triton pipeline the code and x words through cp.async (compiled for
-    sm_90: 4 of the 6 loads a tile; the two 1-byte scale loads stay plain, 40 registers at S = 3)."""
-    pid_n = tl.program_id(0)
-    pid_k = tl.program_id(1)
-    tiles_k = tl.cdiv(K, 64)
-    tile_begin = pid_k * tiles_per_split
-    tile_end = tl.minimum(tile_begin + tiles_per_split, tiles_k)
-    i = tl.arange(0, 128)
-    g = (i % 32) // 4
-    q = i % 4
-    row = (i // 32) * 16 + g
-    xw_ptr = x_ptr.to(tl.pointer_type(tl.uint32))
-    ww_ptr = w_ptr.to(tl.pointer_type(tl.uint32)) + row * 8 + 2 * q
-    ws_ptr = w_scale_ptr + row * 4 + q
-    x_a = (tl.minimum(g, M - 1).to(tl.int64) * stride_xm + 16 * q) // 2
-    zero = tl.zeros([128], tl.float32)
-    c = (zero, zero, zero, zero, zero, zero, zero, zero)
-    for t in tl.range(tile_begin, tile_end, num_stages=NUM_STAGES):
-        w, xa, xb = gm._load_tile(ww_ptr, ws_ptr, xw_ptr, pid_n * tiles_k + t, t, x_a, x_a, q, K, False, True)
-        c = gm._mma_tile(w, xa, xb, c, False)
+        if TMA:
+            # (64, 8) words, row 16u + 8h + g, word 2q + p -> lane (u, g, q) holds (h, p)
+            w = tl.reshape(w_src.load([tile * 64, 0]).to(tl.uint32, bitcast=True), (4, 2, 8, 4, 2))
+            w = tl.permute(tl.reshape(tl.permute(w, (0, 2, 3, 1, 4)), (128, 2, 2)), (0, 2, 1))
+            wg, wh = tl.split(w)
+            wg0, wg1 = tl.split(wg)
+            wh0, wh1 = tl.split(wh)
+            # 256 scale bytes, byte (16u + 8h + g) * 4 + q -> lane (u, g, q) holds h
+            s = tl.reshape(s_src.load([tile * 16, 0]), (4, 2, 8, 4))
+            s0, s1 = tl.split(tl.reshape(tl.permute(s, (0, 2, 3, 1)), (128, 2)))
+            w = (wg0, wg1, wh0, wh1, s0.to(tl.uint32) | (s1.to(tl.uint32) << 8))
+            xa = gm._load_x(xw_ptr, x_a + t * 32, i < 128, True)
+        else:
+            w, xa, _ = gm._load_tile(ww_ptr, ws_ptr, xw_ptr, tile, t, x_a, x_a, q, K, False, True)
+        c = gm._mma_tile(w, xa, xa, c, False)
     _finish(c, pid_n, pid_k, M, N, w_g_ptr, out_ptr, partial_ptr, counter_ptr, stride_om, SUM_ROWS,
             SUM_SPLITS)
 
@@ -138,14 +120,13 @@ def probe_linear(x, data_t, scale_t, g, n, stages, tma):
     tiles_n = triton.cdiv(n, block_n)
     rows, at_once = gemm_configs.split_sum_tile(m, splits, block_n, 4)
     if tma:
-        kernel = _tma_splitk_kernel
-        weights = (TensorDescriptor.from_tensor(data_t.view(torch.int32).view(-1, 8), [64, 8]),
-                   TensorDescriptor.from_tensor(scale_t.view(-1, 16), [16, 16]), x)
+        w_src = TensorDescriptor.from_tensor(data_t.view(torch.int32).view(-1, 8), [64, 8])
+        s_src = TensorDescriptor.from_tensor(scale_t.view(-1, 16), [16, 16])
     else:
-        kernel, weights = _cp_async_splitk_kernel, (x, data_t, scale_t)
-    kernel[(tiles_n, splits)](
-        *weights, g, out, partial, sk.split_counters(x.device, tiles_n), m, n, k, per_split,
-        x.stride(0), out.stride(0), NUM_STAGES=stages, SUM_ROWS=rows, SUM_SPLITS=at_once,
+        w_src, s_src = data_t, scale_t
+    _probe_kernel[(tiles_n, splits)](
+        w_src, s_src, x, g, out, partial, sk.split_counters(x.device, tiles_n), m, n, k, per_split,
+        x.stride(0), out.stride(0), TMA=tma, NUM_STAGES=stages, SUM_ROWS=rows, SUM_SPLITS=at_once,
         num_warps=4, num_stages=stages)
     return out
 
