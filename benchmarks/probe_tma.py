@@ -1,5 +1,6 @@
-"""NOT YET RUN on a GPU (written in session 7 after its device time was spent; compiled for sm_90
-only): the register-fed decode GEMM (kernels/gemm_mma.py) with its weight stream pipelined by
+"""Run once (session 8, H100, results/probe_tma_h100.txt): bit-exact, and 4-13x SLOWER than
+linear_tiled at every stage count, cp.async and TMA alike (4096 x 14336, M = 1: 197-241 us vs
+17.9); not pursued. The register-fed decode GEMM (kernels/gemm_mma.py) with its weight stream pipelined by
 Triton, through TMA or cp.async, instead of a hand prefetch one tile ahead.
 
 Why: at M <= 8 the register-fed kernel streams the mid-size weights at ~2 TB/s of ~3 (H100). Its

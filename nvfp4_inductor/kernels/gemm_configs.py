@@ -52,8 +52,6 @@ TILED_CONFIG_WIDE_N = (64, 64, 16, 2, 4)
 # Measured on an H100 at M = 1 (benchmarks/probe_mma.py): 8 programs per SM best on the large shapes
 # (4096 x 14336: 18.9 us vs 21.5 / 21.2 with 4 / 16; 8192 x 28672: 56.6 vs 60.7 / 58.8).
 REG_MMA_CONFIG = (64, 64, 8, 4, 1)
-# How many tiles ahead it loads (1 or 2, registers).
-REG_MMA_AHEAD = 1
 # It addresses the codes with int32 offsets in uint32 words: fewer than 2^31 words of 4 bytes.
 REG_MMA_MAX_CODE_BYTES = 2**33
 
@@ -78,17 +76,6 @@ def block_scaled_mma(device) -> bool:
     import torch
 
     return device.type == "cuda" and torch.cuda.get_device_capability(device)[0] >= 10
-
-
-# Launch the skinny GEMM as a programmatic dependent (sm_90+): it starts while the previous
-# kernel finishes, loads its first weight tiles, then waits for that kernel's results.
-PDL = False
-
-
-def pdl(device) -> bool:
-    import torch
-
-    return PDL and device.type == "cuda" and torch.cuda.get_device_capability(device)[0] >= 9
 
 
 def sm_count(device) -> int:

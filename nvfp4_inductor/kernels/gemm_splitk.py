@@ -281,22 +281,18 @@ def _splitk_kernel(
     SPLIT: tl.constexpr, USE_ASM: tl.constexpr, OPERAND: tl.constexpr, EVEN: tl.constexpr,
     TILED: tl.constexpr, DOT_SCALED: tl.constexpr, REG_MMA: tl.constexpr, UNSCALE: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
-    SUM_ROWS: tl.constexpr, SUM_SPLITS: tl.constexpr, AHEAD: tl.constexpr, PDL: tl.constexpr,
+    SUM_ROWS: tl.constexpr, SUM_SPLITS: tl.constexpr,
 ):
     pid_n = tl.program_id(0)
     pid_k = tl.program_id(1)
     tile_begin = pid_k * tiles_per_split
     tile_end = tl.minimum(tile_begin + tiles_per_split, tl.cdiv(K, BLOCK_K))
-    if PDL:  # launched as a programmatic dependent: the next kernel may start loading its weights
-        tl.extra.cuda.gdc_launch_dependents()
-        if REG_MMA == 0:  # (the register-fed mainloop waits after its first weight loads)
-            tl.extra.cuda.gdc_wait()
     if DOT_SCALED:  # sm_100, W tiled and x NVFP4: the tensor core applies the block scales
         acc = dot_scaled_mainloop(x_ptr, x_scale_ptr, w_ptr, w_scale_ptr, M, N, K, stride_xm, pid_n,
                                   tile_begin, tile_end, BLOCK_M, BLOCK_N, BLOCK_K)
     elif REG_MMA > 0:  # sm_90+, W tiled, M <= 8 * REG_MMA <= 16: mma.sync on registers (gemm_mma.py)
         acc = mma_mainloop(x_ptr, w_ptr, w_scale_ptr, M, K, stride_xm, pid_n, tile_begin, tile_end,
-                           REG_MMA == 2, EVEN, AHEAD, PDL)
+                           REG_MMA == 2, EVEN)
     else:
         acc = splitk_mainloop(x_ptr, w_ptr, w_scale_ptr, M, N, K, stride_xm, w_scale_cols, pid_n,
                               tile_begin, tile_end, SWIZZLED, USE_ASM, OPERAND, EVEN, TILED,
@@ -393,8 +389,6 @@ def gemm_splitk(x, w_data, w_scale, w_g, bias, out_dtype, swizzled, config=None,
     else:
         partial = counters = out
     sum_rows, sum_splits = gemm_configs.split_sum_tile(m, splits, block_n, warps)
-    pdl = use_asm and gemm_configs.pdl(x.device)
-    launch = {"launch_pdl": True} if pdl else {}  # (a keyword the Triton interpreter does not take)
     _splitk_kernel[(tiles_n, splits)](
         x, x_scale if dot_scaled else x, w_data, w_scale, w_g, bias if bias is not None else w_g, out,
         partial, counters,
@@ -406,6 +400,6 @@ def gemm_splitk(x, w_data, w_scale, w_g, bias, out_dtype, swizzled, config=None,
         TILED=tiled_n is not None, DOT_SCALED=dot_scaled, REG_MMA=(2 if m > 8 else 1) if reg_mma else 0,
         UNSCALE=1.0 if dot_scaled else 2.0**7,
         BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_K=block_k, SUM_ROWS=sum_rows, SUM_SPLITS=sum_splits,
-        AHEAD=gemm_configs.REG_MMA_AHEAD, PDL=pdl, num_warps=warps, num_stages=stages, **launch,
+        num_warps=warps, num_stages=stages,
     )
     return out
