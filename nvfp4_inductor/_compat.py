@@ -43,5 +43,12 @@ def scratch_workspace(device, count: int, dtype: torch.dtype):
     """A workspace of `count` uninitialized elements for one kernel (a template reads it as ws_ptr)."""
     from torch._inductor.codegen.common import WorkspaceArg, WorkspaceZeroMode
 
+    if not hasattr(WorkspaceArg, "name"):
+        # The wrapper's memory planning reads `.name` of the last line's buffer; when a graph ends
+        # with a template kernel, that is the kernel's workspace, which has get_name() only, and
+        # Inductor failed ("'WorkspaceArg' object has no attribute 'name'", 2.13; the graph's
+        # output straight from the template). The same name, under the attribute it reads.
+        WorkspaceArg.name = property(WorkspaceArg.get_name)
+
     return WorkspaceArg(count=count, zero_mode=WorkspaceZeroMode.UNINITIALIZED, device=device,
                         outer_name=WorkspaceArg.unique_name(), dtype=dtype)

@@ -5,6 +5,9 @@ On the CPU, Inductor's Triton CPU backend generates the same template and kernel
 Triton interpreter (plain-op decode instead of the inline PTX): the generated code and the
 numerics are checked there in CI; the same checks run on the GPU (marked gpu)."""
 
+import sys
+from pathlib import Path
+
 import pytest
 import torch
 import torch.utils._triton
@@ -14,6 +17,9 @@ from torch._inductor.utils import run_and_get_code
 import nvfp4_inductor as nv
 from nvfp4_inductor.kernels import gemm_configs
 from nvfp4_inductor.lowerings import linear as linear_lowering
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "examples"))
+import decode  # noqa: E402  (its RMSNorm)
 
 TEMPLATE_MARK = "from nvfp4_inductor.kernels.gemm_splitk import dot_scaled_mainloop, last_split"
 
@@ -138,6 +144,68 @@ def test_nvfp4_activations_feed_the_template_as_values(template_inductor, m):
                                                            192, "nvfp4")) + residual
     # the same quantized x on both sides (x is the graph input): products agree to fp32 rounding
     torch.testing.assert_close(y, expected, rtol=2**-7, atol=2**-6)
+
+
+class ScaledLinear(nn.Module):
+    """linear(x * s), or linear(RMSNorm(x)) with norm: a producer kernel in front of the linear. s
+    holds powers of two, so x * s is exact in bf16 and the eager reference sees the same activation
+    as the compiled graph."""
+
+    def __init__(self, k, n, norm=False):
+        super().__init__()
+        self.s = nn.Parameter(2.0 ** torch.randint(-3, 4, (k,)).float())
+        self.norm = decode.RMSNorm(k, 1e-5) if norm else None
+        self.linear = nn.Linear(k, n)
+
+    def producer(self, x):
+        return self.norm(x) if self.norm is not None else x * self.s.to(x.dtype)
+
+    def forward(self, x):
+        return self.linear(self.producer(x))
+
+
+def _linear_eager(model, h, activations):
+    """model.linear on h as the eager nvfp4 ops (the same quantized, tiled weights)."""
+    w = model.linear.weight.detach()
+    data, scale, g = torch.ops.nvfp4.quantize(w, None, False, False)
+    data, scale = torch.ops.nvfp4.tile_weight(data, scale)
+    with torch.no_grad():
+        return torch.ops.nvfp4.linear_tiled(h, data, scale, g, model.linear.bias.detach(), w.shape[0],
+                                            activations)
+
+
+@pytest.mark.parametrize("activations", ["bf16", "nvfp4"])
+def test_a_graph_ending_in_the_template(template_inductor, activations):
+    """The template's output is the graph's output (nothing after the linear) and x is computed in
+    the graph: Inductor's memory planning read `.name` of the template's workspace there and
+    failed (torch 2.13) until _compat gave the workspace that attribute."""
+    torch.manual_seed(3)
+    model = ScaledLinear(256, 192).to(device=template_inductor, dtype=torch.bfloat16).eval()
+    x = torch.randn(1, 256, device=template_inductor, dtype=torch.bfloat16)
+    y, code = run_and_get_code(nv.compile(model, nv.Config(activations=activations)), x)
+    launches = _launches("\n".join(code))
+    assert "triton_tem_fused" in launches[-1] and "workspace_" in "\n".join(code), launches
+    with torch.no_grad():
+        expected = _linear_eager(model, model.producer(x), activations)  # x * s is exact in bf16
+    torch.testing.assert_close(y, expected, rtol=2**-7, atol=2**-6)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("norm", [False, True])
+def test_computed_activations_take_the_register_fed_mainloop(triton_inductor, norm):
+    """x computed in the graph (its layout's stride a sympy Integer) still has even rows: the
+    decode template takes the register-fed mainloop (it took the tl.dot one, 12 us slower per
+    decoder block at M = 1 on an H100, until _even_rows read sympy Integers)."""
+    torch.manual_seed(4)
+    model = ScaledLinear(4096, 1024, norm=norm).to(device="cuda", dtype=torch.bfloat16).eval()
+    x = torch.randn(1, 4096, device="cuda", dtype=torch.bfloat16)
+    y, code = run_and_get_code(nv.compile(model, nv.Config(activations="bf16")), x)
+    source = "\n".join(code)
+    assert "REG_MMA : tl.constexpr = 1" in source, source
+    with torch.no_grad():
+        expected = _linear_eager(model, model.producer(x), "bf16")
+    err = ((y.float() - expected.float()).norm() / expected.float().norm()).item()
+    assert err < 1e-2, err  # the compiled norm may round h differently (W4A16 is continuous in h)
 
 
 @pytest.mark.gpu

@@ -30,6 +30,7 @@ template does not apply (a dynamic M, a non-CUDA device unless Inductor's CPU ba
 the op stays the eager custom op (also for an empty x).
 """
 
+import sympy
 import torch
 from torch._inductor import config as inductor_config
 from torch._inductor import ir
@@ -124,7 +125,10 @@ def _even_rows(x) -> bool:
     """x's rows start at even element offsets (a static layout): 4-byte aligned bf16 pairs."""
     layout = x.get_layout()
     stride, offset = layout.stride[0], layout.offset
-    return isinstance(stride, int) and isinstance(offset, int) and stride % 2 == 0 and offset % 2 == 0
+    # Static strides and offsets are ints or sympy Integers: a buffer computed in the graph (a norm's
+    # output) has the latter. (Checking for int alone sent every such x to the tl.dot mainloop.)
+    static = all(isinstance(v, (int, sympy.Integer)) for v in (stride, offset))
+    return static and int(stride) % 2 == 0 and int(offset) % 2 == 0
 
 
 def lower_linear_tiled(x, w_data, w_scale, w_global_scale, bias, n, activation):
