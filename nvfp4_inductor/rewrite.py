@@ -224,7 +224,13 @@ class LinearToNVFP4(_compat.CustomGraphPass):
         self.retiled.append(names[data])
 
     def uuid(self) -> bytes:
-        """Keys the FX graph cache: the package sources and the options."""
+        """Keys the FX graph cache: the package sources, the options, and the GEMM configuration
+        values as they are now (a tuning knob set at run time changes the generated code)."""
+        from .kernels import gemm_configs
+
+        tables = sorted((name, repr(value)) for name, value in vars(gemm_configs).items()
+                        if name.isupper())
         return _compat.get_hash_for_files(_PACKAGE_FILES) + repr(
-            (self.activation, self.param_names, sorted(self.keep.items()), self.weight_method, self.merge)
+            (self.activation, self.param_names, sorted(self.keep.items()), self.weight_method, self.merge,
+             tables)
         ).encode()

@@ -157,6 +157,30 @@ def test_fx_graph_cache_is_not_bypassed():
     assert counters["inductor"]["fxgraph_cache_miss"] + counters["inductor"]["fxgraph_cache_hit"] >= 1
 
 
+def test_fx_graph_cache_keys_on_the_gemm_configuration(monkeypatch):
+    """A GEMM configuration value changed at run time (a tuning knob: FORCE_PATH, a config table)
+    changes the generated code, so it must change the cache key: with the old key, a benchmark that
+    set such a value got the code compiled before it (measured: four variants, one code)."""
+    from torch._dynamo.utils import counters
+
+    from nvfp4_inductor.kernels import gemm_configs
+    from nvfp4_inductor.rewrite import LinearToNVFP4
+
+    key = LinearToNVFP4("bf16", []).uuid()
+    monkeypatch.setattr(gemm_configs, "TEMPLATE_MAX_M", gemm_configs.TEMPLATE_MAX_M + 1)
+    assert LinearToNVFP4("bf16", []).uuid() != key
+    monkeypatch.undo()
+    assert LinearToNVFP4("bf16", []).uuid() == key
+    model = _block()
+    x = torch.randn(4, 64, dtype=torch.bfloat16)
+    nv.compile(model, nv.Config(activations="bf16"))(x)
+    torch._dynamo.reset()
+    counters.clear()
+    monkeypatch.setattr(gemm_configs, "TEMPLATE_MAX_M", gemm_configs.TEMPLATE_MAX_M + 1)
+    nv.compile(model, nv.Config(activations="bf16"))(x)
+    assert counters["inductor"]["fxgraph_cache_hit"] == 0 and counters["inductor"]["fxgraph_cache_miss"] >= 1
+
+
 @pytest.mark.gpu
 @pytest.mark.parametrize("mode", ["default", "reduce-overhead"])
 def test_backend_on_cuda(mode):
