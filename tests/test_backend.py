@@ -2,6 +2,7 @@
 numerics equal to the eager NVFP4 reference, clear fall-backs."""
 
 import logging
+import uuid
 import warnings
 
 import pytest
@@ -176,7 +177,8 @@ def test_fx_graph_cache_keys_on_the_gemm_configuration(monkeypatch):
     nv.compile(model, nv.Config(activations="bf16"))(x)
     torch._dynamo.reset()
     counters.clear()
-    monkeypatch.setattr(gemm_configs, "TEMPLATE_MAX_M", gemm_configs.TEMPLATE_MAX_M + 1)
+    # a value no earlier run has compiled with (the cache outlives the test process)
+    monkeypatch.setattr(gemm_configs, "TEST_ONLY_KEY", uuid.uuid4().hex, raising=False)
     nv.compile(model, nv.Config(activations="bf16"))(x)
     assert counters["inductor"]["fxgraph_cache_hit"] == 0 and counters["inductor"]["fxgraph_cache_miss"] >= 1
 
