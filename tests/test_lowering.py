@@ -64,13 +64,19 @@ def _launches(code: str) -> list[str]:
             and "import" not in line]
 
 
-def _eager(model, x, residual):
-    """The same model with the linear as the eager nvfp4 ops (same quantized, tiled weights)."""
+def _linear_eager(model, h, activations):
+    """model.linear on h as the eager nvfp4 ops (the same quantized, tiled weights)."""
     w = model.linear.weight.detach()
     data, scale, g = torch.ops.nvfp4.quantize(w, None, False, False)
     data, scale = torch.ops.nvfp4.tile_weight(data, scale)
-    y = torch.ops.nvfp4.linear_tiled(x, data, scale, g, model.linear.bias.detach(), w.shape[0], "bf16")
-    return model.act(y) + residual
+    bias = None if model.linear.bias is None else model.linear.bias.detach()
+    with torch.no_grad():
+        return torch.ops.nvfp4.linear_tiled(h, data, scale, g, bias, w.shape[0], activations)
+
+
+def _eager(model, x, residual):
+    """The same model with the linear as the eager nvfp4 ops (same quantized, tiled weights)."""
+    return model.act(_linear_eager(model, x, "bf16")) + residual
 
 
 def _run(device, m, k, n, act=torch.relu, lead=()):
@@ -136,12 +142,7 @@ def test_nvfp4_activations_feed_the_template_as_values(template_inductor, m):
     assert "torch.ops.nvfp4.quantize.default(" not in source
     assert "torch.ops.nvfp4.linear_tiled.default(" not in source
     assert "torch.ops.nvfp4.dequantize" not in source
-    w = model.linear.weight.detach()
-    data, scale, g = torch.ops.nvfp4.quantize(w, None, False, False)
-    data, scale = torch.ops.nvfp4.tile_weight(data, scale)
-    with torch.no_grad():
-        expected = torch.relu(torch.ops.nvfp4.linear_tiled(x, data, scale, g, model.linear.bias.detach(),
-                                                           192, "nvfp4")) + residual
+    expected = torch.relu(_linear_eager(model, x, "nvfp4")) + residual
     # the same quantized x on both sides (x is the graph input): products agree to fp32 rounding
     torch.testing.assert_close(y, expected, rtol=2**-7, atol=2**-6)
 
@@ -162,16 +163,6 @@ class ScaledLinear(nn.Module):
 
     def forward(self, x):
         return self.linear(self.producer(x))
-
-
-def _linear_eager(model, h, activations):
-    """model.linear on h as the eager nvfp4 ops (the same quantized, tiled weights)."""
-    w = model.linear.weight.detach()
-    data, scale, g = torch.ops.nvfp4.quantize(w, None, False, False)
-    data, scale = torch.ops.nvfp4.tile_weight(data, scale)
-    with torch.no_grad():
-        return torch.ops.nvfp4.linear_tiled(h, data, scale, g, model.linear.bias.detach(), w.shape[0],
-                                            activations)
 
 
 @pytest.mark.parametrize("activations", ["bf16", "nvfp4"])
@@ -236,11 +227,7 @@ def test_large_m_or_few_programs_pick_the_extern_choice(triton_inductor, m):
     residual = torch.randn(m, 192, device="cuda", dtype=torch.bfloat16)
     y, code = run_and_get_code(nv.compile(model, nv.Config(activations="bf16")), x, residual)
     assert "extern_kernels.nvfp4_addmm_tiled(" in "\n".join(code)
-    w = model.linear.weight.detach()
-    data, scale, g = torch.ops.nvfp4.quantize(w, None, False, False)
-    data, scale = torch.ops.nvfp4.tile_weight(data, scale)
-    with torch.no_grad():
-        expected = torch.relu(torch.ops.nvfp4.linear_tiled(x, data, scale, g, None, 192, "bf16")) + residual
+    expected = _eager(model, x, residual)
     torch.testing.assert_close(y, expected, rtol=2**-7, atol=2**-6)
     y, code = run_and_get_code(nv.compile(model, nv.Config(activations="nvfp4")), x, residual)
     assert "extern_kernels.nvfp4_mm_tiled_f32(" in "\n".join(code)
