@@ -181,6 +181,52 @@ def test_a_graph_ending_in_the_template(template_inductor, activations):
     torch.testing.assert_close(y, expected, rtol=2**-7, atol=2**-6)
 
 
+class QKVAttention(nn.Module):
+    """Grouped-query attention on q / k / v projections of one x (merged into one GEMM at decode)."""
+
+    def __init__(self, hidden, heads, kv_heads, head_dim):
+        super().__init__()
+        self.heads, self.kv_heads, self.head_dim = heads, kv_heads, head_dim
+        self.wq = nn.Linear(hidden, heads * head_dim, bias=False)
+        self.wk = nn.Linear(hidden, kv_heads * head_dim, bias=False)
+        self.wv = nn.Linear(hidden, kv_heads * head_dim, bias=False)
+
+    def forward(self, x):
+        batch, seq, _ = x.shape
+        q = self.wq(x).view(batch, seq, self.heads, self.head_dim).transpose(1, 2)
+        k = self.wk(x).view(batch, seq, self.kv_heads, self.head_dim).transpose(1, 2)
+        v = self.wv(x).view(batch, seq, self.kv_heads, self.head_dim).transpose(1, 2)
+        return nn.functional.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=True)
+
+
+@pytest.mark.parametrize("activations", ["bf16", "nvfp4"])
+def test_attention_reads_the_template_output(template_inductor, activations):
+    """q / k / v sliced from the merged GEMM go to attention, an op with a layout constraint: the
+    template stores the bf16 projections and attention reads them in place. (The epilogue was
+    left a pointwise node: attention's constraint copied q, k and v out of an fp32 product in a
+    kernel of their own, 3.8 us at M = 1 in bench_block's decoder block on an H100.)"""
+    torch.manual_seed(5)
+    model = QKVAttention(128, 4, 2, 32).to(device=template_inductor, dtype=torch.bfloat16).eval()
+    x = torch.randn(1, 1, 128, device=template_inductor, dtype=torch.bfloat16)
+    y, code = run_and_get_code(nv.compile(model, nv.Config(activations=activations)), x)
+    launches = _launches("\n".join(code))
+    kernels = [line for line in launches if ".run(" in line]  # (W4A4's quantize_values is an op call)
+    assert len(kernels) == 1 and "triton_tem_fused" in kernels[0], launches
+    with torch.no_grad():
+        projections = [_linear_eager(_Single(w), x, activations) for w in (model.wq, model.wk, model.wv)]
+        q, k, v = (p.view(1, 1, -1, 32).transpose(1, 2) for p in projections)
+        expected = nn.functional.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=True)
+    torch.testing.assert_close(y, expected, rtol=2**-7, atol=2**-6)
+
+
+class _Single(nn.Module):
+    """A module whose .linear is the given nn.Linear (for _linear_eager)."""
+
+    def __init__(self, linear):
+        super().__init__()
+        self.linear = linear
+
+
 @pytest.mark.gpu
 @pytest.mark.parametrize("norm", [False, True])
 def test_computed_activations_take_the_register_fed_mainloop(triton_inductor, norm):

@@ -212,6 +212,12 @@ def lower_linear_tiled(x, w_data, w_scale, w_global_scale, bias, n, activation):
     if bias is not None:
         y = lowerings[aten.add.Tensor](y, to_dtype(bias, torch.float32))
     y = to_dtype(y, x.get_dtype())
+    # A buffer of its own, (m, n) like the template's product: the scheduler fuses it into the
+    # template's store (and a consumer's pointwise ops after it, dropping the store when nothing
+    # else reads it). Left a pointwise node, a consumer that needs a fixed layout (attention on
+    # q / k / v sliced from a merged GEMM) copied it out in a kernel of its own, the template
+    # storing fp32 for it.
+    y.realize()
     return lowerings[aten.view.default](y, [*lead, n])
 
 
