@@ -3,6 +3,7 @@ cuBLAS at decode sizes, same run: correctness first (float64 reference), then CU
 over weight copies beyond L2. Not a benchmark of record (bench_gemm.py is).
 
     python benchmarks/probe_mma.py
+    python benchmarks/probe_mma.py --min-steps   # the decoder block's shapes: K-steps a split runs at least
 """
 
 import math
@@ -12,11 +13,12 @@ import triton
 from bench_quantize import copy_bandwidth_gbs, stream_us
 
 import nvfp4_inductor as nv
-from nvfp4_inductor.kernels import gemm_configs
+from nvfp4_inductor.kernels import gemm_configs, gemm_mma
 from nvfp4_inductor.kernels.gemm_splitk import gemm_splitk
 
 SHAPES = [(4096, 4096), (4096, 14336), (14336, 4096), (8192, 28672), (4096, 1024)]  # (K, N)
 ops = torch.ops.nvfp4
+PER_SM = (8, 16, 24)  # programs per SM of the register-fed kernel
 
 
 def check() -> None:
@@ -31,7 +33,7 @@ def check() -> None:
             bias = torch.randn(n, device="cuda", dtype=torch.bfloat16)
             ref = x.double() @ w_ref.T + bias.double()
             for splits in (None, 1, 3):
-                config = None if splits is None else (16, 64, 64, splits, 4, 1)
+                config = None if splits is None else (16, 64, 64, splits, gemm_mma.WARPS, 1)
                 y = gemm_splitk(x, data, scale, q.global_scale, bias, torch.float32, False, config=config,
                                 tiled_n=n, reg_mma=True)
                 err = ((y.double() - ref).abs().max() / ref.abs().max()).item()
@@ -47,7 +49,7 @@ def main() -> None:
     copy = copy_bandwidth_gbs()
     l2 = torch.cuda.get_device_properties().L2_cache_size
     print(f"device copy: {copy:.0f} GB/s")
-    cols = ["bf16", "tiled", "mma4", "mma8", "mma16", "floor"]
+    cols = ["bf16", "tiled"] + [f"mma{p}" for p in PER_SM] + ["floor"]
     sms = torch.cuda.get_device_properties().multi_processor_count
     print(f"{'K':>6} {'N':>6} {'M':>3} " + " ".join(f"{c:>7}" for c in cols) + " | x bf16: "
           + " ".join(f"{c:>6}" for c in cols[1:]))
@@ -62,9 +64,9 @@ def main() -> None:
             times = [stream_us(lambda w: x @ w.T, w_bf16),
                      stream_us(lambda w: gemm_splitk(x, w[0], w[1], w[2], None, torch.bfloat16, False,
                                                      config=old, tiled_n=n, reg_mma=False), w_tiled)]
-            for per_sm in (4, 8, 16):
+            for per_sm in PER_SM:
                 _, _, _, splits, _, _ = gemm_configs._skinny_config(m, n, k, sms, 64, 64, per_sm, 4, 1, 8)
-                config = (16, 64, 64, splits, 4, 1)
+                config = (16, 64, 64, splits, gemm_mma.WARPS, 1)
                 times.append(stream_us(lambda w: gemm_splitk(x, w[0], w[1], w[2], None, torch.bfloat16, False,
                                                              config=config, tiled_n=n, reg_mma=True), w_tiled))
             times.append((n * k * 0.5625 + 2 * m * k + 2 * m * n) / copy / 1e3)
@@ -73,5 +75,32 @@ def main() -> None:
         del w_bf16, w_q, w_tiled
 
 
+def min_steps_sweep() -> None:
+    """The register-fed kernel with the default programs per SM, splits of at least 1 / 2 / 4 / 8
+    K-steps (the template's rule is 1, the eager launcher's 8), on the decoder block's GEMMs
+    (q / k / v merged, o, gate / up merged, down) at M = 1 and 16."""
+    print(f"GPU: {torch.cuda.get_device_name()}, torch {torch.__version__}, triton {triton.__version__}")
+    l2 = torch.cuda.get_device_properties().L2_cache_size
+    sms = torch.cuda.get_device_properties().multi_processor_count
+    steps = (1, 2, 4, 8)
+    print(f"{'K':>6} {'N':>6} {'M':>3} " + " ".join(f"{'min ' + str(s):>12}" for s in steps) + "  (us, splits)")
+    for k, n in [(4096, 6144), (4096, 4096), (4096, 28672), (14336, 4096)]:
+        copies = max(2, math.ceil(3 * l2 / (n * k * 0.5625)))
+        w_q = [nv.quantize(torch.randn(n, k, dtype=torch.bfloat16, device="cuda")) for _ in range(copies)]
+        w_tiled = [(*ops.tile_weight(q.data, q.scale.view(torch.uint8)), q.global_scale) for q in w_q]
+        for m in (1, 16):
+            x = torch.randn(m, k, dtype=torch.bfloat16, device="cuda")
+            cells = []
+            for min_steps in steps:
+                config = gemm_configs.splitk_config(m, n, k, sms, reg_mma=True, min_steps=min_steps)
+                t = stream_us(lambda w: gemm_splitk(x, w[0], w[1], w[2], None, torch.bfloat16, False,
+                                                   config=config, tiled_n=n, reg_mma=True), w_tiled)
+                cells.append(f"{t:7.1f} ({config[3]:>2})")
+            print(f"{k:>6} {n:>6} {m:>3} " + " ".join(f"{c:>12}" for c in cells), flush=True)
+        del w_q, w_tiled
+
+
 if __name__ == "__main__":
-    main()
+    import sys
+
+    min_steps_sweep() if "--min-steps" in sys.argv else main()

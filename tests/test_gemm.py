@@ -12,7 +12,7 @@ import triton.language as tl
 
 import nvfp4_inductor as nv
 from nvfp4_inductor import tiled as nv_tiled
-from nvfp4_inductor.kernels import gemm, gemm_configs, gemm_splitk
+from nvfp4_inductor.kernels import gemm, gemm_configs, gemm_mma, gemm_splitk
 
 OPS = torch.ops.nvfp4
 
@@ -157,8 +157,8 @@ def test_register_fed_mainloop_matches_reference(m, n, k, splits):
     bias = torch.randn(n, generator=gen)
     data_t, scale_t = nv_tiled.tile(w.data, w.scale.view(torch.uint8))
     y = gemm_splitk.gemm_splitk(x.cuda(), data_t.cuda(), scale_t.cuda(), w.global_scale.cuda(), bias.cuda(),
-                                torch.float32, False, config=(16, 64, 64, splits, 4, 1), tiled_n=n,
-                                reg_mma=True)
+                                torch.float32, False, config=(16, 64, 64, splits, gemm_mma.WARPS, 1),
+                                tiled_n=n, reg_mma=True)
     want = x.double() @ w.dequantize(torch.float32).double().T + bias.double()
     assert _rel(y, want) <= 1e-5
     # a NaN block scale makes exactly its own weight row NaN
@@ -176,9 +176,9 @@ def test_register_fed_mainloop_refuses_what_it_cannot_run():
     with pytest.raises(ValueError, match="register-fed mainloop needs"):
         gemm_splitk.gemm_splitk(x, data_t, scale_t, g, None, torch.float32, False, tiled_n=64,
                                 use_asm=True, reg_mma=True)
-    with pytest.raises(ValueError, match="runs 16 x 64 x 64 tiles on 4 warps"):
+    with pytest.raises(ValueError, match=f"runs 16 x 64 x 64 tiles on {gemm_mma.WARPS} warps"):
         gemm_splitk.gemm_splitk(x[:3], data_t, scale_t, g, None, torch.float32, False, tiled_n=64,
-                                use_asm=True, reg_mma=True, config=(16, 64, 64, 1, 2, 4))
+                                use_asm=True, reg_mma=True, config=(16, 64, 64, 1, 2 * gemm_mma.WARPS, 4))
     huge = torch.empty(gemm_configs.REG_MMA_MAX_CODE_BYTES, dtype=torch.uint8, device="meta")  # int32 word offsets
     with pytest.raises(ValueError, match="fewer than 8589934592 code bytes"):
         gemm_splitk.gemm_splitk(x[:3], huge, scale_t, g, None, torch.float32, False, tiled_n=64,
@@ -253,6 +253,21 @@ def test_splitk_config_fills_the_gpu():
             assert block_m >= max(16, m) and 1 <= splits <= max(1, steps // min_steps)
             programs = -(-n // block_n) * splits
             assert programs >= min(4 * 132, -(-n // block_n) * (steps // min_steps))
+
+
+@pytest.mark.parametrize("m, n, k, splits", [
+    (1, 4096, 4096, 16),   # 64 steps, at least 4 a split (REG_MMA_MIN_STEPS at M <= 8)
+    (16, 4096, 4096, 8),   # at least 8 a split above M = 8
+    (1, 28672, 4096, 5),   # 448 tile rows: 16 programs per SM of 132 leave ~5 splits
+    (16, 28672, 4096, 3),  # 8 programs per SM above M = 8
+    (1, 4096, 14336, 33),  # 224 steps, 2112 programs over 64 tile rows (32 ranges of 7 steps)
+])
+def test_register_fed_config(m, n, k, splits):
+    """The register-fed mainloop's split rule, eager and template alike (min_steps None)."""
+    config = gemm_configs.splitk_config(m, n, k, 132, reg_mma=True)
+    assert config == (16, 64, 64, splits, gemm_mma.WARPS, 1)
+    template = gemm_configs.template_configs(m, n, k, 132, reg_mma=True)[0]
+    assert (template.split, template.tiles_per_split) == gemm_configs.split_ranges(k, 64, splits)
 
 
 @pytest.mark.gpu

@@ -47,28 +47,41 @@ TILED_CONFIG = (64, 64, 8, 2, 4)
 TILED_CONFIG_WIDE_N = (64, 64, 16, 2, 4)
 
 
-# The register-fed mainloop (gemm_mma.py, tiled weights, M <= 16): a warp per 16 rows of the 64 x 64
-# tile, so 4 warps; it prefetches in registers itself (no Triton pipelining: num_stages 1).
-# Measured on an H100 at M = 1 (benchmarks/probe_mma.py): 8 programs per SM best on the large shapes
-# (4096 x 14336: 18.9 us vs 21.5 / 21.2 with 4 / 16; 8192 x 28672: 56.6 vs 60.7 / 58.8).
-REG_MMA_CONFIG = (64, 64, 8, 4, 1)
+# The register-fed mainloop (gemm_mma.py, tiled weights, M <= 16): a warp per 32 rows of the 64 x 64
+# tile, so 2 warps; it prefetches in registers itself (no Triton pipelining: num_stages 1).
+# Measured on an H100 (benchmarks/probe_mma.py, eager, results/probe_mma_session9_h100.txt): at
+# M <= 8, 16 programs per SM (4096 x 14336, M = 1: 17.2 us vs 18.3 / 17.4 with 8 / 24; 8192 x 28672:
+# 51.0 vs 55.7 / 55.8); at M = 16 (80 registers) 8 per SM (20.2 vs 24.1 us; 60.4 vs 69.3).
+REG_MMA_CONFIG = (64, 64, 16, 2, 1)
+REG_MMA_PROGRAMS_PER_SM_TWO_B = 8  # M > 8
+# K-steps a split of it runs at least, M <= 8 and M > 8 (eager and template alike): same kernel,
+# splits of at least 1 / 2 / 4 / 8 steps (probe_mma.py --min-steps, results/probe_mma_session9_h100.txt):
+# 4096 x 4096, M = 1: 9.4 / 9.4 / 8.6 / 9.9 us; 6144 x 4096: 10.2 / 10.1 / 9.7 / 11.2; M = 16:
+# 12.6 / 12.7 / 12.6 / 11.5 and 13.0 / 13.1 / 13.2 / 12.9; longer K or wider N: no change.
+REG_MMA_MIN_STEPS = (4, 8)
 # It addresses the codes with int32 offsets in uint32 words: fewer than 2^31 words of 4 bytes.
 REG_MMA_MAX_CODE_BYTES = 2**33
 
 
-def splitk_config(m: int, n: int, k: int, num_sms: int, tiled: bool = False, min_steps: int = 1,
-                  reg_mma: bool = False) -> tuple[int, int, int, int, int, int]:
+def splitk_config(m: int, n: int, k: int, num_sms: int, tiled: bool = False,
+                  min_steps: int | None = None, reg_mma: bool = False
+                  ) -> tuple[int, int, int, int, int, int]:
     """-> (BLOCK_M, BLOCK_N, BLOCK_K, num_splits, num_warps, num_stages) of the skinny kernel;
-    min_steps: K-steps a split runs at least (the eager launcher: MIN_STEPS_PER_SPLIT); reg_mma:
-    the register-fed mainloop (tiled weights, M <= 16)."""
+    min_steps: K-steps a split runs at least (the eager launcher: MIN_STEPS_PER_SPLIT; None: 1, or
+    REG_MMA_MIN_STEPS for the register-fed mainloop); reg_mma: the register-fed mainloop (tiled
+    weights, M <= 16)."""
     wide = n >= 16384
     if reg_mma:
         block_n, block_k, per_sm, warps, stages = REG_MMA_CONFIG
+        if m > 8:
+            per_sm = REG_MMA_PROGRAMS_PER_SM_TWO_B
+        if min_steps is None:
+            min_steps = REG_MMA_MIN_STEPS[m > 8]
     elif tiled:
         block_n, block_k, per_sm, warps, stages = TILED_CONFIG_WIDE_N if wide else TILED_CONFIG
     else:
         block_n, block_k, per_sm, warps, stages = SPLITK_CONFIG_WIDE_N if wide else SPLITK_CONFIG
-    return _skinny_config(m, n, k, num_sms, block_n, block_k, per_sm, warps, stages, min_steps)
+    return _skinny_config(m, n, k, num_sms, block_n, block_k, per_sm, warps, stages, min_steps or 1)
 
 
 def block_scaled_mma(device) -> bool:
@@ -93,10 +106,10 @@ def sm_count(device) -> int:
 # were slow (H200, benchmarks/probe_skinny.py --min-steps, tiled weights, kernel + reduce: N x K =
 # 1024 x 4096 took 14.1 us at M = 1 and 35.5 us at M = 16 with 64 one-step splits, 7.4 and 10.1 us
 # with 8 splits of 8 steps (bf16 cuBLAS: 6.9, 7.2 us); 4096 x 4096: 11.4 -> 10.1 us and 16.5 ->
-# 12.6 us; shapes that already ran >= 8 steps a split unchanged). The Inductor template keeps one
-# step as the minimum: there the 8-step rule measured 4.5% fewer tokens/s in bench_decode.py (W4A16
-# 999 vs 1046, W4A4 864 vs 906 at batch 1). Neither was re-measured since the split sum moved into
-# the GEMM kernel (gemm_splitk.sum_splits).
+# 12.6 us; shapes that already ran >= 8 steps a split unchanged). The Inductor template's tl.dot
+# mainloop keeps one step as the minimum: there the 8-step rule measured 4.5% fewer tokens/s in
+# bench_decode.py (W4A16 999 vs 1046, W4A4 864 vs 906 at batch 1). The register-fed mainloop, in
+# both, has its own rule (REG_MMA_MIN_STEPS, measured with the split sum in the GEMM kernel).
 MIN_STEPS_PER_SPLIT = 8
 
 

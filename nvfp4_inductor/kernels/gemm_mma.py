@@ -10,13 +10,17 @@ the HBM floor (benchmarks/NOTES.md). Here every warp issues mma.sync.m16n8k16 it
 PTX) on operands that never leave registers, in a mapping chosen so that each lane loads exactly
 the bytes it multiplies.
 
-Lanes and data. All tensors are 1-D of BLOCK = 32 * num_warps elements, element i held by thread
-i (lane l = i % 32, warp u = i // 32, g = l // 4, q = l % 4). Warp u owns rows 16u .. 16u + 15 of
-the program's 64-row tile; per K-step (one 64 x 64 tile) lane (g, q) holds
-    W rows 16u + g and 16u + g + 8, k in [16q, 16q + 16): 2 x 8 bytes, one e4m3 scale each
+Lanes and data. All tensors are 1-D of BLOCK = 32 * WARPS elements (WARPS = 2), element i held
+by thread i (lane l = i % 32, warp u = i // 32, g = l // 4, q = l % 4). Warp u owns rows
+32u .. 32u + 31 of the program's 64-row tile, as two mma row blocks that share each x fragment;
+per K-step (one 64 x 64 tile) lane (g, q) holds
+    W rows 32u + g + 8j, j = 0..3, k in [16q, 16q + 16): 4 x 8 bytes, one e4m3 scale each
         (coalesced: each 8-byte load of a warp reads 256 contiguous bytes of the tile),
     x row g (and g + 8 when M > 8), the same 16 k: 32 bytes (row M - 1 again for rows >= M:
         their products land in output columns nobody stores).
+A lane's 32 bytes of x serve 4 weight rows (32 bytes of codes). With a warp per 16 rows they
+served 2, and x's loads (L1 hits) slowed a kernel doing only the loads by 15% (4096 x 14336,
+M = 1, H100: 15.4 us, 13.4 without x; benchmarks/probe_loads.py).
 mma.sync.m16n8k16 (row.col, bf16, fp32 accumulate), A = W (16 rows x 16 k-slots), B = x^T
 (16 k-slots x 8 rows of x): lane (g, q) supplies A rows g, g + 8 and B column g at k-slots
 2q, 2q + 1, 2q + 8, 2q + 9, and gets D rows g, g + 8, columns 2q, 2q + 1. The k-slot -> k mapping
@@ -47,7 +51,10 @@ _TILE_K: tl.constexpr = tl.constexpr(TILE_K)
 _TILE_WORDS: tl.constexpr = tl.constexpr(TILE_N * TILE_K // 8)  # uint32 words of codes a tile
 _TILE_SCALES: tl.constexpr = tl.constexpr(TILE_N * TILE_K // 16)  # scale bytes a tile
 _ROW_WORDS: tl.constexpr = tl.constexpr(TILE_K // 8)  # uint32 words a tile row (8)
-_WARPS: tl.constexpr = tl.constexpr(TILE_N // 16)  # a warp per 16 rows of the tile
+WARP_ROWS = 32  # weight rows a warp multiplies: two mma row blocks sharing each x fragment
+WARPS = TILE_N // WARP_ROWS  # warps a program (a 64-row tile)
+_WARP_ROWS: tl.constexpr = tl.constexpr(WARP_ROWS)
+_WARPS: tl.constexpr = tl.constexpr(WARPS)
 
 # $4: 8 codes (natural order), $5: bf16x2 s * 2^119; $0..$3: bf16x2 pairs (i, i + 4), i = 0..3,
 # each e2m1 * s * 2^-7: magnitude bits to 6..8 (+16), sign to 15 (+16).
@@ -146,43 +153,64 @@ def _load_x(x_ptr, x_word, k_ok, EVEN_K: tl.constexpr):
 def _load_tile(ww_ptr, ws_ptr, xw_ptr, tile, t, x_a, x_b, q, K, TWO_B: tl.constexpr,
                EVEN_K: tl.constexpr):
     """What a lane reads for K-tile t (tile index `tile` in the tiled layout): its codes (rows g,
-    g + 8: two words each), the two e4m3 scales as one 16-bit pair, its x words (rows a, b)."""
+    g + 8, g + 16, g + 24 of its warp's 32: two words each), their four e4m3 scales as two 16-bit
+    pairs, its x words (rows a, b)."""
     words = ww_ptr + tile * _TILE_WORDS
-    wg0, wg1 = tl.split(tl.load(words[:, None] + tl.arange(0, 2)[None, :]))
-    wh0, wh1 = tl.split(tl.load(words[:, None] + (8 * _ROW_WORDS + tl.arange(0, 2))[None, :]))
+    w0, w1 = tl.split(tl.load(words[:, None] + tl.arange(0, 2)[None, :]))
+    w2, w3 = tl.split(tl.load(words[:, None] + (8 * _ROW_WORDS + tl.arange(0, 2))[None, :]))
+    w4, w5 = tl.split(tl.load(words[:, None] + (16 * _ROW_WORDS + tl.arange(0, 2))[None, :]))
+    w6, w7 = tl.split(tl.load(words[:, None] + (24 * _ROW_WORDS + tl.arange(0, 2))[None, :]))
     scales = ws_ptr + tile * _TILE_SCALES
-    s_pair = tl.load(scales).to(tl.uint32) | (tl.load(scales + 8 * (_TILE_K // 16)).to(tl.uint32) << 8)
+    row_scales: tl.constexpr = _TILE_K // 16
+    s01 = tl.load(scales).to(tl.uint32) | (tl.load(scales + 8 * row_scales).to(tl.uint32) << 8)
+    s23 = (tl.load(scales + 16 * row_scales).to(tl.uint32)
+           | (tl.load(scales + 24 * row_scales).to(tl.uint32) << 8))
     k_ok = t * _TILE_K + 16 * q < K
     xa = _load_x(xw_ptr, x_a + t * (_TILE_K // 2), k_ok, EVEN_K)
     if TWO_B:
         xb = _load_x(xw_ptr, x_b + t * (_TILE_K // 2), k_ok, EVEN_K)
     else:
         xb = xa
-    return (wg0, wg1, wh0, wh1, s_pair), xa, xb
+    return (w0, w1, w2, w3, w4, w5, w6, w7, s01, s23), xa, xb
 
 
 @triton.jit
-def _mma_word(wg, wh, sg, sh, xa, xb, xc, xd, c0, c1, c2, c3):
-    """8 codes of rows g and g + 8 (k offsets o .. o + 7) against x words xa..xd (the same k):
-    two mma sub-steps, pairs (o, o + 4), (o + 1, o + 5), then (o + 2, o + 6), (o + 3, o + 7)."""
-    g0, g1, g2, g3 = _decode_pairs(wg, sg)
-    h0, h1, h2, h3 = _decode_pairs(wh, sh)
-    c0, c1, c2, c3 = _mma(g0, h0, g1, h1, _pair_lo(xa, xc), _pair_hi(xa, xc), c0, c1, c2, c3)
-    c0, c1, c2, c3 = _mma(g2, h2, g3, h3, _pair_lo(xb, xd), _pair_hi(xb, xd), c0, c1, c2, c3)
+def _x_pairs(x):
+    """A lane's 8 x words -> the B operands of its 4 mma sub-steps, pairs (o, o + 4): 8 words."""
+    return (_pair_lo(x[0], x[2]), _pair_hi(x[0], x[2]), _pair_lo(x[1], x[3]), _pair_hi(x[1], x[3]),
+            _pair_lo(x[4], x[6]), _pair_hi(x[4], x[6]), _pair_lo(x[5], x[7]), _pair_hi(x[5], x[7]))
+
+
+@triton.jit
+def _mma_rows(wg0, wg1, wh0, wh1, s_pair, b, c0, c1, c2, c3):
+    """One K-tile of rows g and g + 8 (words wg0, wg1 and wh0, wh1, scales s_pair) against the B
+    operands b (_x_pairs): 4 mma sub-steps."""
+    sg, sh = _scales(s_pair)
+    g0, g1, g2, g3 = _decode_pairs(wg0, sg)
+    h0, h1, h2, h3 = _decode_pairs(wh0, sh)
+    c0, c1, c2, c3 = _mma(g0, h0, g1, h1, b[0], b[1], c0, c1, c2, c3)
+    c0, c1, c2, c3 = _mma(g2, h2, g3, h3, b[2], b[3], c0, c1, c2, c3)
+    g0, g1, g2, g3 = _decode_pairs(wg1, sg)
+    h0, h1, h2, h3 = _decode_pairs(wh1, sh)
+    c0, c1, c2, c3 = _mma(g0, h0, g1, h1, b[4], b[5], c0, c1, c2, c3)
+    c0, c1, c2, c3 = _mma(g2, h2, g3, h3, b[6], b[7], c0, c1, c2, c3)
     return c0, c1, c2, c3
 
 
 @triton.jit
 def _mma_tile(w, xa, xb, c, TWO_B: tl.constexpr):
-    """One K-tile's 4 (8 with TWO_B) mma sub-steps on a lane's loaded words; c: the 8 sums."""
-    sg, sh = _scales(w[4])
-    c0, c1, c2, c3 = _mma_word(w[0], w[2], sg, sh, xa[0], xa[1], xa[2], xa[3], c[0], c[1], c[2], c[3])
-    c0, c1, c2, c3 = _mma_word(w[1], w[3], sg, sh, xa[4], xa[5], xa[6], xa[7], c0, c1, c2, c3)
-    c4, c5, c6, c7 = c[4], c[5], c[6], c[7]
+    """One K-tile's 8 (16 with TWO_B) mma sub-steps on a lane's loaded words; c: the 16 sums,
+    c[4 * (2 * h + blk) + i]: x rows 8h.., weight rows 16 blk.. of the warp's 32."""
+    ba = _x_pairs(xa)
+    c0, c1, c2, c3 = _mma_rows(w[0], w[1], w[2], w[3], w[8], ba, c[0], c[1], c[2], c[3])
+    c4, c5, c6, c7 = _mma_rows(w[4], w[5], w[6], w[7], w[9], ba, c[4], c[5], c[6], c[7])
+    c8, c9, c10, c11 = c[8], c[9], c[10], c[11]
+    c12, c13, c14, c15 = c[12], c[13], c[14], c[15]
     if TWO_B:
-        c4, c5, c6, c7 = _mma_word(w[0], w[2], sg, sh, xb[0], xb[1], xb[2], xb[3], c4, c5, c6, c7)
-        c4, c5, c6, c7 = _mma_word(w[1], w[3], sg, sh, xb[4], xb[5], xb[6], xb[7], c4, c5, c6, c7)
-    return c0, c1, c2, c3, c4, c5, c6, c7
+        bb = _x_pairs(xb)
+        c8, c9, c10, c11 = _mma_rows(w[0], w[1], w[2], w[3], w[8], bb, c8, c9, c10, c11)
+        c12, c13, c14, c15 = _mma_rows(w[4], w[5], w[6], w[7], w[9], bb, c12, c13, c14, c15)
+    return c0, c1, c2, c3, c4, c5, c6, c7, c8, c9, c10, c11, c12, c13, c14, c15
 
 
 @triton.jit
@@ -190,17 +218,17 @@ def mma_mainloop(x_ptr, w_ptr, w_scale_ptr, M, K, stride_xm, pid_n, tile_begin, 
                  TWO_B: tl.constexpr, EVEN_K: tl.constexpr):
     """fp32 (TILE_N, 16) = 2^-7 * (W . x^T) over the K-tiles [tile_begin, tile_end) of tile row
     pid_n, block scales applied, global scale not: the contract of gemm_splitk.splitk_mainloop
-    with BLOCK_N, BLOCK_M = 64, 16 (run with 4 warps). x bf16 (M <= 16, K), row stride stride_xm
-    (even); TWO_B: M > 8 (a second mma for x rows 8..15); EVEN_K: K % 64 == 0 (no x masks).
-    Lanes whose x row is >= M read row M - 1: its products land in columns nobody stores, and the
-    loads need no mask. Each tile's loads are issued a tile ahead (registers double-buffered;
-    unrolling by two to swap buffers instead of copying them measured 3% fewer instructions, not
-    kept). Codes and scales are addressed with 32-bit offsets (the launcher checks the sizes)."""
+    with BLOCK_N, BLOCK_M = 64, 16 (run with WARPS = 2 warps). x bf16 (M <= 16, K), row stride
+    stride_xm (even); TWO_B: M > 8 (a second mma for x rows 8..15); EVEN_K: K % 64 == 0 (no x
+    masks). Lanes whose x row is >= M read row M - 1: its products land in columns nobody stores,
+    and the loads need no mask. Each tile's loads are issued a tile ahead (registers
+    double-buffered). Codes and scales are addressed with 32-bit offsets (the launcher checks the
+    sizes)."""
     i = tl.arange(0, 32 * _WARPS)
     lane = i % 32
     g = lane // 4
     q = lane % 4
-    row = (i // 32) * 16 + g  # row of the tile
+    row = (i // 32) * _WARP_ROWS + g  # the first of the lane's rows in the tile
     tiles_k = tl.cdiv(K, _TILE_K)
     xw_ptr = x_ptr.to(tl.pointer_type(tl.uint32))
     ww_ptr = w_ptr.to(tl.pointer_type(tl.uint32)) + row * _ROW_WORDS + 2 * q
@@ -208,7 +236,7 @@ def mma_mainloop(x_ptr, w_ptr, w_scale_ptr, M, K, stride_xm, pid_n, tile_begin, 
     x_a = (tl.minimum(g, M - 1).to(tl.int64) * stride_xm + 16 * q) // 2  # in uint32 words
     x_b = (tl.minimum(g + 8, M - 1).to(tl.int64) * stride_xm + 16 * q) // 2
     zero = tl.zeros([32 * _WARPS], tl.float32)
-    c = (zero, zero, zero, zero, zero, zero, zero, zero)
+    c = (zero, zero, zero, zero, zero, zero, zero, zero, zero, zero, zero, zero, zero, zero, zero, zero)
     first = pid_n * tiles_k  # + t: the tile index of K-tile t
     w, xa, xb = _load_tile(ww_ptr, ws_ptr, xw_ptr, first + tile_begin, tile_begin, x_a, x_b, q, K,
                            TWO_B, EVEN_K)
@@ -219,8 +247,11 @@ def mma_mainloop(x_ptr, w_ptr, w_scale_ptr, M, K, stride_xm, pid_n, tile_begin, 
                                   EVEN_K)
         c = _mma_tile(w, xa, xb, c, TWO_B)
         w, xa, xb = w1, xa1, xb1
-    # lane (u, g, q)'s c[a * 2 + b + 4 * h] is out[n = 16u + 8a + g, m = 8h + 2q + b]
-    acc = tl.join(tl.join(tl.join(c[0], c[1]), tl.join(c[2], c[3])),
-                  tl.join(tl.join(c[4], c[5]), tl.join(c[6], c[7])))
-    acc = tl.reshape(acc, (_WARPS, 8, 4, 2, 2, 2))  # (u, g, q, b, a, h)
-    return tl.reshape(tl.permute(acc, (0, 4, 1, 5, 2, 3)), (_TILE_N, 16))
+    # lane (u, g, q)'s c[i + 4 * blk + 8 * h], i = 2 * r + b, is
+    # out[n = 32u + 16 blk + 8r + g, m = 8h + 2q + b]
+    acc = tl.join(tl.join(tl.join(tl.join(c[0], c[1]), tl.join(c[2], c[3])),
+                          tl.join(tl.join(c[4], c[5]), tl.join(c[6], c[7]))),
+                  tl.join(tl.join(tl.join(c[8], c[9]), tl.join(c[10], c[11])),
+                          tl.join(tl.join(c[12], c[13]), tl.join(c[14], c[15]))))
+    acc = tl.reshape(acc, (_WARPS, 8, 4, 2, 2, 2, 2))  # (u, g, q, b, r, blk, h)
+    return tl.reshape(tl.permute(acc, (0, 5, 4, 1, 6, 2, 3)), (_TILE_N, 16))

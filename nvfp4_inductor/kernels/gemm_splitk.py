@@ -42,6 +42,7 @@ import triton.language as tl
 from ..format import BLOCK_SIZE
 from ..tiled import TILE_K, TILE_N
 from . import gemm_configs
+from . import gemm_mma
 from .gemm_mma import mma_mainloop
 from ._common import BLOCK, FP8_NAN, e2m1_decode, scale_offsets
 
@@ -340,7 +341,8 @@ def gemm_splitk(x, w_data, w_scale, w_g, bias, out_dtype, swizzled, config=None,
     itself, codes (M, K/2) + these plain scale bits (M, K/16), for the block-scaled MMA; g must
     then hold both global scales (w_g * x_g). Elsewhere W4A4 passes x's quantized values.
     reg_mma: run gemm_mma's register-fed mainloop (CUDA, tiled W, M <= 16, x rows 4-byte aligned;
-    config (16, 64, 64, splits, 4 warps, stages)); None: wherever it applies and no config is given."""
+    config (16, 64, 64, splits, gemm_mma.WARPS, stages)); None: wherever it applies and no config
+    is given."""
     m, k = x.shape[0], x.shape[1] * (2 if x_scale is not None else 1)
     n = w_data.shape[0] if tiled_n is None else tiled_n
     if m > 64:
@@ -365,14 +367,14 @@ def gemm_splitk(x, w_data, w_scale, w_g, bias, out_dtype, swizzled, config=None,
                          "rows of x and x rows at even element offsets")
     if config is None:
         num_sms = gemm_configs.sm_count(x.device)
-        min_steps = gemm_configs.MIN_STEPS_PER_SPLIT
+        min_steps = None if reg_mma else gemm_configs.MIN_STEPS_PER_SPLIT  # (reg_mma: its own rule)
         config = (gemm_configs.dot_scaled_splitk_config(m, n, k, num_sms, min_steps) if dot_scaled
                   else gemm_configs.splitk_config(m, n, k, num_sms, tiled=tiled_n is not None,
                                                   min_steps=min_steps, reg_mma=reg_mma))
     block_m, block_n, block_k, splits, warps, stages = config
-    if reg_mma and (block_m, block_n, block_k, warps) != (16, TILE_N, TILE_K, 4):
-        raise ValueError(f"the register-fed mainloop runs 16 x {TILE_N} x {TILE_K} tiles on 4 warps; "
-                         f"got {config}")
+    if reg_mma and (block_m, block_n, block_k, warps) != (16, TILE_N, TILE_K, gemm_mma.WARPS):
+        raise ValueError(f"the register-fed mainloop runs 16 x {TILE_N} x {TILE_K} tiles on "
+                         f"{gemm_mma.WARPS} warps; got {config}")
     max_bytes = gemm_configs.REG_MMA_MAX_CODE_BYTES
     if reg_mma and w_data.numel() >= max_bytes:
         raise ValueError(f"the register-fed mainloop takes fewer than {max_bytes} code bytes (int32 word "
