@@ -2,8 +2,10 @@
 with the GEMM's grid and split ranges that only load (and xor-fold what they load, so nothing is
 dead), against the real kernel (gemm_splitk, reg_mma) and bf16 cuBLAS, same run, M = 1.
 
-Load variants (per lane, per 64 x 64 tile of the tiled layout):
-    lanes  : the GEMM's mapping: codes of rows g and g + 8 (2 x 8 bytes), 2 scale bytes, + x (32 bytes)
+Load variants (per lane, per 64 x 64 tile of the tiled layout, 4-warp programs):
+    lanes  : the GEMM's mapping before session 9 (a warp per 16 rows): codes of rows g and g + 8
+             (2 x 8 bytes), 2 scale bytes, + x (32 bytes); the kernel now runs a warp per 32 rows
+             (4 rows a lane for the same x), which this probe's result led to
     lanes-x: the same without x
     flat   : 16 contiguous code bytes (lane i: bytes 16i .. 16i + 15), 2 scale bytes, + x
     flat-x : the same without x
@@ -19,7 +21,7 @@ import torch
 import triton
 import triton.language as tl
 
-from nvfp4_inductor.kernels import gemm_configs
+from nvfp4_inductor.kernels import gemm_configs, gemm_mma
 
 SHAPES = [(4096, 4096), (4096, 14336), (14336, 4096), (8192, 28672)]  # (K, N)
 MODES = {"lanes": 0, "lanes-x": 1, "flat": 2, "flat-x": 3}
@@ -122,7 +124,7 @@ def main() -> None:
         floor = n * k * 0.5625 / copy / 1e3
         for per_sm in (8, 16):
             splits, per_split = splits_for(n, k, per_sm, sms)
-            config = (16, 64, 64, splits, 4, 1)
+            config = (16, 64, 64, splits, gemm_mma.WARPS, 1)  # the kernel as it is now
             times = [bf16, stream_us(lambda w: gemm_splitk(x, w[0], w[1], w[2], None, torch.bfloat16, False,
                                                            config=config, tiled_n=n, reg_mma=True), weights)]
             grid = (n // 64, splits)
