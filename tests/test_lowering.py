@@ -64,19 +64,19 @@ def _launches(code: str) -> list[str]:
             and "import" not in line]
 
 
-def _linear_eager(model, h, activations):
-    """model.linear on h as the eager nvfp4 ops (the same quantized, tiled weights)."""
-    w = model.linear.weight.detach()
+def _linear_eager(linear, h, activations):
+    """An nn.Linear on h as the eager nvfp4 ops (the same quantized, tiled weights)."""
+    w = linear.weight.detach()
     data, scale, g = torch.ops.nvfp4.quantize(w, None, False, False)
     data, scale = torch.ops.nvfp4.tile_weight(data, scale)
-    bias = None if model.linear.bias is None else model.linear.bias.detach()
+    bias = None if linear.bias is None else linear.bias.detach()
     with torch.no_grad():
         return torch.ops.nvfp4.linear_tiled(h, data, scale, g, bias, w.shape[0], activations)
 
 
 def _eager(model, x, residual):
     """The same model with the linear as the eager nvfp4 ops (same quantized, tiled weights)."""
-    return model.act(_linear_eager(model, x, "bf16")) + residual
+    return model.act(_linear_eager(model.linear, x, "bf16")) + residual
 
 
 def _run(device, m, k, n, act=torch.relu, lead=()):
@@ -142,7 +142,7 @@ def test_nvfp4_activations_feed_the_template_as_values(template_inductor, m):
     assert "torch.ops.nvfp4.quantize.default(" not in source
     assert "torch.ops.nvfp4.linear_tiled.default(" not in source
     assert "torch.ops.nvfp4.dequantize" not in source
-    expected = torch.relu(_linear_eager(model, x, "nvfp4")) + residual
+    expected = torch.relu(_linear_eager(model.linear, x, "nvfp4")) + residual
     # the same quantized x on both sides (x is the graph input): products agree to fp32 rounding
     torch.testing.assert_close(y, expected, rtol=2**-7, atol=2**-6)
 
@@ -177,7 +177,7 @@ def test_a_graph_ending_in_the_template(template_inductor, activations):
     launches = _launches("\n".join(code))
     assert "triton_tem_fused" in launches[-1] and "workspace_" in "\n".join(code), launches
     with torch.no_grad():
-        expected = _linear_eager(model, model.producer(x), activations)  # x * s is exact in bf16
+        expected = _linear_eager(model.linear, model.producer(x), activations)  # x * s is exact in bf16
     torch.testing.assert_close(y, expected, rtol=2**-7, atol=2**-6)
 
 
@@ -213,18 +213,10 @@ def test_attention_reads_the_template_output(template_inductor, activations):
     kernels = [line for line in launches if ".run(" in line]  # (W4A4's quantize_values is an op call)
     assert len(kernels) == 1 and "triton_tem_fused" in kernels[0], launches
     with torch.no_grad():
-        projections = [_linear_eager(_Single(w), x, activations) for w in (model.wq, model.wk, model.wv)]
+        projections = [_linear_eager(linear, x, activations) for linear in (model.wq, model.wk, model.wv)]
         q, k, v = (p.view(1, 1, -1, 32).transpose(1, 2) for p in projections)
         expected = nn.functional.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=True)
     torch.testing.assert_close(y, expected, rtol=2**-7, atol=2**-6)
-
-
-class _Single(nn.Module):
-    """A module whose .linear is the given nn.Linear (for _linear_eager)."""
-
-    def __init__(self, linear):
-        super().__init__()
-        self.linear = linear
 
 
 @pytest.mark.gpu
@@ -240,7 +232,7 @@ def test_computed_activations_take_the_register_fed_mainloop(triton_inductor, no
     source = "\n".join(code)
     assert "REG_MMA : tl.constexpr = 1" in source, source
     with torch.no_grad():
-        expected = _linear_eager(model, model.producer(x), "bf16")
+        expected = _linear_eager(model.linear, model.producer(x), "bf16")
     err = ((y.float() - expected.float()).norm() / expected.float().norm()).item()
     assert err < 1e-2, err  # the compiled norm may round h differently (W4A16 is continuous in h)
 
