@@ -4,7 +4,6 @@ over weight copies beyond L2. Not a benchmark of record (bench_gemm.py is).
 
     python benchmarks/probe_mma.py
     python benchmarks/probe_mma.py --min-steps   # the decoder block's shapes: K-steps a split runs at least
-    python benchmarks/probe_mma.py --at-once     # short splits with all their loads issued first
 """
 
 import math
@@ -101,58 +100,7 @@ def min_steps_sweep() -> None:
         del w_q, w_tiled
 
 
-def at_once_sweep() -> None:
-    """Splits of T = 2 / 3 / 4 K-steps with every load issued before the first mma (AT_ONCE = T)
-    against the shipped split rule with the loop (AT_ONCE 1) and with its own AT_ONCE rule, on the
-    decoder block's GEMMs; correctness first (float64 reference, splits shorter than AT_ONCE)."""
-    print(f"GPU: {torch.cuda.get_device_name()}, torch {torch.__version__}, triton {triton.__version__}")
-    worst = 0.0
-    for n, k in [(64, 64), (192, 1040), (4096, 4096), (1056, 4160)]:
-        q = nv.quantize(torch.randn(n, k, device="cuda", dtype=torch.bfloat16))
-        data, scale = ops.tile_weight(q.data, q.scale.view(torch.uint8))
-        w_ref = q.dequantize(torch.float32).double()
-        steps = -(-k // 64)
-        for m in (1, 5, 9, 16):
-            x = torch.randn(m, k, device="cuda", dtype=torch.bfloat16)
-            ref = x.double() @ w_ref.T
-            for t, at_once in [(1, 2), (2, 2), (3, 3), (3, 4), (4, 4), (2, 4)]:
-                config = (16, 64, 64, -(-steps // t), gemm_mma.WARPS, 1)
-                y = gemm_splitk(x, data, scale, q.global_scale, None, torch.float32, False, config=config,
-                                tiled_n=n, reg_mma=True, at_once=at_once)
-                err = ((y.double() - ref).abs().max() / ref.abs().max()).item()
-                worst = max(worst, err)
-                assert err < 1e-4, (n, k, m, t, at_once, err)
-    print(f"correct: worst relative error {worst:.2e} (fp32 out vs float64)")
-    l2 = torch.cuda.get_device_properties().L2_cache_size
-    sms = torch.cuda.get_device_properties().multi_processor_count
-    cols = ["rule loop", "rule", "T=2", "T=3", "T=4"]
-    print(f"{'K':>6} {'N':>6} {'M':>3} " + " ".join(f"{c:>13}" for c in cols) + "  (us, splits)")
-    for k, n in [(4096, 6144), (4096, 4096), (4096, 1024), (14336, 4096), (4096, 14336), (4096, 28672)]:
-        copies = max(2, math.ceil(3 * l2 / (n * k * 0.5625)))
-        w_q = [nv.quantize(torch.randn(n, k, dtype=torch.bfloat16, device="cuda")) for _ in range(copies)]
-        w_tiled = [(*ops.tile_weight(q.data, q.scale.view(torch.uint8)), q.global_scale) for q in w_q]
-        steps = -(-k // 64)
-        for m in (1, 16):
-            x = torch.randn(m, k, dtype=torch.bfloat16, device="cuda")
-            rule = gemm_configs.splitk_config(m, n, k, sms, reg_mma=True)
-            runs = [(rule, 1), (rule, None)] + [((16, 64, 64, -(-steps // t), gemm_mma.WARPS, 1), t)
-                                                 for t in (2, 3, 4)]
-            cells = []
-            for config, at_once in runs:
-                t = stream_us(lambda w: gemm_splitk(x, w[0], w[1], w[2], None, torch.bfloat16, False,
-                                                   config=config, tiled_n=n, reg_mma=True, at_once=at_once),
-                              w_tiled)
-                cells.append(f"{t:7.1f} ({gemm_configs.split_ranges(k, 64, config[3])[0]:>3})")
-            print(f"{k:>6} {n:>6} {m:>3} " + " ".join(f"{c:>13}" for c in cells), flush=True)
-        del w_q, w_tiled
-
-
 if __name__ == "__main__":
     import sys
 
-    if "--min-steps" in sys.argv:
-        min_steps_sweep()
-    elif "--at-once" in sys.argv:
-        at_once_sweep()
-    else:
-        main()
+    min_steps_sweep() if "--min-steps" in sys.argv else main()

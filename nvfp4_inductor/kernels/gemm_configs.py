@@ -59,10 +59,6 @@ REG_MMA_PROGRAMS_PER_SM_TWO_B = 8  # M > 8
 # 4096 x 4096, M = 1: 9.4 / 9.4 / 8.6 / 9.9 us; 6144 x 4096: 10.2 / 10.1 / 9.7 / 11.2; M = 16:
 # 12.6 / 12.7 / 12.6 / 11.5 and 13.0 / 13.1 / 13.2 / 12.9; longer K or wider N: no change.
 REG_MMA_MIN_STEPS = (4, 8)
-# Splits of at most this many K-steps (M <= 8, M > 8) issue every tile's loads before their first
-# mma (gemm_mma._tiles_at_once: one wait for memory a split instead of one a tile; registers grow
-# with the tiles in flight). Longer splits keep the loop with its loads a tile ahead.
-REG_MMA_AT_ONCE_MAX = (4, 2)
 # It addresses the codes with int32 offsets in uint32 words: fewer than 2^31 words of 4 bytes.
 REG_MMA_MAX_CODE_BYTES = 2**33
 
@@ -86,13 +82,6 @@ def splitk_config(m: int, n: int, k: int, num_sms: int, tiled: bool = False,
     else:
         block_n, block_k, per_sm, warps, stages = SPLITK_CONFIG_WIDE_N if wide else SPLITK_CONFIG
     return _skinny_config(m, n, k, num_sms, block_n, block_k, per_sm, warps, stages, min_steps or 1)
-
-
-def reg_mma_at_once(m: int, tiles_per_split: int) -> int:
-    """-> the register-fed mainloop's AT_ONCE for splits of tiles_per_split K-steps: the split's
-    length where REG_MMA_AT_ONCE_MAX allows it, else 1 (the loop)."""
-    limit = REG_MMA_AT_ONCE_MAX[m > 8]
-    return tiles_per_split if 1 < tiles_per_split <= limit else 1
 
 
 def block_scaled_mma(device) -> bool:

@@ -214,77 +214,8 @@ def _mma_tile(w, xa, xb, c, TWO_B: tl.constexpr):
 
 
 @triton.jit
-def _x_unless(x, skip):
-    """A lane's 8 x words, or zeros where skip (a tile past the split's end: its products vanish;
-    the weights are finite, or a NaN that the real tile already added)."""
-    return (tl.where(skip, 0, x[0]), tl.where(skip, 0, x[1]), tl.where(skip, 0, x[2]),
-            tl.where(skip, 0, x[3]), tl.where(skip, 0, x[4]), tl.where(skip, 0, x[5]),
-            tl.where(skip, 0, x[6]), tl.where(skip, 0, x[7]))
-
-
-@triton.jit
-def _load_tile_at(ww_ptr, ws_ptr, xw_ptr, first, tile_begin, tile_end, j, x_a, x_b, q, K,
-                  TWO_B: tl.constexpr, EVEN_K: tl.constexpr):
-    """Tile tile_begin + j of a split, or its last tile again with x zeroed if there is none."""
-    t = tl.minimum(tile_begin + j, tile_end - 1)
-    w, xa, xb = _load_tile(ww_ptr, ws_ptr, xw_ptr, first + t, t, x_a, x_b, q, K, TWO_B, EVEN_K)
-    skip = tile_begin + j >= tile_end
-    xa = _x_unless(xa, skip)
-    if TWO_B:
-        xb = _x_unless(xb, skip)
-    else:
-        xb = xa
-    return w, xa, xb
-
-
-@triton.jit
-def _fold(w, xa, xb, TWO_B: tl.constexpr):
-    """A word of each load of a tile (_load_tile), xor-ed: codes (one 8-byte load a row pair),
-    scales (their bytes already joined), x (two 16-byte loads a row)."""
-    fold = (w[0] ^ w[2] ^ w[4] ^ w[6] ^ w[8] ^ w[9] ^ xa[0] ^ xa[4]).to(tl.uint32, bitcast=True)
-    if TWO_B:
-        fold ^= (xb[0] ^ xb[4]).to(tl.uint32, bitcast=True)
-    return fold
-
-
-@triton.jit
-def _tiles_at_once(ww_ptr, ws_ptr, xw_ptr, first, tile_begin, tile_end, x_a, x_b, q, K, c,
-                   TWO_B: tl.constexpr, EVEN_K: tl.constexpr, TILES: tl.constexpr):
-    """A split of at most TILES (2..4) K-tiles, every tile's loads issued before the first mma:
-    the split waits for memory once, not once a tile. A shorter split multiplies its last tile
-    again with x zeroed (no branch: ptxas sinks loads into the branch that uses them)."""
-    w0, xa0, xb0 = _load_tile(ww_ptr, ws_ptr, xw_ptr, first + tile_begin, tile_begin, x_a, x_b, q, K,
-                              TWO_B, EVEN_K)
-    w1, xa1, xb1 = _load_tile_at(ww_ptr, ws_ptr, xw_ptr, first, tile_begin, tile_end, 1, x_a, x_b, q,
-                                 K, TWO_B, EVEN_K)
-    if TILES > 2:
-        w2, xa2, xb2 = _load_tile_at(ww_ptr, ws_ptr, xw_ptr, first, tile_begin, tile_end, 2, x_a, x_b,
-                                     q, K, TWO_B, EVEN_K)
-    if TILES > 3:
-        w3, xa3, xb3 = _load_tile_at(ww_ptr, ws_ptr, xw_ptr, first, tile_begin, tile_end, 3, x_a, x_b,
-                                     q, K, TWO_B, EVEN_K)
-    # ptxas schedules for registers and would sink each tile's loads behind the previous tile's
-    # mma: tile 0's scales are made to depend on a word of every later load (through K's sign
-    # bit, zero at run time but unknown to the compiler), so every load is issued first.
-    fold = _fold(w1, xa1, xb1, TWO_B)
-    if TILES > 2:
-        fold ^= _fold(w2, xa2, xb2, TWO_B)
-    if TILES > 3:
-        fold ^= _fold(w3, xa3, xb3, TWO_B)
-    zero = (K >> 31).to(tl.uint32, bitcast=True)
-    w0 = (w0[0], w0[1], w0[2], w0[3], w0[4], w0[5], w0[6], w0[7], w0[8] | (fold & zero), w0[9])
-    c = _mma_tile(w0, xa0, xb0, c, TWO_B)
-    c = _mma_tile(w1, xa1, xb1, c, TWO_B)
-    if TILES > 2:
-        c = _mma_tile(w2, xa2, xb2, c, TWO_B)
-    if TILES > 3:
-        c = _mma_tile(w3, xa3, xb3, c, TWO_B)
-    return c
-
-
-@triton.jit
 def mma_mainloop(x_ptr, w_ptr, w_scale_ptr, M, K, stride_xm, pid_n, tile_begin, tile_end,
-                 TWO_B: tl.constexpr, EVEN_K: tl.constexpr, AT_ONCE: tl.constexpr = 1):
+                 TWO_B: tl.constexpr, EVEN_K: tl.constexpr):
     """fp32 (TILE_N, 16) = 2^-7 * (W . x^T) over the K-tiles [tile_begin, tile_end) of tile row
     pid_n, block scales applied, global scale not: the contract of gemm_splitk.splitk_mainloop
     with BLOCK_N, BLOCK_M = 64, 16 (run with WARPS = 2 warps). x bf16 (M <= 16, K), row stride
@@ -307,19 +238,15 @@ def mma_mainloop(x_ptr, w_ptr, w_scale_ptr, M, K, stride_xm, pid_n, tile_begin, 
     zero = tl.zeros([32 * _WARPS], tl.float32)
     c = (zero, zero, zero, zero, zero, zero, zero, zero, zero, zero, zero, zero, zero, zero, zero, zero)
     first = pid_n * tiles_k  # + t: the tile index of K-tile t
-    if AT_ONCE > 1:
-        c = _tiles_at_once(ww_ptr, ws_ptr, xw_ptr, first, tile_begin, tile_end, x_a, x_b, q, K, c,
-                           TWO_B, EVEN_K, AT_ONCE)
-    else:
-        w, xa, xb = _load_tile(ww_ptr, ws_ptr, xw_ptr, first + tile_begin, tile_begin, x_a, x_b, q, K,
-                               TWO_B, EVEN_K)
-        for t in range(tile_begin, tile_end):
-            # the next tile's loads (the last tile's again at the end: an L1 hit, in bounds)
-            t_next = tl.minimum(t + 1, tile_end - 1)
-            w1, xa1, xb1 = _load_tile(ww_ptr, ws_ptr, xw_ptr, first + t_next, t_next, x_a, x_b, q, K,
-                                      TWO_B, EVEN_K)
-            c = _mma_tile(w, xa, xb, c, TWO_B)
-            w, xa, xb = w1, xa1, xb1
+    w, xa, xb = _load_tile(ww_ptr, ws_ptr, xw_ptr, first + tile_begin, tile_begin, x_a, x_b, q, K,
+                           TWO_B, EVEN_K)
+    for t in range(tile_begin, tile_end):
+        # the next tile's loads (the last tile's again at the end: an L1 hit, never out of bounds)
+        t_next = tl.minimum(t + 1, tile_end - 1)
+        w1, xa1, xb1 = _load_tile(ww_ptr, ws_ptr, xw_ptr, first + t_next, t_next, x_a, x_b, q, K, TWO_B,
+                                  EVEN_K)
+        c = _mma_tile(w, xa, xb, c, TWO_B)
+        w, xa, xb = w1, xa1, xb1
     # lane (u, g, q)'s c[i + 4 * blk + 8 * h], i = 2 * r + b, is
     # out[n = 32u + 16 blk + 8r + g, m = 8h + 2q + b]
     acc = tl.join(tl.join(tl.join(tl.join(c[0], c[1]), tl.join(c[2], c[3])),

@@ -282,7 +282,7 @@ def _splitk_kernel(
     SPLIT: tl.constexpr, USE_ASM: tl.constexpr, OPERAND: tl.constexpr, EVEN: tl.constexpr,
     TILED: tl.constexpr, DOT_SCALED: tl.constexpr, REG_MMA: tl.constexpr, UNSCALE: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
-    SUM_ROWS: tl.constexpr, SUM_SPLITS: tl.constexpr, AT_ONCE: tl.constexpr = 1,
+    SUM_ROWS: tl.constexpr, SUM_SPLITS: tl.constexpr,
 ):
     pid_n = tl.program_id(0)
     pid_k = tl.program_id(1)
@@ -293,7 +293,7 @@ def _splitk_kernel(
                                   tile_begin, tile_end, BLOCK_M, BLOCK_N, BLOCK_K)
     elif REG_MMA > 0:  # sm_90+, W tiled, M <= 8 * REG_MMA <= 16: mma.sync on registers (gemm_mma.py)
         acc = mma_mainloop(x_ptr, w_ptr, w_scale_ptr, M, K, stride_xm, pid_n, tile_begin, tile_end,
-                           REG_MMA == 2, EVEN, AT_ONCE)
+                           REG_MMA == 2, EVEN)
     else:
         acc = splitk_mainloop(x_ptr, w_ptr, w_scale_ptr, M, N, K, stride_xm, w_scale_cols, pid_n,
                               tile_begin, tile_end, SWIZZLED, USE_ASM, OPERAND, EVEN, TILED,
@@ -333,7 +333,7 @@ def split_counters(device, tiles: int) -> torch.Tensor:
 
 
 def gemm_splitk(x, w_data, w_scale, w_g, bias, out_dtype, swizzled, config=None, use_asm=None,
-                tiled_n=None, x_scale=None, reg_mma=None, at_once=None):
+                tiled_n=None, x_scale=None, reg_mma=None):
     """x (M, K) (bf16 on the GPU: the word decode multiplies in bf16; fp16 under the interpreter),
     M <= 64; W NVFP4 (N, K/2) + uint8 scale bits + g (() or (N,)) -> (M, N) out_dtype.
     tiled_n: W is in the tiled layout of nvfp4_inductor.tiled, with N = tiled_n rows (the config
@@ -342,9 +342,7 @@ def gemm_splitk(x, w_data, w_scale, w_g, bias, out_dtype, swizzled, config=None,
     then hold both global scales (w_g * x_g). Elsewhere W4A4 passes x's quantized values.
     reg_mma: run gemm_mma's register-fed mainloop (CUDA, tiled W, M <= 16, x rows 4-byte aligned;
     config (16, 64, 64, splits, gemm_mma.WARPS, stages)); None: wherever it applies and no config
-    is given. at_once: the register-fed mainloop's AT_ONCE (loads of that many K-steps issued
-    before the first mma, at least the steps of a split; 1: the loop); None: the configured rule
-    (gemm_configs.reg_mma_at_once)."""
+    is given."""
     m, k = x.shape[0], x.shape[1] * (2 if x_scale is not None else 1)
     n = w_data.shape[0] if tiled_n is None else tiled_n
     if m > 64:
@@ -385,13 +383,6 @@ def gemm_splitk(x, w_data, w_scale, w_g, bias, out_dtype, swizzled, config=None,
     if tiled_n is not None and (block_n, block_k) != tile_group:
         raise ValueError(f"tiled weights need BLOCK_N, BLOCK_K = {tile_group}; got {block_n}, {block_k}")
     splits, tiles_per_split = gemm_configs.split_ranges(k, block_k, splits)
-    if not reg_mma:
-        at_once = 1
-    elif at_once is None:
-        at_once = gemm_configs.reg_mma_at_once(m, tiles_per_split)
-    elif at_once != 1 and not tiles_per_split <= at_once <= 4:
-        raise ValueError(f"at_once must be 1 or between the split's {tiles_per_split} K-steps and 4; "
-                         f"got {at_once}")
     scale_cols_pad = w_scale.shape[1] if swizzled else k // BLOCK_SIZE
     tiles_n = triton.cdiv(n, block_n)
     if splits > 1:
@@ -411,6 +402,6 @@ def gemm_splitk(x, w_data, w_scale, w_g, bias, out_dtype, swizzled, config=None,
         TILED=tiled_n is not None, DOT_SCALED=dot_scaled, REG_MMA=(2 if m > 8 else 1) if reg_mma else 0,
         UNSCALE=1.0 if dot_scaled else 2.0**7,
         BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_K=block_k, SUM_ROWS=sum_rows, SUM_SPLITS=sum_splits,
-        AT_ONCE=at_once, num_warps=warps, num_stages=stages,
+        num_warps=warps, num_stages=stages,
     )
     return out
