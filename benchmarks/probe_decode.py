@@ -1,0 +1,87 @@
+"""Where a decode step's GPU time goes: bench_decode's model (8 Llama-3-8B layers, batch 1, context
+512, reduce-overhead), per variant: GPU time per step (CUDA events over back-to-back steps, as
+bench_decode runs them), the sum of its kernels' times (torch.profiler) and the difference (gaps
+between kernels and idle GPU), and the kernels grouped by name, us per step.
+
+    python benchmarks/probe_decode.py [--layers 8] [--top 25]
+"""
+
+import argparse
+import collections
+import gc
+
+import torch
+import triton
+from bench_decode import decode, decode_from
+from torch.profiler import ProfilerActivity, profile
+
+
+def gpu_us_per_step(step, pos, steps=64, repeats=3):
+    token = torch.zeros(1, 1, dtype=torch.long, device="cuda")
+    times = []
+    for _ in range(repeats):
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        torch.cuda.synchronize()
+        start.record()
+        decode_from(step, token, pos.clone(), steps)
+        end.record()
+        end.synchronize()
+        times.append(start.elapsed_time(end) * 1e3 / steps)
+    return sorted(times)[len(times) // 2]
+
+
+def kernels_per_step(step, pos, steps=20):
+    """-> {kernel name: (us per step, launches per step)}."""
+    token = torch.zeros(1, 1, dtype=torch.long, device="cuda")
+    decode_from(step, token, pos.clone(), 3)
+    torch.cuda.synchronize()
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        decode_from(step, token, pos.clone(), steps)
+        torch.cuda.synchronize()
+    table = collections.defaultdict(lambda: [0.0, 0.0])
+    for event in prof.events():
+        if event.device_type == torch.autograd.DeviceType.CUDA:
+            row = table[event.name[:70]]
+            row[0] += event.device_time / steps
+            row[1] += 1 / steps
+    return dict(table)
+
+
+def main():
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--layers", type=int, default=8)
+    parser.add_argument("--context", type=int, default=512)
+    parser.add_argument("--top", type=int, default=25)
+    args = parser.parse_args()
+    torch._dynamo.config.cache_size_limit = 64
+    cfg = decode.ModelConfig(**{**decode.PRESETS["llama3-8b-8layers"].__dict__, "layers": args.layers})
+    print(f"GPU: {torch.cuda.get_device_name()}, torch {torch.__version__}, triton {triton.__version__}")
+    print(f"model: {cfg}; context {args.context}, batch 1")
+    model = decode.build_model(cfg, args.context + 96, 1, "cuda")
+    summary = []
+    for name, config in decode.VARIANTS.items():
+        torch._dynamo.reset()
+        gc.collect()
+        torch.cuda.empty_cache()
+        step = decode.compile_variant(model, config, "reduce-overhead")
+        model.setup_cache(1)
+        token = torch.zeros(1, 1, dtype=torch.long, device="cuda")
+        pos = torch.zeros(1, dtype=torch.long, device="cuda")
+        decode_from(step, token, pos, args.context)  # compile, record, fill the cache
+        step_us = gpu_us_per_step(step, pos)
+        table = kernels_per_step(step, pos)
+        kernel_us = sum(us for us, _ in table.values())
+        launches = sum(n for _, n in table.values())
+        summary.append((name, step_us, kernel_us, launches))
+        print(f"\n{name}: {step_us:.1f} us per step on the GPU, kernels {kernel_us:.1f} us "
+              f"({launches:.0f} launches), gaps {step_us - kernel_us:.1f} us")
+        for kernel, (us, n) in sorted(table.items(), key=lambda item: -item[1][0])[:args.top]:
+            print(f"  {us:8.1f} us {n:5.0f}x  {kernel}")
+        del step
+    print(f"\n{'variant':>12} {'step us':>8} {'kernel us':>9} {'gaps us':>8} {'launches':>8}")
+    for name, step_us, kernel_us, launches in summary:
+        print(f"{name:>12} {step_us:8.1f} {kernel_us:9.1f} {step_us - kernel_us:8.1f} {launches:8.0f}")
+
+
+if __name__ == "__main__":
+    main()
