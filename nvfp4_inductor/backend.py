@@ -68,6 +68,10 @@ def nvfp4_backend(gm: torch.fx.GraphModule, example_inputs, mode=None, options=N
 
     lowerings.register()  # nvfp4.linear_tiled -> the NVFP4 GEMM template + fused epilogue
     patches.update({"freezing": True, "joint_custom_post_pass": rewrite})
+    # Inductor's pad_mm (a joint-graph pass, before ours; CUDA only) pads a bf16 mm's unaligned
+    # dims when a benchmark of the bf16 GEMM says so: x with 5 rows became a copy to 8 rows, the
+    # NVFP4 GEMM on those and a slice (two kernels more), decided by timing noise. Off unless asked.
+    patches.setdefault("shape_padding", False)
     if devices <= {"cpu"}:
         patches["cpp.weight_prepack"] = False  # else freezing turns linears into mkldnn ops first
     return _compat.compile_fx(gm, example_inputs, config_patches=patches)  # the pass logs its counts

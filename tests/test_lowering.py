@@ -96,8 +96,9 @@ def _run(device, m, k, n, act=torch.relu, lead=()):
 def test_decode_rows_run_one_kernel(template_inductor, m):
     """Split K: the last split of each tile sums the partials, then the scale, bias, ReLU and
     residual add fused in. The partials go to an uninitialized workspace and the tile counters
-    are a constant the kernel leaves zeroed: no memset either."""
-    code = _run(template_inductor, m, 128, 192)
+    are a constant the kernel leaves zeroed: no memset either. (K = 1024: on CUDA the
+    register-fed mainloop splits only ranges of at least 4 K-steps, 8 above M = 8.)"""
+    code = _run(template_inductor, m, 1024, 192)
     assert TEMPLATE_MARK in code
     launches = _launches(code)
     assert len(launches) == 1 and "triton_tem_fused" in launches[0], launches
@@ -169,10 +170,11 @@ class ScaledLinear(nn.Module):
 def test_a_graph_ending_in_the_template(template_inductor, activations):
     """The template's output is the graph's output (nothing after the linear) and x is computed in
     the graph: Inductor's memory planning read `.name` of the template's workspace there and
-    failed (torch 2.13) until _compat gave the workspace that attribute."""
+    failed (torch 2.13) until _compat gave the workspace that attribute. (K = 512, 8 K-steps: the
+    register-fed mainloop on CUDA splits only ranges of at least 4.)"""
     torch.manual_seed(3)
-    model = ScaledLinear(256, 192).to(device=template_inductor, dtype=torch.bfloat16).eval()
-    x = torch.randn(1, 256, device=template_inductor, dtype=torch.bfloat16)
+    model = ScaledLinear(512, 192).to(device=template_inductor, dtype=torch.bfloat16).eval()
+    x = torch.randn(1, 512, device=template_inductor, dtype=torch.bfloat16)
     y, code = run_and_get_code(nv.compile(model, nv.Config(activations=activations)), x)
     launches = _launches("\n".join(code))
     assert "triton_tem_fused" in launches[-1] and "workspace_" in "\n".join(code), launches
@@ -235,6 +237,18 @@ def test_computed_activations_take_the_register_fed_mainloop(triton_inductor, no
         expected = _linear_eager(model.linear, model.producer(x), "bf16")
     err = ((y.float() - expected.float()).norm() / expected.float().norm()).item()
     assert err < 1e-2, err  # the compiled norm may round h differently (W4A16 is continuous in h)
+
+
+@pytest.mark.gpu
+def test_shape_padding_leaves_the_nvfp4_linears_alone(template_inductor):
+    """Inductor's pad_mm (CUDA only) runs before the rewrite: forced to pad, it turned x's 5 rows
+    into a copy to 8, then the template, then the epilogue as a kernel of its own. The backend
+    turns shape padding off (test_decode_rows_run_one_kernel[5] failed whenever pad_mm's own
+    benchmark chose to pad)."""
+    with torch._inductor.config.patch(force_shape_pad=True):
+        code = _run(template_inductor, 5, 1024, 192)
+    launches = _launches(code)
+    assert len(launches) == 1 and "triton_tem_fused" in launches[0], launches
 
 
 @pytest.mark.gpu
