@@ -2,6 +2,7 @@
 timed on 16384x8192 bf16 (METHOD: time variants that leave one stage out, take differences).
 
     python benchmarks/probe_quantize.py
+    python benchmarks/probe_quantize.py --decode   # decode-sized x: tile and warps, CUDA-graph latency
 """
 
 import torch
@@ -10,7 +11,7 @@ import triton.language as tl
 
 import nvfp4_inductor as nv
 from nvfp4_inductor.kernels import quantize as qk
-from bench_quantize import copies_beyond_l2, copy_bandwidth_gbs, stream_us
+from bench_quantize import _empty_kernel, copies_beyond_l2, copy_bandwidth_gbs, graph_us, stream_us
 
 
 @triton.jit
@@ -73,5 +74,36 @@ def main() -> None:
         print(f"{name:>30} {us:8.1f} {gbs:7.0f} {100 * gbs / copy:6.1f}%")
 
 
+def decode_tiles() -> None:
+    """Latency (CUDA-graph replays) of quantizing decode-sized x with other tiles than _tile's
+    (BLOCK_M, BLOCK_K, warps): static, dynamic and values (W4A4's activations) on bf16 x."""
+    print(f"GPU: {torch.cuda.get_device_name()}, torch {torch.__version__}, triton {triton.__version__}")
+    print(f"empty kernel (graph): {graph_us(lambda: _empty_kernel[(1,)](None)):.2f} us")
+    shipped = qk._tile
+    g = torch.tensor(0.01, device="cuda")
+    variants = {"static": lambda x: nv.quantize(x, g), "dynamic": lambda x: nv.quantize(x),
+                "values": lambda x: torch.ops.nvfp4.quantize_values(x)}
+    print(f"{'x':>9} {'tile':>16} " + " ".join(f"{v:>8}" for v in variants) + "  (us)")
+    for m, k in [(1, 4096), (1, 14336), (4, 4096), (16, 4096)]:
+        x = torch.randn(m, k, dtype=torch.bfloat16, device="cuda")
+        want = [fn(x) for fn in variants.values()]
+        tiles = [shipped(m, k)] + [(shipped(m, k)[0], bk, w) for bk in (512, 1024, 2048) for w in (1, 2, 4)
+                                   if (shipped(m, k)[0], bk, w) != shipped(m, k)]
+        for tile in tiles:
+            qk._tile = lambda m_, k_, tile=tile: tile
+            try:
+                got = [fn(x) for fn in variants.values()]
+                for a, b in zip(want, got):  # the same codes, scales, values and g
+                    assert all(torch.equal(u.reshape(-1).view(torch.uint8), v.reshape(-1).view(torch.uint8))
+                               for u, v in zip(a, b) if isinstance(u, torch.Tensor)), tile
+                times = [graph_us(lambda fn=fn: fn(x)) for fn in variants.values()]
+            finally:
+                qk._tile = shipped
+            mark = "*" if tile == shipped(m, k) else " "
+            print(f"{m:>4}x{k:<5} {str(tile):>15}{mark} " + " ".join(f"{t:8.2f}" for t in times), flush=True)
+
+
 if __name__ == "__main__":
-    main()
+    import sys
+
+    decode_tiles() if "--decode" in sys.argv else main()
