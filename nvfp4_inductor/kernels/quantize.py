@@ -214,12 +214,8 @@ def _quantize_kernel(
         rows = (t // tiles_k) * BLOCK_M + tl.arange(0, BLOCK_M)
         g = tl.load(g_in_ptr + rows, mask=rows < M, other=1.0)[:, None]
     elif GLOBAL == G_FUSED:
-        if FUSED_M <= BLOCK_M and FUSED_K <= BLOCK_K:  # this tile is all of x: no second load
-            even, odd = split_pair_words(words, x_ptr.dtype.element_ty)
-            tile_abs = tl.maximum(finite_abs(even), finite_abs(odd))
-        else:
-            tile_abs = _tile_abs(x_ptr, 0, 0, M, K, stride_xm, FUSED_M, FUSED_K)
-        g = global_scale_from_amax(tl.max(tl.max(tile_abs, axis=1), axis=0))
+        g = global_scale_from_amax(
+            tl.max(tl.max(_tile_abs(x_ptr, 0, 0, M, K, stride_xm, FUSED_M, FUSED_K), axis=1), axis=0))
     else:
         offs = tl.arange(0, PARTIALS_BLOCK)
         partials = tl.load(partials_ptr + offs, mask=offs < num_partials, other=0.0)
