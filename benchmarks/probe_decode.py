@@ -3,7 +3,7 @@
 bench_decode runs them), the sum of its kernels' times (torch.profiler) and the difference (gaps
 between kernels and idle GPU), and the kernels grouped by name, us per step.
 
-    python benchmarks/probe_decode.py [--layers 8] [--top 25]
+    python benchmarks/probe_decode.py [--layers 8] [--top 25] [--variants "nvfp4 W4A4" ...]
 """
 
 import argparse
@@ -52,6 +52,7 @@ def main():
     parser.add_argument("--layers", type=int, default=8)
     parser.add_argument("--context", type=int, default=512)
     parser.add_argument("--top", type=int, default=25)
+    parser.add_argument("--variants", nargs="+", default=list(decode.VARIANTS), help="of examples/decode.py")
     args = parser.parse_args()
     torch._dynamo.config.cache_size_limit = 64
     cfg = decode.ModelConfig(**{**decode.PRESETS["llama3-8b-8layers"].__dict__, "layers": args.layers})
@@ -59,7 +60,8 @@ def main():
     print(f"model: {cfg}; context {args.context}, batch 1")
     model = decode.build_model(cfg, args.context + 96, 1, "cuda")
     summary = []
-    for name, config in decode.VARIANTS.items():
+    for name in args.variants:
+        config = decode.VARIANTS[name]
         torch._dynamo.reset()
         gc.collect()
         torch.cuda.empty_cache()

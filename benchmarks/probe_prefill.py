@@ -3,6 +3,7 @@ one cuBLAS call that applies the weight's global scale as alpha (a Python float:
 frozen weight is a compile-time constant) and the bias as beta * C, bf16 output, one rounding.
 
     python benchmarks/probe_prefill.py
+    python benchmarks/probe_prefill.py --no-bias   # a linear without bias: how cuBLAS gets alpha
 """
 import torch
 import triton
@@ -60,5 +61,28 @@ def main() -> None:
               f"{t['tiled_tiles']:.1f} | {t['addmm_tiled']:.1f} |", flush=True)
 
 
+def no_bias() -> None:
+    """A linear without bias (Llama's) on the dequantized weight: alpha = g through addmm with a
+    zero bias (beta = 1: cuBLASLt's bias epilogue) or beta = 0 (a plain GEMM with alpha), against
+    the bf16 GEMM; both must give the same bits (fp32 alpha * acc, one rounding)."""
+    print(f"GPU: {torch.cuda.get_device_name()}, torch {torch.__version__}, triton {triton.__version__}")
+    m = 4096
+    print("| K | N | bf16 x @ W.T | addmm zero bias | addmm beta=0 | same bits |")
+    print("|---|---|---|---|---|---|")
+    for k, n in SHAPES + [(4096, 6144)]:
+        w = torch.randn(n, k, dtype=torch.bfloat16, device="cuda") * 0.02
+        x = torch.randn(m, k, dtype=torch.bfloat16, device="cuda")
+        q = nv.quantize(w)
+        wd = dequantize(q.data, q.scale.view(torch.uint8), None, False, torch.bfloat16)
+        g = q.global_scale.item()
+        zero = x.new_zeros(n)
+        same = torch.equal(torch.addmm(zero, x, wd.T, alpha=g), torch.addmm(zero, x, wd.T, beta=0, alpha=g))
+        t = [stream_us(fn, [0]) for fn in (lambda _: x @ w.T, lambda _: torch.addmm(zero, x, wd.T, alpha=g),
+                                             lambda _: torch.addmm(zero, x, wd.T, beta=0, alpha=g))]
+        print(f"| {k} | {n} | {t[0]:.1f} | {t[1]:.1f} | {t[2]:.1f} | {same} |", flush=True)
+
+
 if __name__ == "__main__":
-    main()
+    import sys
+
+    no_bias() if "--no-bias" in sys.argv else main()
