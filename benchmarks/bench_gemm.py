@@ -1,6 +1,6 @@
 """NVFP4 linear (y = x @ W^T) vs bf16 cuBLAS, same run.
 
-    python benchmarks/bench_gemm.py
+    python benchmarks/bench_gemm.py [--ms 4096]
 
 Times are CUDA-graph replays cycling through enough weight copies to overflow L2 (each call
 reads its weights from HBM, as in a real model). W4A4 includes quantizing x. The floor is the
@@ -25,6 +25,11 @@ def cycled_us(fn, weights) -> float:
 
 
 def main() -> None:
+    import argparse
+
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--ms", type=int, nargs="+", default=MS, help="rows of x (default: all)")
+    ms = parser.parse_args().ms
     torch.manual_seed(0)
     print(f"GPU: {torch.cuda.get_device_name()}, torch {torch.__version__}, triton {triton.__version__}")
     copy = copy_bandwidth_gbs()
@@ -43,7 +48,7 @@ def main() -> None:
         w_bf16 = [torch.randn(n, k, dtype=torch.bfloat16, device="cuda") for _ in range(copies)]
         w_fp4 = [nv.quantize(w) for w in w_bf16]
         w_tiled = [(*ops.tile_weight(q.data, q.scale.view(torch.uint8)), q.global_scale) for q in w_fp4]
-        for m in MS:
+        for m in ms:
             x = torch.randn(m, k, dtype=torch.bfloat16, device="cuda")
             bf16 = cycled_us(lambda w: x @ w.T, w_bf16)
             w4a16 = cycled_us(lambda w: nv.linear(x, w), w_fp4)

@@ -224,8 +224,12 @@ def _linear_dequant_cublas(x2, w, w_g, bias, activation, out_dtype):
     if a_g is not None:
         g = g * a_g
     y = torch.mm(a, w.T, out_dtype=torch.float32)
-    y = y * g if bias is None else torch.addcmul(bias.float(), y, g)
-    return y.to(out_dtype)
+    # One pass over the fp32 product: computed in fp32, rounded once as stored in out_dtype (a
+    # separate .to() was a second pass over (M, N) fp32)
+    out = y if out_dtype == torch.float32 else torch.empty_like(y, dtype=out_dtype)
+    if bias is None:
+        return torch.mul(y, g, out=out)
+    return torch.addcmul(bias.float(), y, g, out=out)
 
 
 def linear_tiled(x, w_data, w_scale, w_g, bias, n: int, activation: str):
