@@ -7,6 +7,7 @@ reads its weights from HBM, as in a real model). W4A4 includes quantizing x. The
 NVFP4 bytes (weights 0.5625 B/element, x and y in bf16) over the copy bandwidth measured here.
 """
 
+import argparse
 import math
 
 import torch
@@ -25,8 +26,6 @@ def cycled_us(fn, weights) -> float:
 
 
 def main() -> None:
-    import argparse
-
     parser = argparse.ArgumentParser()
     parser.add_argument("--ms", type=int, nargs="+", default=MS, help="rows of x (default: all)")
     ms = parser.parse_args().ms

@@ -76,9 +76,10 @@ def no_bias() -> None:
         wd = dequantize(q.data, q.scale.view(torch.uint8), None, False, torch.bfloat16)
         g = q.global_scale.item()
         zero = x.new_zeros(n)
-        same = torch.equal(torch.addmm(zero, x, wd.T, alpha=g), torch.addmm(zero, x, wd.T, beta=0, alpha=g))
-        t = [stream_us(fn, [0]) for fn in (lambda _: x @ w.T, lambda _: torch.addmm(zero, x, wd.T, alpha=g),
-                                             lambda _: torch.addmm(zero, x, wd.T, beta=0, alpha=g))]
+        fns = (lambda _: x @ w.T, lambda _: torch.addmm(zero, x, wd.T, alpha=g),
+               lambda _: torch.addmm(zero, x, wd.T, beta=0, alpha=g))
+        same = torch.equal(fns[1](0), fns[2](0))
+        t = [stream_us(fn, [0]) for fn in fns]
         print(f"| {k} | {n} | {t[0]:.1f} | {t[1]:.1f} | {t[2]:.1f} | {same} |", flush=True)
 
 

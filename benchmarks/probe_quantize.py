@@ -87,8 +87,9 @@ def decode_tiles() -> None:
     for m, k in [(1, 4096), (1, 14336), (4, 4096), (16, 4096)]:
         x = torch.randn(m, k, dtype=torch.bfloat16, device="cuda")
         want = [fn(x) for fn in variants.values()]
-        tiles = [shipped(m, k)] + [(shipped(m, k)[0], bk, w) for bk in (512, 1024, 2048) for w in (1, 2, 4)
-                                   if (shipped(m, k)[0], bk, w) != shipped(m, k)]
+        base = shipped(m, k)
+        tiles = [base] + [(base[0], bk, w) for bk in (512, 1024, 2048) for w in (1, 2, 4)
+                          if (base[0], bk, w) != base]
         for tile in tiles:
             qk._tile = lambda m_, k_, tile=tile: tile
             try:
@@ -99,7 +100,7 @@ def decode_tiles() -> None:
                 times = [graph_us(lambda fn=fn: fn(x)) for fn in variants.values()]
             finally:
                 qk._tile = shipped
-            mark = "*" if tile == shipped(m, k) else " "
+            mark = "*" if tile == base else " "
             print(f"{m:>4}x{k:<5} {str(tile):>15}{mark} " + " ".join(f"{t:8.2f}" for t in times), flush=True)
 
 
