@@ -62,6 +62,23 @@ def check_quantize_args(x, global_scale, per_row: bool) -> None:
         check_global_scale("global_scale", global_scale, x.shape[:-1], per_row, "x", x)
 
 
+def check_rms_norm_args(h, weight, eps: float) -> None:
+    """h: (..., K) bf16 / fp16, K a multiple of 16; weight None or a float (K,) on h's device;
+    eps finite and >= 0."""
+    check_tensor("h", h, (torch.bfloat16, torch.float16))
+    if h.dim() == 0:
+        raise ValueError("h must have at least one dimension (K, the last); got a scalar")
+    check_k("h.shape[-1]", h.shape[-1])
+    if weight is not None:
+        check_tensor("weight", weight, FLOAT_DTYPES)
+        check_same_device("weight", weight, "h", h)
+        if tuple(weight.shape) != (h.shape[-1],):
+            raise ValueError(f"weight must have shape ({h.shape[-1]},) (h's last dim); got "
+                             f"{tuple(weight.shape)}")
+    if not (eps >= 0 and eps < float("inf")):
+        raise ValueError(f"eps must be finite and >= 0; got {eps}")
+
+
 def check_nvfp4(name: str, data, scale, global_scale, swizzled: bool) -> int:
     """Packed NVFP4 parts (scales as uint8 e4m3 bits, the op-boundary convention); returns K."""
     check_tensor(f"{name}.data", data, (torch.uint8,))

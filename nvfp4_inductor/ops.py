@@ -14,7 +14,8 @@ from . import _checks, reference, scale_search, tiled
 from .format import BLOCK_SIZE
 
 __all__ = [
-    "quantize", "quantize_values", "quantize_weight", "dequantize", "dequantize_rows", "swizzle_scales",
+    "quantize", "quantize_values", "rms_norm_quantize_values", "quantize_weight", "dequantize",
+    "dequantize_rows", "swizzle_scales",
     "unswizzle_scales", "linear", "tile_weight", "linear_tiled",
 ]
 
@@ -129,8 +130,7 @@ def quantize_values(x: Tensor) -> tuple[Tensor, Tensor]:
     quantize + dequantize, and no decode of x inside the GEMM); the global scale joins the weight's
     in the epilogue."""
     _checks.check_quantize_args(x, None, False)
-    data, scale, g = reference.quantize(x, None, False)
-    return reference.dequantize(data, scale, torch.ones_like(g), torch.bfloat16), g
+    return reference.quantize_values(x)
 
 
 @quantize_values.register_fake
@@ -146,6 +146,30 @@ def _(x):
     _checks.check_quantize_args(x, None, False)
     values, _, g = quantize_triton(x, None, False, False, values=True)
     return values, g
+
+
+@torch.library.custom_op("nvfp4::rms_norm_quantize_values", mutates_args=())
+def rms_norm_quantize_values(h: Tensor, weight: Tensor | None, eps: float,
+                             weight_after_cast: bool) -> tuple[Tensor, Tensor]:
+    """quantize_values(reference.rms_norm(h, weight, eps, weight_after_cast)): an RMSNorm whose
+    output only feeds W4A4 linears, as one kernel on CUDA for decode-sized h (backend="nvfp4"
+    puts it in place of such a norm and its quantize_values). h (..., K) bf16 / fp16."""
+    _checks.check_rms_norm_args(h, weight, eps)
+    return reference.quantize_values(reference.rms_norm(h, weight, eps, weight_after_cast))
+
+
+@rms_norm_quantize_values.register_fake
+def _(h, weight, eps, weight_after_cast):
+    _checks.check_rms_norm_args(h, weight, eps)
+    return h.new_empty(h.shape, dtype=torch.bfloat16), h.new_empty((), dtype=torch.float32)
+
+
+@rms_norm_quantize_values.register_kernel("cuda")
+def _(h, weight, eps, weight_after_cast):
+    from .kernels.quantize import rms_norm_quantize_values as run
+
+    _checks.check_rms_norm_args(h, weight, eps)
+    return run(h, weight, eps, weight_after_cast)
 
 
 @dequantize.register_kernel("cuda")

@@ -49,6 +49,8 @@ __all__ = [
     "pack_nibbles",
     "unpack_nibbles",
     "quantize",
+    "quantize_values",
+    "rms_norm",
     "dequantize",
     "swizzled_shape",
     "swizzle_scales",
@@ -161,6 +163,26 @@ def quantize(
     codes = torch.where(usable.unsqueeze(-1), e2m1_encode(y), 0)
     data = pack_nibbles(codes.reshape(*lead, k))
     return data, scale, global_scale
+
+
+def quantize_values(x: Tensor) -> tuple[Tensor, Tensor]:
+    """(..., K) float -> (values bf16 (..., K), g fp32 ()): x quantized with a dynamic per-tensor
+    global scale and decoded without it, e2m1 * block scale (exact in bf16)."""
+    data, scale, g = quantize(x, None, False)
+    return dequantize(data, scale, torch.ones_like(g), torch.bfloat16), g
+
+
+def rms_norm(h: Tensor, weight: Tensor | None, eps: float, weight_after_cast: bool = False) -> Tensor:
+    """RMSNorm as models write it: h in fp32 times rsqrt(mean(h^2) + eps), rounded to h's dtype.
+    weight (K,) multiplies in fp32 before that rounding ((h * r * w).to(dtype)), or with
+    weight_after_cast after it (w * (h * r).to(dtype), rounded again: the Hugging Face Llama form)."""
+    hf = h.float()
+    n = hf * torch.rsqrt(hf.pow(2).mean(-1, keepdim=True) + eps)
+    if weight is None:
+        return n.to(h.dtype)
+    if weight_after_cast:
+        return (weight.float() * n.to(h.dtype).float()).to(h.dtype)
+    return (n * weight.float()).to(h.dtype)
 
 
 def dequantize(

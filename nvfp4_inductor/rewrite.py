@@ -27,6 +27,9 @@ one per output row, and each original output is a slice of the merged one:
 
 The numbers per output row are those of the unmerged linear; one launch streams all the weights
 (at M = 1 on an H100, q / k / v of Llama-3-8B shapes took 3 launches for 4.8 MB of weights).
+
+With W4A4 activations, an RMSNorm feeding only such linears is then quantized in the same kernel
+that normalizes (decode-sized inputs; norm_fusion.py).
 """
 
 import logging
@@ -36,7 +39,7 @@ from pathlib import Path
 import torch
 from torch import fx
 
-from . import _checks, _compat
+from . import _checks, _compat, norm_fusion
 from .format import BLOCK_SIZE
 from .tiled import TILE_N
 
@@ -101,6 +104,7 @@ class LinearToNVFP4(_compat.CustomGraphPass):
         self.merged: list[list[str]] = []  # groups of weights multiplied as one GEMM
         self.retiled: list[str] = []  # weights already NVFP4 (nv.convert), moved to the tiled layout
         self.skipped: dict[str, str] = {}
+        self.norms_fused = 0  # RMSNorm -> W4A4 linears given rms_norm_quantize_values (norm_fusion)
 
     def __call__(self, graph: fx.Graph) -> None:
         placeholders = [n for n in graph.nodes if n.op == "placeholder"]
@@ -130,9 +134,14 @@ class LinearToNVFP4(_compat.CustomGraphPass):
             linears.append((node, bias, x, weight, name))
         for group in self._groups(linears):
             self._convert(graph, group)
+        if self.activation == "nvfp4":
+            self.norms_fused = norm_fusion.fuse_rms_norms(graph)
         graph.eliminate_dead_code()
         log.info("nvfp4: converted %d linear weights, skipped %d %s", len(self.converted),
                  len(self.skipped), self.skipped)
+        if self.norms_fused:
+            log.info("nvfp4: %d RMSNorms quantized in one kernel with their W4A4 activations",
+                     self.norms_fused)
         if self.merged:
             log.info("nvfp4: merged into one GEMM each: %s", self.merged)
         if self.retiled:

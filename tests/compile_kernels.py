@@ -30,10 +30,12 @@ LOAD_16B = r"ld\.global(\.\w+)*\.v(4\.b32|2\.b64|4\.f32|4\.b16|8\.b16)"  # 16-by
 
 QUANTIZE_SIGNATURE = {
     "x_ptr": None, "data_ptr": "*u8", "scale_ptr": "*u8", "g_in_ptr": "*fp32", "g_out_ptr": "*fp32",
-    "partials_ptr": "*fp32", "M": "i32", "K": "i32", "num_partials": "i32", "scale_rows_pad": "i32",
-    "scale_cols_pad": "i32", "tiles_k": "i32", "stride_xm": "i32", "stride_xm_pairs": "i32",
+    "partials_ptr": "*fp32", "w_ptr": "*fp32", "M": "i32", "K": "i32", "num_partials": "i32",
+    "scale_rows_pad": "i32", "scale_cols_pad": "i32", "tiles_k": "i32", "stride_xm": "i32",
+    "stride_xm_pairs": "i32", "eps": "fp32",
     **{name: "constexpr" for name in ("GLOBAL", "WRITE_G", "SWIZZLE", "VALUES", "USE_ASM", "OPERAND",
-                                      "BLOCK_M", "BLOCK_K", "FUSED_M", "FUSED_K", "PARTIALS_BLOCK")},
+                                      "BLOCK_M", "BLOCK_K", "FUSED_M", "FUSED_K", "PARTIALS_BLOCK",
+                                      "NORM")},
 }
 AMAX_SIGNATURE = {"x_ptr": None, "partials_ptr": "*fp32", "M": "i32", "K": "i32", "stride_xm": "i32",
                   "num_programs": "i32", "BLOCK_M": "constexpr", "BLOCK_K": "constexpr"}
@@ -159,7 +161,7 @@ def cases(sm):
                {**QUANTIZE_SIGNATURE, "x_ptr": f"*{dtype}"},
                {"GLOBAL": mode, "WRITE_G": True, "SWIZZLE": swizzle, "VALUES": False, "USE_ASM": False,
                 "OPERAND": triton.language.bfloat16, "BLOCK_M": block_m, "BLOCK_K": block_k,
-                "FUSED_M": 1, "FUSED_K": 4096, "PARTIALS_BLOCK": 1024},
+                "FUSED_M": 1, "FUSED_K": 4096, "PARTIALS_BLOCK": 1024, "NORM": 0},
                num_warps,
                # the element path never goes through shared memory (the dynamic modes reduce the
                # global amax across warps and the swizzled scale store re-lays out 1/16 of a tile)
@@ -168,8 +170,17 @@ def cases(sm):
         yield (f"quantize-values-bf16-g{mode}", qk._quantize_kernel, {**QUANTIZE_SIGNATURE, "x_ptr": "*bf16"},
                {"GLOBAL": mode, "WRITE_G": True, "SWIZZLE": False, "VALUES": True, "USE_ASM": True,
                 "OPERAND": triton.language.bfloat16, "BLOCK_M": block_m, "BLOCK_K": block_k,
-                "FUSED_M": 1, "FUSED_K": 4096, "PARTIALS_BLOCK": 1024},
+                "FUSED_M": 1, "FUSED_K": 4096, "PARTIALS_BLOCK": 1024, "NORM": 0},
                num_warps, [LOAD_16B, WORD_DECODE], 1)
+    # rms_norm_quantize_values at decode: every program normalizes all of h, then its own tile
+    for norm, dtype in itertools.product((1, 2, 3), ("bf16", "fp16")):
+        tile_m, tile_k, warps = qk._tile(1, 4096)
+        yield (f"rms-norm-quantize-values-{dtype}-norm{norm}", qk._quantize_kernel,
+               {**QUANTIZE_SIGNATURE, "x_ptr": f"*{dtype}"},
+               {"GLOBAL": 2, "WRITE_G": True, "SWIZZLE": False, "VALUES": True, "USE_ASM": True,
+                "OPERAND": triton.language.bfloat16, "BLOCK_M": tile_m, "BLOCK_K": tile_k,
+                "FUSED_M": 1, "FUSED_K": 4096, "PARTIALS_BLOCK": 1, "NORM": norm},
+               warps, [WORD_DECODE], 1)
     amax_m, amax_k = qk.AMAX_TILE
     for dtype in DTYPES:
         yield (f"amax-partials-{dtype}", qk._amax_partials_kernel, {**AMAX_SIGNATURE, "x_ptr": f"*{dtype}"},

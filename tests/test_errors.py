@@ -35,6 +35,11 @@ CASES = [
     ("g number per row", lambda: nv.quantize(X, 1.0, per_row=True), ValueError, "per_row=True needs a global_scale tensor"),
     ("values: int input", lambda: torch.ops.nvfp4.quantize_values(torch.ones(4, 32, dtype=torch.int32)), TypeError, "x must have dtype"),
     ("values: K not multiple of 16", lambda: torch.ops.nvfp4.quantize_values(torch.randn(4, 40)), ValueError, "K = 40 must be a positive multiple of 16"),
+    ("norm: fp32 h", lambda: torch.ops.nvfp4.rms_norm_quantize_values(torch.randn(4, 32), None, 1e-5, False), TypeError, "h must have dtype bfloat16, float16"),
+    ("norm: K not multiple of 16", lambda: torch.ops.nvfp4.rms_norm_quantize_values(torch.randn(4, 40).bfloat16(), None, 1e-5, False), ValueError, "K = 40 must be a positive multiple of 16"),
+    ("norm: weight shape", lambda: torch.ops.nvfp4.rms_norm_quantize_values(torch.randn(4, 32).bfloat16(), torch.ones(16), 1e-5, False), ValueError, r"weight must have shape \(32,\)"),
+    ("norm: weight device", lambda: torch.ops.nvfp4.rms_norm_quantize_values(torch.randn(4, 32).bfloat16(), torch.ones(32, device="meta"), 1e-5, False), ValueError, "weight is on meta but h is on cpu"),
+    ("norm: eps nan", lambda: torch.ops.nvfp4.rms_norm_quantize_values(torch.randn(4, 32).bfloat16(), None, math.nan, False), ValueError, "eps must be finite and >= 0"),
     # dequantize
     ("not NVFP4", lambda: nv.dequantize(X), TypeError, "q must be an nvfp4_inductor.NVFP4"),
     ("data dtype", lambda: nv.dequantize(_w()._replace(data=_w().data.to(torch.int16))), TypeError, "q.data must have dtype uint8"),

@@ -121,6 +121,82 @@ def test_quantize_values_kernel_matches_reference(kernel_device, shape):
         assert values.isnan().sum() == 16 and (values.view(-1)[-16:] == 0).all()
 
 
+# (weight dtype or None, weight_after_cast): no weight, fp32 weight before the cast (the example's
+# RMSNorm, nn.RMSNorm), bf16 weight after it (Hugging Face Llama)
+NORM_FORMS = [(None, False), (torch.float32, False), (torch.bfloat16, True), (torch.bfloat16, False)]
+
+
+@pytest.mark.parametrize("shape", [(1, 16), (1, 4096), (3, 48), (2, 3, 64), (4, 4096)])
+@pytest.mark.parametrize("form", range(len(NORM_FORMS)))
+def test_rms_norm_quantize_values_kernel_matches_reference(kernel_device, shape, form):
+    """One launch: RMSNorm of h (any weight form) quantized to values. h holds multiples of 1/8 of
+    magnitude at most 4, so sum(h^2) is exact in fp32 in any order and the kernel's norm rounds
+    like the reference's: values and g bit for bit; then random normal h (mean's order may differ
+    in the last bit: values may differ in a few elements, g to an ulp)."""
+    w_dtype, after_cast = NORM_FORMS[form]
+    gen = torch.Generator().manual_seed(hash((shape, form)) % 2**31)
+    dtype = torch.float16 if form == 3 else torch.bfloat16
+    k = shape[-1]
+    weight = None if w_dtype is None else (torch.rand(k, generator=gen) * 2 - 0.5).to(w_dtype)
+    exact = torch.randint(-32, 33, shape, generator=gen) / 8.0
+    for h, tol in ((exact, 0), (torch.randn(shape, generator=gen) * 3, 1)):
+        h = h.to(dtype)
+        if h.numel() > 16:
+            h.view(-1)[3] = 0  # rows of zeros stay 0; a zero element anywhere is fine
+        values, g = quantize_kernels.rms_norm_quantize_values(
+            h.to(kernel_device), None if weight is None else weight.to(kernel_device), 1e-5, after_cast)
+        y = nv.reference.rms_norm(h, weight, 1e-5, after_cast)
+        want, want_g = nv.reference.quantize_values(y)
+        assert values.shape == h.shape and values.dtype == torch.bfloat16 and g.shape == ()
+        if tol == 0:
+            assert torch.equal(values.cpu(), want) and torch.equal(g.cpu(), want_g)
+        else:
+            torch.testing.assert_close(g.cpu(), want_g, rtol=2**-22, atol=0)
+            differ = int((values.cpu() != want).sum())
+            assert differ <= max(2, h.numel() // 1000), differ
+    # (a NaN in h makes its row NaN; the other rows are quantized as usual, as the reference does)
+    h = torch.randn(shape, generator=gen).to(dtype)
+    h.view(-1)[0] = math.nan
+    values, g = quantize_kernels.rms_norm_quantize_values(
+        h.to(kernel_device), None if weight is None else weight.to(kernel_device), 1e-5, after_cast)
+    want, want_g = nv.reference.quantize_values(nv.reference.rms_norm(h, weight, 1e-5, after_cast))
+    torch.testing.assert_close(values.cpu(), want, rtol=0, atol=0, equal_nan=True)
+    assert values.reshape(-1, k)[0].isnan().all() and torch.equal(g.cpu(), want_g)
+    if h.numel() > k:
+        assert values.reshape(-1, k)[1:].isfinite().all()
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_rms_norm_quantize_values_overflow(kernel_device, dtype):
+    """A weight so large that some normalized elements round to Inf in h's dtype, one of them
+    just below the threshold: those blocks come out NaN, the global scale is taken from the
+    largest finite element, as the reference does."""
+    gen = torch.Generator().manual_seed(12)
+    h = (torch.randint(2, (1, 256), generator=gen) * 2.0 - 1).to(dtype)  # |h| = 1: h * r ~ +-1
+    weight = torch.rand(256, generator=gen)
+    weight[::37] = 3.4e38 if dtype == torch.bfloat16 else 7e4  # rounds to Inf
+    weight[5] = 3.39e38 if dtype == torch.bfloat16 else 65500.0  # the largest finite
+    values, g = quantize_kernels.rms_norm_quantize_values(h.to(kernel_device), weight.to(kernel_device),
+                                                          1e-5, False)
+    want, want_g = nv.reference.quantize_values(nv.reference.rms_norm(h, weight, 1e-5, False))
+    assert not nv.reference.rms_norm(h, weight, 1e-5, False).isfinite().all()
+    torch.testing.assert_close(values.cpu(), want, rtol=0, atol=0, equal_nan=True)
+    assert torch.equal(g.cpu(), want_g)
+
+
+def test_rms_norm_quantize_values_large_h_takes_two_steps(kernel_device):
+    """Above the fused-amax size the op is the norm in torch ops + quantize_values' kernels."""
+    gen = torch.Generator().manual_seed(11)
+    h = torch.randn(9, 4096, generator=gen).to(torch.bfloat16)
+    weight = torch.rand(4096, generator=gen)
+    values, g = quantize_kernels.rms_norm_quantize_values(h.to(kernel_device), weight.to(kernel_device),
+                                                          1e-6, False)
+    want, want_g = nv.reference.quantize_values(nv.reference.rms_norm(h, weight, 1e-6, False))
+    differ = int((values.cpu() != want).sum())
+    assert differ <= h.numel() // 1000, differ
+    torch.testing.assert_close(g.cpu(), want_g, rtol=2**-22, atol=0)
+
+
 @pytest.mark.parametrize("shape", [(1, 16), (157, 48), (3, 5, 64), (130, 272)])
 @pytest.mark.parametrize("swizzle", [False, True])
 @pytest.mark.parametrize("per_row", [False, True])

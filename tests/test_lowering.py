@@ -15,6 +15,7 @@ from torch import nn
 from torch._inductor.utils import run_and_get_code
 
 import nvfp4_inductor as nv
+from nvfp4_inductor import norm_fusion
 from nvfp4_inductor.kernels import gemm_configs
 from nvfp4_inductor.lowerings import linear as linear_lowering
 
@@ -146,6 +147,84 @@ def test_nvfp4_activations_feed_the_template_as_values(template_inductor, m):
     expected = torch.relu(_linear_eager(model.linear, x, "nvfp4")) + residual
     # the same quantized x on both sides (x is the graph input): products agree to fp32 rounding
     torch.testing.assert_close(y, expected, rtol=2**-7, atol=2**-6)
+
+
+class WeightAfterCastRMSNorm(nn.Module):
+    """The Hugging Face Llama form: the weight multiplies in bf16, after the cast."""
+
+    def __init__(self, k, eps):
+        super().__init__()
+        self.eps = eps
+        self.weight = nn.Parameter(torch.ones(k))
+
+    def forward(self, h):
+        hf = h.float()
+        hf = hf * torch.rsqrt(hf.pow(2).mean(-1, keepdim=True) + self.eps)
+        return self.weight * hf.to(h.dtype)
+
+
+NORMS = {
+    "example": lambda k: decode.RMSNorm(k, 1e-5),  # weight.float() before the cast
+    "nn": lambda k: nn.RMSNorm(k, eps=1e-6),  # the bf16 weight promoted to fp32
+    "nn_no_weight": lambda k: nn.RMSNorm(k, eps=1e-6, elementwise_affine=False),
+    "after_cast": lambda k: WeightAfterCastRMSNorm(k, 1e-5),
+}
+
+
+class NormLinear(nn.Module):
+    """linear(norm(x)); with also_return, the norm's output is a graph output too."""
+
+    def __init__(self, norm, k, n, also_return=False):
+        super().__init__()
+        self.norm, self.linear, self.also_return = NORMS[norm](k), nn.Linear(k, n), also_return
+        if getattr(self.norm, "weight", None) is not None:
+            self.norm.weight.data = torch.rand(k) + 0.5
+
+    def forward(self, x):
+        h = self.norm(x)
+        return (self.linear(h), h) if self.also_return else self.linear(h)
+
+
+def _norm_linear(device, norm, m, k=256, n=192, also_return=False):
+    torch.manual_seed(m + k)
+    model = NormLinear(norm, k, n, also_return).to(device=device, dtype=torch.bfloat16).eval()
+    x = torch.randn(m, k, device=device, dtype=torch.bfloat16) * 3
+    y, code = run_and_get_code(nv.compile(model, nv.Config(activations="nvfp4")), x)
+    with torch.no_grad():
+        expected = _linear_eager(model.linear, model.norm(x), "nvfp4")
+    y = y[0] if also_return else y
+    # the compiled norm may round an element of h otherwise (the mean's order), and its
+    # quantization with it: close in norm, not elementwise
+    err = ((y.float() - expected.float()).norm() / expected.float().norm()).item()
+    assert err < 2**-7, err
+    return "\n".join(code)
+
+
+@pytest.mark.parametrize("norm", list(NORMS))
+@pytest.mark.parametrize("m", [1, norm_fusion.MAX_ROWS])
+def test_rms_norm_and_w4a4_linear_run_in_two_kernels(template_inductor, norm, m):
+    """RMSNorm -> W4A4 linear at decode: one kernel normalizes and quantizes x
+    (nvfp4.rms_norm_quantize_values), the template multiplies the values: two kernels (the norm,
+    the quantize and the GEMM were three)."""
+    code = _norm_linear(template_inductor, norm, m)
+    assert "torch.ops.nvfp4.rms_norm_quantize_values.default(" in code
+    assert "torch.ops.nvfp4.quantize_values.default(" not in code
+    kernels = [line for line in code.splitlines() if ".run(" in line
+               or "torch.ops.nvfp4.rms_norm_quantize_values.default(" in line and "=" in line]
+    assert len(kernels) == 2 and "triton_tem_fused" in kernels[1], kernels
+
+
+@pytest.mark.parametrize("m, also_return", [(norm_fusion.MAX_ROWS + 1, False), (1, True)])
+def test_rms_norm_stays_where_it_cannot_fuse(kernel_device, m, also_return):
+    """More rows than the fused kernel wins at, or the norm's output used by more than W4A4 linears: the
+    norm stays Inductor's, then W4A4's own quantize (on the CPU Inductor's C++ backend: the
+    interpreter lacks the rsqrt of Inductor's norm kernel; the linear stays the eager op there)."""
+    torch._dynamo.reset()
+    code = _norm_linear(kernel_device, "example", m, also_return=also_return)
+    assert "rms_norm_quantize_values" not in code
+    if kernel_device == "cuda":
+        assert "torch.ops.nvfp4.quantize_values.default(" in code
+    torch._dynamo.reset()
 
 
 class ScaledLinear(nn.Module):

@@ -25,6 +25,10 @@ def test_opcheck_quantize_dequantize(shape, swizzle):
     torch.library.opcheck(OPS.quantize.default, (x.float(), g, False, swizzle))
     if not swizzle:
         torch.library.opcheck(OPS.quantize_values.default, (x,))
+        torch.library.opcheck(OPS.rms_norm_quantize_values.default, (x, None, 1e-5, False))
+        weight = torch.rand(shape[-1])
+        torch.library.opcheck(OPS.rms_norm_quantize_values.default, (x, weight, 1e-5, False))
+        torch.library.opcheck(OPS.rms_norm_quantize_values.default, (x, weight.bfloat16(), 0.0, True))
     data, scale, g = _q_args(x, swizzle=swizzle)
     for dtype in (torch.bfloat16, torch.float32):
         torch.library.opcheck(OPS.dequantize.default, (data, scale, g, swizzle, dtype))

@@ -204,7 +204,14 @@ def store_pairs(out_ptr, pair_offsets, even, odd, mask):
         high = odd.to(tl.int32, bitcast=True).to(tl.int64)
         tl.store(out_ptr.to(tl.pointer_type(tl.int64)) + pair_offsets, low | (high << 32), mask=mask)
     else:
-        half = out_ptr.dtype.element_ty
-        low = even.to(half).to(tl.int16, bitcast=True).to(tl.uint16, bitcast=True).to(tl.int32)
-        high = odd.to(half).to(tl.int16, bitcast=True).to(tl.int32)
-        tl.store(out_ptr.to(tl.pointer_type(tl.int32)) + pair_offsets, low | (high << 16), mask=mask)
+        tl.store(out_ptr.to(tl.pointer_type(tl.int32)) + pair_offsets,
+                 half_pair_words(even, odd, out_ptr.dtype.element_ty), mask=mask)
+
+
+@triton.jit
+def half_pair_words(even, odd, DTYPE: tl.constexpr):
+    """fp32 tensors (even, odd) rounded to bf16 / fp16 DTYPE -> int32 pair words, the even element
+    in the low half (load_pair_words' form)."""
+    low = even.to(DTYPE).to(tl.int16, bitcast=True).to(tl.uint16, bitcast=True).to(tl.int32)
+    high = odd.to(DTYPE).to(tl.int16, bitcast=True).to(tl.int32)
+    return low | (high << 16)

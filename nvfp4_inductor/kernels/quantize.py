@@ -20,6 +20,11 @@ Global scale modes (GLOBAL):
                   quantize program reduces those (4 KB, from L2)              2 launches
 Nothing is read back to the host: capturable in a CUDA graph, no sync.
 
+With NORM (rms_norm_quantize_values, G_FUSED only) x is h, and the kernel quantizes the values of
+an RMSNorm of h instead (reference.rms_norm: per row rsqrt(mean(h^2) + eps), the weight before or
+after the rounding to h's dtype): every program normalizes all of h for the amax, as G_FUSED
+reduces x, then its own tile. One launch for what was a norm kernel and a quantize kernel.
+
 The quantize tile is (BLOCK_M rows, BLOCK_K / 16 blocks, 8 element pairs): one thread owns whole
 blocks, so block reductions and nibble packing never leave its registers. It is memory-bound only
 if the element path is short: an H200 issues about 40 instructions per element at its copy
@@ -34,6 +39,7 @@ from ..format import BLOCK_SIZE
 from ..reference import swizzled_shape
 from ._common import (
     BLOCK,
+    half_pair_words,
     FP8_NAN,
     TILE_ROWS,
     block_scale_bits,
@@ -54,6 +60,15 @@ G_STATIC: tl.constexpr = tl.constexpr(0)
 G_STATIC_ROW: tl.constexpr = tl.constexpr(1)
 G_FUSED: tl.constexpr = tl.constexpr(2)
 G_PARTIALS: tl.constexpr = tl.constexpr(3)
+
+# NORM: what x is normalized by first (reference.rms_norm)
+NORM_NONE: tl.constexpr = tl.constexpr(0)
+NORM_RMS: tl.constexpr = tl.constexpr(1)  # no weight
+NORM_RMS_WEIGHT: tl.constexpr = tl.constexpr(2)  # (h * r * w).to(dtype)
+NORM_RMS_WEIGHT_AFTER_CAST: tl.constexpr = tl.constexpr(3)  # w * (h * r).to(dtype), rounded again
+# The smallest fp32 magnitudes that round to Inf in bf16 (0x7F7F8000) and fp16
+_BF16_INF_FROM: tl.constexpr = tl.constexpr(3.39617752923046e38)
+_FP16_INF_FROM: tl.constexpr = tl.constexpr(65520.0)
 
 # Quantize tiles (BLOCK_M, BLOCK_K, num_warps). BLOCK_K is a multiple of 64 so that one column of
 # K-tiles covers whole swizzled scale column groups (4 blocks of 16); BLOCK_M divides 128.
@@ -116,6 +131,81 @@ def _row_g_kernel(x_ptr, g_ptr, M, K, stride_xm, BLOCK_M: tl.constexpr, BLOCK_K:
         acc = tl.maximum(acc, _tile_abs(x_ptr, tl.program_id(0) * BLOCK_M, k0, M, K, stride_xm,
                                         BLOCK_M, BLOCK_K))
     tl.store(g_ptr + rows, global_scale_from_amax(tl.max(acc, axis=1)), mask=rows < M)
+
+
+@triton.jit
+def _round_to(y, DTYPE: tl.constexpr):
+    """fp32 -> fp32 rounded to nearest even in bf16 / fp16 DTYPE. bf16 on the bits: the Triton
+    interpreter's fp32 -> bf16 cast truncates (1.8666 -> 1.8594), so CI would test other numbers."""
+    if DTYPE == tl.bfloat16:
+        b = y.to(tl.int32, bitcast=True)
+        r = ((b + (0x7FFF + ((b >> 16) & 1))) & -65536).to(tl.float32, bitcast=True)
+        return tl.where(y == y, r, y)
+    return y.to(DTYPE).to(tl.float32)
+
+
+@triton.jit
+def _rms_normalized(h, rstd, w, NORM: tl.constexpr, DTYPE: tl.constexpr):
+    """fp32 h, its rows' rsqrt(mean(h^2) + eps) and the fp32 weight, broadcastable -> the norm's
+    output as fp32 values exact in DTYPE (reference.rms_norm's roundings)."""
+    y = h * rstd
+    if NORM == NORM_RMS_WEIGHT:
+        y = y * w
+    y = _round_to(y, DTYPE)
+    if NORM == NORM_RMS_WEIGHT_AFTER_CAST:
+        y = _round_to(w * y, DTYPE)
+    return y
+
+
+@triton.jit
+def _rms_norm_g(h_ptr, w_ptr, eps, M, K, stride_hm, NORM: tl.constexpr, DTYPE: tl.constexpr,
+                FUSED_M: tl.constexpr, FUSED_K: tl.constexpr):
+    """All of h (at most FUSED_M x FUSED_K, from L2) -> (rstd per row (FUSED_M,), the global scale
+    of the normalized h: g from the max of its finite |values|). Rounding is monotonic, so that max
+    is the rounding of the largest |value| that rounds to a finite one: one rounding, not one per
+    element (the weight after the cast still needs the inner one)."""
+    rows = tl.arange(0, FUSED_M)
+    cols = tl.arange(0, FUSED_K)
+    mask = (rows < M)[:, None] & (cols < K)[None, :]
+    h = tl.load(h_ptr + rows.to(tl.int64)[:, None] * stride_hm + cols[None, :], mask=mask,
+                other=0.0).to(tl.float32)
+    w = 1.0
+    if NORM != NORM_RMS:
+        w = tl.load(w_ptr + cols, mask=cols < K, other=0.0).to(tl.float32)[None, :]
+    # Inductor's mean and rsqrt (the interpreter's are numpy's 1 / sqrt, as the CPU reference)
+    rstd = tl.math.rsqrt(tl.sum(h * h, axis=1) / K + eps)
+    v = h * rstd[:, None]
+    if NORM == NORM_RMS_WEIGHT:
+        v = v * w
+    elif NORM == NORM_RMS_WEIGHT_AFTER_CAST:
+        v = w * _round_to(v, DTYPE)
+    # |v| at or above the overflow threshold rounds to Inf in DTYPE (NaN fails the test too)
+    a = tl.abs(v)
+    a = tl.where(a < (_BF16_INF_FROM if DTYPE == tl.bfloat16 else _FP16_INF_FROM), a, 0.0)
+    amax = _round_to(tl.max(tl.max(a, axis=1), axis=0), DTYPE)
+    return rstd, global_scale_from_amax(amax)
+
+
+@triton.jit
+def _tile_weight_pairs(w_ptr, t, tiles_k, K, NORM: tl.constexpr, BLOCK_K: tl.constexpr):
+    """The norm's weight at tile t's (even, odd) columns, fp32 (1 without a weight)."""
+    w_even = 1.0
+    w_odd = 1.0
+    if NORM != NORM_RMS:
+        cols = (t % tiles_k) * BLOCK_K + 2 * tl.arange(0, BLOCK_K // 2)
+        w_even = tl.load(w_ptr + cols, mask=cols < K, other=0.0).to(tl.float32)[None, :]
+        w_odd = tl.load(w_ptr + cols + 1, mask=cols < K, other=0.0).to(tl.float32)[None, :]
+    return w_even, w_odd
+
+
+@triton.jit
+def _rms_normalized_words(words, rstd, w_even, w_odd, NORM: tl.constexpr, DTYPE: tl.constexpr):
+    """A loaded tile of h's pair words (all rows: one row of tiles) -> the pair words of its
+    normalized values."""
+    even, odd = split_pair_words(words, DTYPE)
+    even = _rms_normalized(even, rstd[:, None], w_even, NORM, DTYPE)
+    odd = _rms_normalized(odd, rstd[:, None], w_odd, NORM, DTYPE)
+    return half_pair_words(even, odd, DTYPE)
 
 
 @triton.jit
@@ -186,16 +276,19 @@ def _quantize_tile(
 
 @triton.jit
 def _quantize_kernel(
-    # pointers
-    x_ptr, data_ptr, scale_ptr, g_in_ptr, g_out_ptr, partials_ptr,
+    # pointers (w_ptr: the norm's weight)
+    x_ptr, data_ptr, scale_ptr, g_in_ptr, g_out_ptr, partials_ptr, w_ptr,
     # sizes
     M, K, num_partials, scale_rows_pad, scale_cols_pad, tiles_k,
     # strides (the quantize tile reads x by element pairs)
     stride_xm, stride_xm_pairs,
+    # the norm's epsilon
+    eps,
     # meta-parameters
     GLOBAL: tl.constexpr, WRITE_G: tl.constexpr, SWIZZLE: tl.constexpr, VALUES: tl.constexpr,
     USE_ASM: tl.constexpr, OPERAND: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_K: tl.constexpr,
     FUSED_M: tl.constexpr, FUSED_K: tl.constexpr, PARTIALS_BLOCK: tl.constexpr,
+    NORM: tl.constexpr = NORM_NONE,
 ):
     """Program t quantizes tile t. (A persistent variant that kept the next one or two tiles'
     loads in flight while computing was measured no faster on an H200: at ~25 instructions per
@@ -213,6 +306,11 @@ def _quantize_kernel(
     elif GLOBAL == G_STATIC_ROW:
         rows = (t // tiles_k) * BLOCK_M + tl.arange(0, BLOCK_M)
         g = tl.load(g_in_ptr + rows, mask=rows < M, other=1.0)[:, None]
+    elif GLOBAL == G_FUSED and NORM != NORM_NONE:
+        w_even, w_odd = _tile_weight_pairs(w_ptr, t, tiles_k, K, NORM, BLOCK_K)  # with the tile's loads
+        rstd, g = _rms_norm_g(x_ptr, w_ptr, eps, M, K, stride_xm, NORM, x_ptr.dtype.element_ty,
+                              FUSED_M, FUSED_K)
+        words = _rms_normalized_words(words, rstd, w_even, w_odd, NORM, x_ptr.dtype.element_ty)
     elif GLOBAL == G_FUSED:
         g = global_scale_from_amax(
             tl.max(tl.max(_tile_abs(x_ptr, 0, 0, M, K, stride_xm, FUSED_M, FUSED_K), axis=1), axis=0))
@@ -246,10 +344,38 @@ def _quantize_kernel(
                      tl.zeros((TILE_ROWS, BLOCK_K // BLOCK // 4), tl.int32), mask=mask)
 
 
+def _fits_fused_amax(m: int, k: int) -> bool:
+    return triton.next_power_of_2(max(m, 1)) * triton.next_power_of_2(k) <= FUSED_AMAX_MAX_TILE
+
+
+def rms_norm_quantize_values(h: torch.Tensor, weight: torch.Tensor | None, eps: float,
+                             weight_after_cast: bool):
+    """-> (values bf16, g fp32 ()) of reference.rms_norm(h, ...) quantized (nvfp4::
+    rms_norm_quantize_values). Decode-sized h (the fused-amax bound) in one launch; larger h,
+    where every program normalizing all of h would cost more than it saves, as the norm in torch
+    ops and quantize_values' kernels."""
+    from ..reference import rms_norm
+
+    k = h.shape[-1]
+    if not _fits_fused_amax(h.numel() // k, k):
+        values, _, g = quantize(rms_norm(h, weight, eps, weight_after_cast), None, False, False,
+                                values=True)
+        return values, g
+    if weight is None:
+        norm = NORM_RMS
+    else:
+        norm = NORM_RMS_WEIGHT_AFTER_CAST if weight_after_cast else NORM_RMS_WEIGHT
+        weight = weight.contiguous()
+    values, _, g = quantize(h, None, False, False, values=True, norm=(norm, weight, eps))
+    return values, g
+
+
 def quantize(x: torch.Tensor, global_scale: torch.Tensor | None, per_row: bool, swizzle: bool,
-             values: bool = False):
+             values: bool = False, norm: tuple = (NORM_NONE, None, 0.0)):
     """(..., K) float -> (data uint8 (..., K/2), scale bits uint8, g fp32 () or (...,)); with
     values, (values bf16 (..., K), None, g) instead: e2m1 * block scale (see the module docstring).
+    norm: (NORM mode, weight or None, eps): x is h of an RMSNorm whose output is quantized (values
+    with a dynamic per-tensor scale, decode-sized x only; rms_norm_quantize_values).
 
     Arguments are checked by the op; x may have any strides (copied only if its last dim is not
     contiguous, its rows cannot be addressed with one stride, or they do not start on a pair).
@@ -283,7 +409,7 @@ def quantize(x: torch.Tensor, global_scale: torch.Tensor | None, per_row: bool, 
         if m:
             _row_g_kernel[(triton.cdiv(m, amax_m),)](
                 x2, g_out, m, k, x2.stride(0), BLOCK_M=amax_m, BLOCK_K=amax_k)
-    elif triton.next_power_of_2(max(m, 1)) * triton.next_power_of_2(k) <= FUSED_AMAX_MAX_TILE:
+    elif _fits_fused_amax(m, k):
         mode, g_in = G_FUSED, g_out
     else:
         mode, g_in = G_PARTIALS, g_out
@@ -292,19 +418,22 @@ def quantize(x: torch.Tensor, global_scale: torch.Tensor | None, per_row: bool, 
         _amax_partials_kernel[(num_partials,)](
             x2, partials, m, k, x2.stride(0), num_partials, BLOCK_M=amax_m, BLOCK_K=amax_k)
     block_m, block_k, num_warps = _tile(m, k)
+    norm_mode, norm_weight, eps = norm
+    # the norm needs every row of x in each tile (its rows' rsqrt) and the fused amax
+    assert norm_mode == NORM_NONE or (values and mode == G_FUSED and block_m >= m), (norm_mode, mode)
     tiles_k = triton.cdiv(cols_pad * BLOCK_SIZE, block_k)
     num_tiles = triton.cdiv(m, block_m) * tiles_k  # swizzled padding rows: see the kernel
     if num_tiles == 0 and per_row:  # no rows, no scale to write
         return data, scale, g_out
     _quantize_kernel[(max(num_tiles, 1),)](  # no tile: one program still writes a per-tensor g
-        x2, data, scale, g_in, g_out, partials,
+        x2, data, scale, g_in, g_out, partials, x2 if norm_weight is None else norm_weight,
         m, k, num_partials, rows_pad, cols_pad, tiles_k,
-        x2.stride(0), x2.stride(0) // 2,
+        x2.stride(0), x2.stride(0) // 2, eps,
         GLOBAL=mode, WRITE_G=write_g, SWIZZLE=swizzle, VALUES=values,
         # values: the skinny GEMM's word decode (inline PTX; the interpreter decodes in fp16, exact)
         USE_ASM=values and x.is_cuda, OPERAND=tl.bfloat16 if x.is_cuda else tl.float16,
         BLOCK_M=block_m, BLOCK_K=block_k,
         FUSED_M=triton.next_power_of_2(max(m, 1)), FUSED_K=triton.next_power_of_2(k),
-        PARTIALS_BLOCK=triton.next_power_of_2(num_partials), num_warps=num_warps,
+        PARTIALS_BLOCK=triton.next_power_of_2(num_partials), NORM=norm_mode, num_warps=num_warps,
     )
     return data, None if values else scale, g_out

@@ -1,0 +1,186 @@
+"""W4A4 at decode: an RMSNorm whose output only feeds NVFP4 linears is quantized in its own kernel.
+
+After the linear rewrite, a W4A4 linear is `linear_tiled(x, ..., g, b, N, "nvfp4")`: quantize_values
+(x) -> (values, g_x), the W4A16 GEMM on the values, (g * g_x) in the epilogue. Where x is an
+RMSNorm of h (a decoder's attention and MLP inputs) that was two kernels before the GEMM (the norm
+Inductor generates, the quantize kernel); this pass makes it one,
+
+    values, g_x = nvfp4.rms_norm_quantize_values(h, weight, eps, weight_after_cast)
+    y = nvfp4.linear_tiled(values, ..., g * g_x, b, N, "bf16")
+
+the same numbers as quantize_values of the norm (reference.rms_norm) multiplied as W4A4 does. The
+residual add that fed the norm then fuses into the GEMM that produces it (its epilogue).
+Only for h of at most MAX_ROWS rows (every program of the fused kernel normalizes all of h for the
+global amax: H100, CUDA-graph latency, benchmarks/probe_norm_quantize.py, 4096 columns: 1 row
+2.82 us against 3.36 for Inductor's norm + quantize_values, 2 rows 3.92 vs 4.09, 4 rows 6.47 vs
+4.68), static shapes, where every use of the norm's output is the x of such a linear, and not on
+GPUs with FP4 tensor cores (W4A4 there quantizes x to codes for the block-scaled MMA).
+
+The norm is recognised in the traced forms of the usual modules (torch 2.11 and 2.13 trace
+nn.RMSNorm and the hand-written ones alike):
+
+    hf = convert_element_type(h, float32)                   h bf16 / fp16
+    n  = hf * rsqrt(mean(hf ** 2 | hf * hf, [-1], keepdim=True) + eps)
+    y  = convert_element_type(n [* w], h.dtype)             weight_after_cast False (or no weight)
+    y  = w * convert_element_type(n, h.dtype)               True: w in h's dtype (Hugging Face)
+"""
+
+import operator
+
+import torch
+from torch import fx
+
+aten = torch.ops.aten
+prims = torch.ops.prims
+_CONVERT = prims.convert_element_type.default
+_VIEWS = (aten.view.default, aten._unsafe_view.default, aten.reshape.default)
+LINEAR = torch.ops.nvfp4.linear_tiled.default
+FUSED = torch.ops.nvfp4.rms_norm_quantize_values.default
+_HALF = (torch.bfloat16, torch.float16)
+MAX_ROWS = 2  # rows of h up to which the fused kernel measured faster (module docstring)
+
+
+def _call(node, *targets) -> bool:
+    return isinstance(node, fx.Node) and node.op == "call_function" and node.target in targets
+
+
+def _val(node):
+    return node.meta.get("val") if isinstance(node, fx.Node) else None
+
+
+def _pairs(node):
+    """The two orders of a commutative call's operands."""
+    a, b = node.args[:2]
+    return (a, b), (b, a)
+
+
+def _rms(n: fx.Node):
+    """n = hf * rsqrt(mean(hf^2, last dim, keepdim) + eps) -> (h, eps), else None."""
+    if not _call(n, aten.mul.Tensor) or n.kwargs:
+        return None
+    for hf, r in _pairs(n):
+        if not (_call(hf, _CONVERT) and hf.args[1] == torch.float32 and _call(r, aten.rsqrt.default)):
+            continue
+        h, add = hf.args[0], r.args[0]
+        if _val(h) is None or _val(h).dtype not in _HALF:
+            continue
+        if not (_call(add, aten.add.Tensor, aten.add.Scalar) and not add.kwargs
+                and isinstance(add.args[1], (int, float)) and _call(add.args[0], aten.mean.dim)):
+            continue
+        mean = add.args[0]
+        dims = [d % _val(hf).dim() for d in mean.args[1]]
+        keepdim = mean.args[2] if len(mean.args) > 2 else mean.kwargs.get("keepdim", False)
+        square = mean.args[0]
+        squares = ((_call(square, aten.pow.Tensor_Scalar) and square.args[0] is hf and square.args[1] == 2)
+                   or (_call(square, aten.mul.Tensor) and square.args[:2] == (hf, hf)))
+        if dims == [_val(hf).dim() - 1] and keepdim and squares and "dtype" not in mean.kwargs:
+            return h, float(add.args[1])
+    return None
+
+
+def _weight_ok(w, h: fx.Node, dtypes) -> bool:
+    val = _val(w)
+    return val is not None and tuple(val.shape) == (_val(h).shape[-1],) and val.dtype in dtypes
+
+
+def match_rms_norm(y: fx.Node):
+    """y = an RMSNorm's output in a traced form (module docstring) -> (h, weight or None, eps,
+    weight_after_cast), else None."""
+    if _call(y, aten.mul.Tensor) and not y.kwargs:  # w * n.to(dtype)
+        for w, c in _pairs(y):
+            if _call(c, _CONVERT) and (rms := _rms(c.args[0])):
+                h, eps = rms
+                if c.args[1] == _val(h).dtype and _weight_ok(w, h, (_val(h).dtype,)):
+                    return h, w, eps, True
+        return None
+    if not _call(y, _CONVERT):
+        return None
+    n = y.args[0]
+    if (rms := _rms(n)) is not None:
+        weight = None
+    elif _call(n, aten.mul.Tensor) and not n.kwargs:  # n * w in fp32
+        for m, w in _pairs(n):
+            if (rms := _rms(m)) is not None and _weight_ok(w, rms[0], (torch.float32, *_HALF)):
+                weight = w
+                break
+        else:
+            return None
+    else:
+        return None
+    h, eps = rms
+    return (h, weight, eps, False) if y.args[1] == _val(h).dtype else None
+
+
+def _linear_uses(y: fx.Node):
+    """The W4A4 linears reading y (through views) as x -> list, or None where anything else does."""
+    linears, pending = [], [y]
+    while pending:
+        node = pending.pop()
+        for user in node.users:
+            if _call(user, *_VIEWS) and user.args[0] is node:
+                pending.append(user)
+            elif (_call(user, LINEAR) and user.args[-1] == "nvfp4" and user.args[0] is node
+                  and node not in user.args[1:]):
+                linears.append(user)
+            else:
+                return None
+    return linears
+
+
+def _fits(h_val) -> bool:
+    from .kernels import gemm_configs
+    from .kernels.quantize import _fits_fused_amax
+
+    shape = h_val.shape
+    if not all(isinstance(d, int) for d in shape) or not 0 < shape.numel() <= MAX_ROWS * shape[-1]:
+        return False
+    if h_val.device.type == "cuda" and gemm_configs.block_scaled_mma(h_val.device):
+        return False
+    return _fits_fused_amax(shape.numel() // shape[-1], shape[-1])
+
+
+def _fake(node: fx.Node, target, args):
+    """node.meta["val"] from target on the arguments' fake values, where they all have one (the
+    linear rewrite's weight-side nodes have none, and need none: freezing folds them)."""
+    vals = [_val(a) if isinstance(a, fx.Node) else a for a in args]
+    if any(v is None for v, a in zip(vals, args) if isinstance(a, fx.Node)):
+        return None
+    fake_mode = next(v for v in vals if isinstance(v, torch.Tensor)).fake_mode
+    with fake_mode:
+        node.meta["val"] = target(*vals)
+    return node.meta["val"]
+
+
+def fuse_rms_norms(graph: fx.Graph) -> int:
+    """Rewrites every RMSNorm -> W4A4 linear(s) the module docstring describes; -> how many."""
+    roots = []
+    for node in graph.nodes:
+        if _call(node, LINEAR) and node.args[-1] == "nvfp4":
+            root = node.args[0]
+            while _call(root, *_VIEWS):
+                root = root.args[0]
+            if root not in roots:
+                roots.append(root)
+    fused = 0
+    for y in roots:
+        match = match_rms_norm(y)
+        linears = _linear_uses(y) if match else None
+        if not linears or not _fits(_val(match[0])):
+            continue
+        with graph.inserting_after(y):
+            call = graph.call_function(FUSED, match)
+        with graph.inserting_after(call):
+            values = graph.call_function(operator.getitem, (call, 0))
+        with graph.inserting_after(values):
+            g_x = graph.call_function(operator.getitem, (call, 1))
+        out = _fake(call, FUSED, match)
+        values.meta["val"], g_x.meta["val"] = out
+        y.replace_all_uses_with(values)
+        for linear in linears:
+            x, data, scale, g, bias, n, _ = linear.args
+            with graph.inserting_before(linear):
+                g_xw = graph.call_function(aten.mul.Tensor, (g, g_x))  # (g * g_x): W4A4's order
+            _fake(g_xw, aten.mul.Tensor, (g, g_x))
+            linear.args = (x, data, scale, g_xw, bias, n, "bf16")  # x: the values, multiplied as bf16
+        fused += 1
+    return fused
