@@ -12,8 +12,8 @@ the same numbers as quantize_values of the norm (reference.rms_norm) multiplied 
 residual add that fed the norm then fuses into the GEMM that produces it (its epilogue).
 Only for h of at most MAX_ROWS rows (every program of the fused kernel normalizes all of h for the
 global amax: H100, CUDA-graph latency, benchmarks/probe_norm_quantize.py, 4096 columns: 1 row
-2.82 us against 3.36 for Inductor's norm + quantize_values, 2 rows 3.92 vs 4.09, 4 rows 6.47 vs
-4.68), static shapes, where every use of the norm's output is the x of such a linear, and not on
+2.21 us against 3.48 for Inductor's norm + quantize_values, 2 rows 3.76 vs 3.90, 4 rows 6.62 vs
+4.86), static shapes, where every use of the norm's output is the x of such a linear, and not on
 GPUs with FP4 tensor cores (W4A4 there quantizes x to codes for the block-scaled MMA).
 
 The norm is recognised in the traced forms of the usual modules (torch 2.11 and 2.13 trace

@@ -137,7 +137,8 @@ def test_rms_norm_quantize_values_kernel_matches_reference(kernel_device, shape,
     gen = torch.Generator().manual_seed(hash((shape, form)) % 2**31)
     dtype = torch.float16 if form == 3 else torch.bfloat16
     k = shape[-1]
-    weight = None if w_dtype is None else (torch.rand(k, generator=gen) * 2 - 0.5).to(w_dtype)
+    # (an fp32 weight one element into its storage: the kernel reads it as aligned pairs)
+    weight = None if w_dtype is None else (torch.rand(k + 1, generator=gen) * 2 - 0.5).to(w_dtype)[1:]
     exact = torch.randint(-32, 33, shape, generator=gen) / 8.0
     for h, tol in ((exact, 0), (torch.randn(shape, generator=gen) * 3, 1)):
         h = h.to(dtype)

@@ -89,6 +89,12 @@ MAX_PARTIALS = 1024  # partial maxima read by every quantize program: 4 KB
 AMAX_TILE = (16, 512)  # (rows, columns) per step of the partial-amax kernels, 4 warps
 
 
+# The norm's tile (rms_norm_quantize_values, rows <= SMALL_M): every program first normalizes all of
+# h with 4 warps, then quantizes BLOCK_K columns. H100, CUDA graphs, 1 x 4096
+# (benchmarks/probe_norm_quantize.py): BLOCK_K 512 2.21 us, 1024 2.25, 2048 2.55 (2048 / 8 warps 2.37).
+NORM_BLOCK_K = 512
+
+
 def _tile(m: int, k: int) -> tuple[int, int, int]:
     if m > SMALL_M:
         return LARGE_TILE
@@ -170,11 +176,16 @@ def _rms_norm_g(h_ptr, w_ptr, eps, M, K, stride_hm, NORM: tl.constexpr, DTYPE: t
     h = tl.load(h_ptr + rows.to(tl.int64)[:, None] * stride_hm + cols[None, :], mask=mask,
                 other=0.0).to(tl.float32)
     w = 1.0
-    if NORM != NORM_RMS:
-        w = tl.load(w_ptr + cols, mask=cols < K, other=0.0).to(tl.float32)[None, :]
-    # Inductor's mean and rsqrt (the interpreter's are numpy's 1 / sqrt, as the CPU reference)
-    rstd = tl.math.rsqrt(tl.sum(h * h, axis=1) / K + eps)
-    v = h * rstd[:, None]
+    if NORM != NORM_RMS:  # loaded in h's 2-D layout (every row the same): no layout conversion
+        w = tl.load(w_ptr + 0 * rows[:, None] + cols[None, :], mask=mask, other=0.0).to(tl.float32)
+    # Inductor's mean and rsqrt (the interpreter's are numpy's 1 / sqrt, as the CPU reference).
+    # One row: a scalar, which every layout broadcasts without a shared-memory round trip.
+    if FUSED_M == 1:
+        rstd = tl.math.rsqrt(tl.sum(tl.sum(h * h, axis=1), axis=0) / K + eps)
+        v = h * rstd
+    else:
+        rstd = tl.math.rsqrt(tl.sum(h * h, axis=1) / K + eps)
+        v = h * rstd[:, None]
     if NORM == NORM_RMS_WEIGHT:
         v = v * w
     elif NORM == NORM_RMS_WEIGHT_AFTER_CAST:
@@ -187,24 +198,28 @@ def _rms_norm_g(h_ptr, w_ptr, eps, M, K, stride_hm, NORM: tl.constexpr, DTYPE: t
 
 
 @triton.jit
-def _tile_weight_pairs(w_ptr, t, tiles_k, K, NORM: tl.constexpr, BLOCK_K: tl.constexpr):
-    """The norm's weight at tile t's (even, odd) columns, fp32 (1 without a weight)."""
+def _tile_weight_pairs(w_ptr, t, tiles_k, K, NORM: tl.constexpr, BLOCK_M: tl.constexpr,
+                       BLOCK_K: tl.constexpr):
+    """The norm's weight at tile t's (even, odd) columns as fp32 (BLOCK_M, BLOCK_K / 2), loaded as
+    pair words in the layout of the tile's own (1 without a weight)."""
     w_even = 1.0
     w_odd = 1.0
     if NORM != NORM_RMS:
-        cols = (t % tiles_k) * BLOCK_K + 2 * tl.arange(0, BLOCK_K // 2)
-        w_even = tl.load(w_ptr + cols, mask=cols < K, other=0.0).to(tl.float32)[None, :]
-        w_odd = tl.load(w_ptr + cols + 1, mask=cols < K, other=0.0).to(tl.float32)[None, :]
+        words = _load_pair_tile(w_ptr, t % tiles_k, tiles_k, BLOCK_M, K, 0, BLOCK_M, BLOCK_K)
+        w_even, w_odd = split_pair_words(words, w_ptr.dtype.element_ty)
     return w_even, w_odd
 
 
 @triton.jit
-def _rms_normalized_words(words, rstd, w_even, w_odd, NORM: tl.constexpr, DTYPE: tl.constexpr):
+def _rms_normalized_words(words, rstd, w_even, w_odd, NORM: tl.constexpr, DTYPE: tl.constexpr,
+                          ONE_ROW: tl.constexpr):
     """A loaded tile of h's pair words (all rows: one row of tiles) -> the pair words of its
-    normalized values."""
+    normalized values. rstd: a scalar with ONE_ROW, else per row."""
     even, odd = split_pair_words(words, DTYPE)
-    even = _rms_normalized(even, rstd[:, None], w_even, NORM, DTYPE)
-    odd = _rms_normalized(odd, rstd[:, None], w_odd, NORM, DTYPE)
+    if not ONE_ROW:
+        rstd = rstd[:, None]
+    even = _rms_normalized(even, rstd, w_even, NORM, DTYPE)
+    odd = _rms_normalized(odd, rstd, w_odd, NORM, DTYPE)
     return half_pair_words(even, odd, DTYPE)
 
 
@@ -307,10 +322,11 @@ def _quantize_kernel(
         rows = (t // tiles_k) * BLOCK_M + tl.arange(0, BLOCK_M)
         g = tl.load(g_in_ptr + rows, mask=rows < M, other=1.0)[:, None]
     elif GLOBAL == G_FUSED and NORM != NORM_NONE:
-        w_even, w_odd = _tile_weight_pairs(w_ptr, t, tiles_k, K, NORM, BLOCK_K)  # with the tile's loads
+        w_even, w_odd = _tile_weight_pairs(w_ptr, t, tiles_k, K, NORM, BLOCK_M, BLOCK_K)  # with the tile's loads
         rstd, g = _rms_norm_g(x_ptr, w_ptr, eps, M, K, stride_xm, NORM, x_ptr.dtype.element_ty,
                               FUSED_M, FUSED_K)
-        words = _rms_normalized_words(words, rstd, w_even, w_odd, NORM, x_ptr.dtype.element_ty)
+        words = _rms_normalized_words(words, rstd, w_even, w_odd, NORM, x_ptr.dtype.element_ty,
+                                      FUSED_M == 1)
     elif GLOBAL == G_FUSED:
         g = global_scale_from_amax(
             tl.max(tl.max(_tile_abs(x_ptr, 0, 0, M, K, stride_xm, FUSED_M, FUSED_K), axis=1), axis=0))
@@ -366,6 +382,8 @@ def rms_norm_quantize_values(h: torch.Tensor, weight: torch.Tensor | None, eps: 
     else:
         norm = NORM_RMS_WEIGHT_AFTER_CAST if weight_after_cast else NORM_RMS_WEIGHT
         weight = weight.contiguous()
+        if weight.data_ptr() % (2 * weight.element_size()):
+            weight = weight.clone()  # read as pair words: aligned to a pair
     values, _, g = quantize(h, None, False, False, values=True, norm=(norm, weight, eps))
     return values, g
 
@@ -417,8 +435,10 @@ def quantize(x: torch.Tensor, global_scale: torch.Tensor | None, per_row: bool, 
         partials = torch.empty(num_partials, dtype=torch.float32, device=x.device)
         _amax_partials_kernel[(num_partials,)](
             x2, partials, m, k, x2.stride(0), num_partials, BLOCK_M=amax_m, BLOCK_K=amax_k)
-    block_m, block_k, num_warps = _tile(m, k)
     norm_mode, norm_weight, eps = norm
+    block_m, block_k, num_warps = _tile(m, k)
+    if norm_mode != NORM_NONE:
+        block_k, num_warps = min(block_k, NORM_BLOCK_K), 4
     # the norm needs every row of x in each tile (its rows' rsqrt) and the fused amax
     assert norm_mode == NORM_NONE or (values and mode == G_FUSED and block_m >= m), (norm_mode, mode)
     tiles_k = triton.cdiv(cols_pad * BLOCK_SIZE, block_k)
