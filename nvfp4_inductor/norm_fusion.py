@@ -10,7 +10,7 @@ Inductor generates, the quantize kernel); this pass makes it one,
 
 the same numbers as quantize_values of the norm (reference.rms_norm) multiplied as W4A4 does. The
 residual add that fed the norm then fuses into the GEMM that produces it (its epilogue).
-Only for h of at most MAX_ROWS rows (every program of the fused kernel normalizes all of h for the
+Only for bf16 h (the linear's output takes its x's dtype, the values' bf16) of at most MAX_ROWS rows (every program of the fused kernel normalizes all of h for the
 global amax: H100, CUDA-graph latency, benchmarks/probe_norm_quantize.py, 4096 columns: 1 row
 2.21 us against 3.48 for Inductor's norm + quantize_values, 2 rows 3.76 vs 3.90, 4 rows 6.62 vs
 4.86), static shapes, where every use of the norm's output is the x of such a linear, and not on
@@ -163,7 +163,9 @@ def fuse_rms_norms(graph: fx.Graph) -> int:
                 roots.append(root)
     fused = 0
     for y in roots:
-        match = match_rms_norm(y)
+        # bf16 only: the linear then multiplies the values as its x, and its output takes x's dtype
+        # (an fp16 linear would come out bf16)
+        match = match_rms_norm(y) if _val(y) is not None and _val(y).dtype == torch.bfloat16 else None
         linears = _linear_uses(y) if match else None
         if not linears or not _fits(_val(match[0])):
             continue

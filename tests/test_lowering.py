@@ -185,14 +185,15 @@ class NormLinear(nn.Module):
         return (self.linear(h), h) if self.also_return else self.linear(h)
 
 
-def _norm_linear(device, norm, m, k=256, n=192, also_return=False):
+def _norm_linear(device, norm, m, k=256, n=192, also_return=False, dtype=torch.bfloat16):
     torch.manual_seed(m + k)
-    model = NormLinear(norm, k, n, also_return).to(device=device, dtype=torch.bfloat16).eval()
-    x = torch.randn(m, k, device=device, dtype=torch.bfloat16) * 3
+    model = NormLinear(norm, k, n, also_return).to(device=device, dtype=dtype).eval()
+    x = torch.randn(m, k, device=device, dtype=dtype) * 3
     y, code = run_and_get_code(nv.compile(model, nv.Config(activations="nvfp4")), x)
     with torch.no_grad():
         expected = _linear_eager(model.linear, model.norm(x), "nvfp4")
     y = y[0] if also_return else y
+    assert y.dtype == dtype
     # the compiled norm may round an element of h otherwise (the mean's order), and its
     # quantization with it: close in norm, not elementwise
     err = ((y.float() - expected.float()).norm() / expected.float().norm()).item()
@@ -214,13 +215,15 @@ def test_rms_norm_and_w4a4_linear_run_in_two_kernels(template_inductor, norm, m)
     assert len(kernels) == 2 and "triton_tem_fused" in kernels[1], kernels
 
 
-@pytest.mark.parametrize("m, also_return", [(norm_fusion.MAX_ROWS + 1, False), (1, True)])
-def test_rms_norm_stays_where_it_cannot_fuse(kernel_device, m, also_return):
-    """More rows than the fused kernel wins at, or the norm's output used by more than W4A4 linears: the
-    norm stays Inductor's, then W4A4's own quantize (on the CPU Inductor's C++ backend: the
-    interpreter lacks the rsqrt of Inductor's norm kernel; the linear stays the eager op there)."""
+@pytest.mark.parametrize("m, also_return, dtype", [(norm_fusion.MAX_ROWS + 1, False, torch.bfloat16),
+                                                   (1, True, torch.bfloat16), (1, False, torch.float16)])
+def test_rms_norm_stays_where_it_cannot_fuse(kernel_device, m, also_return, dtype):
+    """More rows than the fused kernel wins at, the norm's output used by more than W4A4 linears, or
+    an fp16 model (the linear would multiply bf16 values and return bf16): the norm stays
+    Inductor's, then W4A4's own quantize (on the CPU Inductor's C++ backend: the interpreter lacks
+    the rsqrt of Inductor's norm kernel; the linear stays the eager op there)."""
     torch._dynamo.reset()
-    code = _norm_linear(kernel_device, "example", m, also_return=also_return)
+    code = _norm_linear(kernel_device, "example", m, also_return=also_return, dtype=dtype)
     assert "rms_norm_quantize_values" not in code
     if kernel_device == "cuda":
         assert "torch.ops.nvfp4.quantize_values.default(" in code
