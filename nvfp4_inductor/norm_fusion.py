@@ -10,11 +10,12 @@ Inductor generates, the quantize kernel); this pass makes it one,
 
 the same numbers as quantize_values of the norm (reference.rms_norm) multiplied as W4A4 does. The
 residual add that fed the norm then fuses into the GEMM that produces it (its epilogue).
-Only for bf16 h (the linear's output takes its x's dtype, the values' bf16) of at most MAX_ROWS rows (every program of the fused kernel normalizes all of h for the
-global amax: H100, CUDA-graph latency, benchmarks/probe_norm_quantize.py, 4096 columns: 1 row
-2.21 us against 3.48 for Inductor's norm + quantize_values, 2 rows 3.76 vs 3.90, 4 rows 6.62 vs
-4.86), static shapes, where every use of the norm's output is the x of such a linear, and not on
-GPUs with FP4 tensor cores (W4A4 there quantizes x to codes for the block-scaled MMA).
+Only for bf16 h (the linear's output takes its x's dtype, the values' bf16) of at most MAX_ROWS
+rows (every program of the fused kernel normalizes all of h for the global amax: H100, CUDA-graph
+latency, benchmarks/probe_norm_quantize.py, 4096 columns: 1 row 2.21 us against 3.48 for
+Inductor's norm + quantize_values, 2 rows 3.76 vs 3.90, 4 rows 6.62 vs 4.86), static shapes,
+where every use of the norm's output is the x of such a linear, and not on GPUs with FP4 tensor
+cores (W4A4 there quantizes x to codes for the block-scaled MMA).
 
 The norm is recognised in the traced forms of the usual modules (torch 2.11 and 2.13 trace
 nn.RMSNorm and the hand-written ones alike):
@@ -68,12 +69,13 @@ def _rms(n: fx.Node):
                 and isinstance(add.args[1], (int, float)) and _call(add.args[0], aten.mean.dim)):
             continue
         mean = add.args[0]
-        dims = [d % _val(hf).dim() for d in mean.args[1]]
+        ndim = _val(h).dim()
+        dims = [d % ndim for d in mean.args[1]]
         keepdim = mean.args[2] if len(mean.args) > 2 else mean.kwargs.get("keepdim", False)
         square = mean.args[0]
         squares = ((_call(square, aten.pow.Tensor_Scalar) and square.args[0] is hf and square.args[1] == 2)
                    or (_call(square, aten.mul.Tensor) and square.args[:2] == (hf, hf)))
-        if dims == [_val(hf).dim() - 1] and keepdim and squares and "dtype" not in mean.kwargs:
+        if dims == [ndim - 1] and keepdim and squares and "dtype" not in mean.kwargs:
             return h, float(add.args[1])
     return None
 

@@ -39,7 +39,6 @@ from ..format import BLOCK_SIZE
 from ..reference import swizzled_shape
 from ._common import (
     BLOCK,
-    half_pair_words,
     FP8_NAN,
     TILE_ROWS,
     block_scale_bits,
@@ -47,6 +46,7 @@ from ._common import (
     e4m3_bits_to_f32,
     finite_abs,
     global_scale_from_amax,
+    half_pair_words,
     load_pair_words,
     pair_sign_bits,
     split_pair_words,
