@@ -215,6 +215,39 @@ def test_rms_norm_and_w4a4_linear_run_in_two_kernels(template_inductor, norm, m)
     assert len(kernels) == 2 and "triton_tem_fused" in kernels[1], kernels
 
 
+class NormQKV(nn.Module):
+    """Three linears reading one RMSNorm's output (q / k / v)."""
+
+    def __init__(self, k, n):
+        super().__init__()
+        self.norm = decode.RMSNorm(k, 1e-5)
+        self.norm.weight.data = torch.rand(k) + 0.5
+        self.q, self.k, self.v = (nn.Linear(k, n, bias=False) for _ in range(3))
+
+    def forward(self, x):
+        h = self.norm(x)
+        return self.q(h), self.k(h), self.v(h)
+
+
+@pytest.mark.parametrize("merge", [True, False])
+def test_one_fused_norm_feeds_several_linears(template_inductor, merge):
+    """q / k / v on one norm, merged into one GEMM or not: the norm quantizes x once for all."""
+    torch.manual_seed(7)
+    model = NormQKV(256, 64).to(device=template_inductor, dtype=torch.bfloat16).eval()
+    x = torch.randn(1, 256, device=template_inductor, dtype=torch.bfloat16) * 3
+    ys, code = run_and_get_code(nv.compile(model, nv.Config(activations="nvfp4", merge_linears=merge)), x)
+    source = "\n".join(code)
+    calls = [line for line in source.splitlines()
+             if "torch.ops.nvfp4.rms_norm_quantize_values.default(" in line and "=" in line]
+    assert len(calls) == 1 and "torch.ops.nvfp4.quantize_values.default(" not in source, calls
+    with torch.no_grad():
+        h = model.norm(x)
+        for y, linear in zip(ys, (model.q, model.k, model.v)):
+            expected = _linear_eager(linear, h, "nvfp4")
+            err = ((y.float() - expected.float()).norm() / expected.float().norm()).item()
+            assert err < 2**-7, err
+
+
 @pytest.mark.parametrize("m, also_return, dtype", [(norm_fusion.MAX_ROWS + 1, False, torch.bfloat16),
                                                    (1, True, torch.bfloat16), (1, False, torch.float16)])
 def test_rms_norm_stays_where_it_cannot_fuse(kernel_device, m, also_return, dtype):
