@@ -79,6 +79,24 @@ def check_rms_norm_args(h, weight, eps: float) -> None:
         raise ValueError(f"eps must be finite and >= 0; got {eps}")
 
 
+def check_silu_mul_linear_args(n: int, w_global_scale, x_global_scale) -> None:
+    """n: a positive multiple of the interleave group; the global scales one per weight row; x's
+    None or fp32 ()."""
+    from .tiled import GLU_GROUP
+
+    if n <= 0 or n % GLU_GROUP:
+        raise ValueError(f"n = {n} must be a positive multiple of {GLU_GROUP} (gate and up rows are "
+                         f"interleaved in groups of {GLU_GROUP})")
+    check_tensor("w_global_scale", w_global_scale, (torch.float32,))
+    if tuple(w_global_scale.shape) != (2 * n,):
+        raise ValueError(f"w_global_scale must have shape ({2 * n},) (one per gate and up row); got "
+                         f"{tuple(w_global_scale.shape)}")
+    if x_global_scale is not None:
+        check_tensor("x_global_scale", x_global_scale, (torch.float32,))
+        if x_global_scale.dim() != 0:
+            raise ValueError(f"x_global_scale must have shape (); got {tuple(x_global_scale.shape)}")
+
+
 def check_nvfp4(name: str, data, scale, global_scale, swizzled: bool) -> int:
     """Packed NVFP4 parts (scales as uint8 e4m3 bits, the op-boundary convention); returns K."""
     check_tensor(f"{name}.data", data, (torch.uint8,))

@@ -36,6 +36,8 @@ prims = torch.ops.prims
 _CONVERT = prims.convert_element_type.default
 _VIEWS = (aten.view.default, aten._unsafe_view.default, aten.reshape.default)
 LINEAR = torch.ops.nvfp4.linear_tiled.default
+# the ops whose x a W4A4 linear quantizes; x is their first argument, the activation the last
+LINEARS = (LINEAR, torch.ops.nvfp4.linear_tiled_silu_mul.default)
 FUSED = torch.ops.nvfp4.rms_norm_quantize_values.default
 _HALF = (torch.bfloat16, torch.float16)
 MAX_ROWS = 2  # rows of h up to which the fused kernel measured faster (module docstring)
@@ -121,7 +123,7 @@ def _linear_uses(y: fx.Node):
         for user in node.users:
             if _call(user, *_VIEWS) and user.args[0] is node:
                 pending.append(user)
-            elif (_call(user, LINEAR) and user.args[-1] == "nvfp4" and user.args[0] is node
+            elif (_call(user, *LINEARS) and user.args[-1] == "nvfp4" and user.args[0] is node
                   and node not in user.args[1:]):
                 linears.append(user)
             else:
@@ -157,7 +159,7 @@ def fuse_rms_norms(graph: fx.Graph) -> int:
     """Rewrites every RMSNorm -> W4A4 linear(s) the module docstring describes; -> how many."""
     roots = []
     for node in graph.nodes:
-        if _call(node, LINEAR) and node.args[-1] == "nvfp4":
+        if _call(node, *LINEARS) and node.args[-1] == "nvfp4":
             root = node.args[0]
             while _call(root, *_VIEWS):
                 root = root.args[0]
@@ -181,10 +183,15 @@ def fuse_rms_norms(graph: fx.Graph) -> int:
         values.meta["val"], g_x.meta["val"] = out
         y.replace_all_uses_with(values)
         for linear in linears:
-            x, data, scale, g, bias, n, _ = linear.args
-            with graph.inserting_before(linear):
-                g_xw = graph.call_function(aten.mul.Tensor, (g, g_x))  # (g * g_x): W4A4's order
-            _fake(g_xw, aten.mul.Tensor, (g, g_x))
-            linear.args = (x, data, scale, g_xw, bias, n, "bf16")  # x: the values, multiplied as bf16
+            args = list(linear.args)
+            if linear.target == LINEAR:
+                with graph.inserting_before(linear):
+                    g_xw = graph.call_function(aten.mul.Tensor, (args[3], g_x))  # (g * g_x): W4A4's order
+                _fake(g_xw, aten.mul.Tensor, (args[3], g_x))
+                args[3] = g_xw
+            else:  # linear_tiled_silu_mul takes x's global scale itself (its template multiplies)
+                args[4] = g_x
+            args[-1] = "bf16"  # x: the values, multiplied as bf16
+            linear.args = tuple(args)
         fused += 1
     return fused

@@ -16,7 +16,7 @@ from .format import BLOCK_SIZE
 __all__ = [
     "quantize", "quantize_values", "rms_norm_quantize_values", "quantize_weight", "dequantize",
     "dequantize_rows", "swizzle_scales",
-    "unswizzle_scales", "linear", "tile_weight", "linear_tiled",
+    "unswizzle_scales", "linear", "tile_weight", "linear_tiled", "linear_tiled_silu_mul",
 ]
 
 _E4M3 = torch.float8_e4m3fn
@@ -321,4 +321,29 @@ def _(x, w_data, w_scale, w_global_scale, bias, n, activation):
 @linear_tiled.register_fake
 def _(x, w_data, w_scale, w_global_scale, bias, n, activation):
     _checks.check_linear_tiled_args(x, w_data, w_scale, w_global_scale, bias, n, activation)
+    return x.new_empty((*x.shape[:-1], n))
+
+
+@torch.library.custom_op("nvfp4::linear_tiled_silu_mul", mutates_args=())
+def linear_tiled_silu_mul(
+    x: Tensor, w_data: Tensor, w_scale: Tensor, w_global_scale: Tensor,
+    x_global_scale: Tensor | None, n: int, activation: str,
+) -> Tensor:
+    """A gated MLP's F.silu(gate(x)) * up(x), the two bias-less linears as one tiled weight of 2n
+    rows interleaved by tiled.interleave_halves (w_global_scale (2n,) likewise) -> (..., n) in
+    x.dtype: each linear rounded to x.dtype, then reference.silu_mul. x_global_scale (fp32 ()):
+    x is W4A4's quantized values (from a fused producer), multiplied as bf16 with the global
+    scales w_global_scale * x_global_scale. backend="nvfp4" puts it in place of such an MLP's
+    merged GEMM at decode; its Inductor template applies SiLU * mul in the GEMM's epilogue."""
+    _checks.check_silu_mul_linear_args(n, w_global_scale, x_global_scale)
+    g = w_global_scale if x_global_scale is None else w_global_scale * x_global_scale
+    y = torch.ops.nvfp4.linear_tiled(x, w_data, w_scale, g, None, 2 * n, activation)
+    gate, up = tiled.split_halves(y)
+    return reference.silu_mul(gate, up)
+
+
+@linear_tiled_silu_mul.register_fake
+def _(x, w_data, w_scale, w_global_scale, x_global_scale, n, activation):
+    _checks.check_silu_mul_linear_args(n, w_global_scale, x_global_scale)
+    _checks.check_linear_tiled_args(x, w_data, w_scale, w_global_scale, None, 2 * n, activation)
     return x.new_empty((*x.shape[:-1], n))

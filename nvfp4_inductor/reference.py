@@ -51,6 +51,7 @@ __all__ = [
     "quantize",
     "quantize_values",
     "rms_norm",
+    "silu_mul",
     "dequantize",
     "swizzled_shape",
     "swizzle_scales",
@@ -183,6 +184,12 @@ def rms_norm(h: Tensor, weight: Tensor | None, eps: float, weight_after_cast: bo
     if weight_after_cast:
         return (weight.float() * n.to(h.dtype).float()).to(h.dtype)
     return (n * weight.float()).to(h.dtype)
+
+
+def silu_mul(gate: Tensor, up: Tensor) -> Tensor:
+    """A gated MLP's F.silu(gate) * up in gate's dtype: silu in fp32 rounded to that dtype, then the
+    product (torch computes it in fp32) rounded again."""
+    return torch.nn.functional.silu(gate.float()).to(gate.dtype) * up
 
 
 def dequantize(

@@ -41,7 +41,7 @@ from torch import fx
 
 from . import _checks, _compat, norm_fusion
 from .format import BLOCK_SIZE
-from .tiled import TILE_N
+from .tiled import GLU_GROUP, TILE_N
 
 log = logging.getLogger("nvfp4_inductor")
 aten = torch.ops.aten
@@ -69,6 +69,43 @@ def _view_root(node: fx.Node) -> fx.Node:
     while node.op == "call_function" and node.target in _VIEWS:
         node = node.args[0]
     return node
+
+
+LINEAR = torch.ops.nvfp4.linear_tiled.default
+TILE_WEIGHT = torch.ops.nvfp4.tile_weight.default
+_CONVERT = torch.ops.prims.convert_element_type.default
+
+
+def _call(node, *targets) -> bool:
+    return isinstance(node, fx.Node) and node.op == "call_function" and node.target in targets
+
+
+def _silu_mul_operands(y: fx.Node):
+    """y = F.silu(gate) * up as traced (af = convert(gate, float32); af / (exp(-af) + 1), or
+    af * sigmoid(af), or silu(af); converted back to gate's dtype; times up) -> (gate, up)."""
+    if not (_call(y, aten.mul.Tensor) and not y.kwargs):
+        return None
+    for c, up in (y.args[:2], y.args[1::-1]):
+        if not (_call(c, _CONVERT) and _call(c.args[0], aten.div.Tensor, aten.mul.Tensor, aten.silu.default)):
+            continue
+        s, af = c.args[0], c.args[0].args[0]
+        if not (_call(af, _CONVERT) and af.args[1] == torch.float32):
+            continue
+        if s.target == aten.div.Tensor:
+            add = s.args[1]
+            ok = (_call(add, aten.add.Tensor) and add.args[1] == 1 and _call(add.args[0], aten.exp.default)
+                  and _call(add.args[0].args[0], aten.neg.default) and add.args[0].args[0].args[0] is af)
+        elif s.target == aten.mul.Tensor:
+            ok = any(a is af and _call(b, aten.sigmoid.default) and b.args[0] is af
+                     for a, b in (s.args[:2], s.args[1::-1]))
+        else:
+            ok = len(s.args) == 1
+        gate = af.args[0]
+        vals = [t.meta.get("val") if isinstance(t, fx.Node) else None for t in (gate, up)]
+        if (ok and None not in vals and c.args[1] == vals[0].dtype and vals[1].dtype == vals[0].dtype
+                and vals[1].shape == vals[0].shape):
+            return gate, up
+    return None
 
 
 def _skip_reason(weight: fx.Node) -> str | None:
@@ -103,6 +140,7 @@ class LinearToNVFP4(_compat.CustomGraphPass):
         self.converted: list[str] = []
         self.merged: list[list[str]] = []  # groups of weights multiplied as one GEMM
         self.retiled: list[str] = []  # weights already NVFP4 (nv.convert), moved to the tiled layout
+        self.gated = 0  # merged gate / up GEMMs whose epilogue takes silu(gate) * up
         self.skipped: dict[str, str] = {}
         self.norms_fused = 0  # RMSNorm -> W4A4 linears given rms_norm_quantize_values (norm_fusion)
 
@@ -134,6 +172,8 @@ class LinearToNVFP4(_compat.CustomGraphPass):
             linears.append((node, bias, x, weight, name))
         for group in self._groups(linears):
             self._convert(graph, group)
+        for node in list(graph.nodes):
+            self._gate(graph, node)
         if self.activation == "nvfp4":
             self.norms_fused = norm_fusion.fuse_rms_norms(graph)
         graph.eliminate_dead_code()
@@ -144,6 +184,8 @@ class LinearToNVFP4(_compat.CustomGraphPass):
                      self.norms_fused)
         if self.merged:
             log.info("nvfp4: merged into one GEMM each: %s", self.merged)
+        if self.gated:
+            log.info("nvfp4: %d gate / up GEMMs apply SiLU * mul in their epilogue", self.gated)
         if self.retiled:
             log.info("nvfp4: %d NVFP4 weights moved to the tiled layout", len(self.retiled))
 
@@ -210,6 +252,63 @@ class LinearToNVFP4(_compat.CustomGraphPass):
             node.replace_all_uses_with(out)
             graph.erase_node(node)
         self.converted += [name for *_, name in group]
+
+    def _gate(self, graph: fx.Graph, node: fx.Node) -> None:
+        """F.silu(gate) * up with gate and up the two halves of one merged bias-less GEMM (a
+        gated MLP at decode) -> nvfp4.linear_tiled_silu_mul on the same weights, rows interleaved
+        (tiled.interleave_halves), folded at compile time like the merge."""
+        from .kernels import gemm_configs
+
+        match = _silu_mul_operands(node)
+        if match is None:
+            return
+        # (a 3-D x: each half viewed back from the GEMM's 2-D rows)
+        viewed = all(_call(t, *_VIEWS) and len(t.users) == 1 for t in match)
+        if viewed:
+            match = tuple(t.args[0] for t in match)
+        if not all(_call(t, aten.slice.Tensor) and len(t.users) == 1 for t in match):
+            return
+        if self.activation == "nvfp4" and gemm_configs.block_scaled_mma(match[0].meta["val"].device):
+            return  # (W4A4 on FP4 tensor cores: the block-scaled template has no such epilogue)
+        gate, up = match
+        y = gate.args[0]
+        if not (up.args[0] is y and _call(y, LINEAR) and y.args[4] is None and len(y.users) == 2):
+            return
+        n = y.args[5] // 2
+        tiled = y.args[1].args[0] if _call(y.args[1], operator.getitem) else None
+        if "val" not in y.meta or n % GLU_GROUP or not _call(tiled, TILE_WEIGHT):
+            return
+        dims = y.meta["val"].dim()
+        ranges = [tuple(t.args[2:4]) for t in match]
+        if (any(t.args[1] % dims != dims - 1 or t.args[4:] not in ((), (1,)) for t in match)
+                or sorted(ranges) != [(0, n), (n, 2 * n)]):
+            return
+        gate_first = ranges[0] == (0, n)
+        data, scale = tiled.args
+        k = y.args[0].meta["val"].shape[-1]
+
+        def interleaved(t, rest):  # (2n, *rest) with gate and up halves -> interleave_halves'
+            halves = [graph.call_function(aten.slice.Tensor, (t, 0, 0, n)),
+                      graph.call_function(aten.slice.Tensor, (t, 0, n, 2 * n))]
+            if not gate_first:
+                halves.reverse()
+            groups = [graph.call_function(aten.view.default, (h, [n // GLU_GROUP, GLU_GROUP, *rest]))
+                      for h in halves]
+            stacked = graph.call_function(aten.stack.default, (groups, 1))
+            return graph.call_function(aten.view.default, (stacked, [2 * n, *rest]))
+
+        with graph.inserting_before(node):
+            retiled = graph.call_function(torch.ops.nvfp4.tile_weight.default, (
+                interleaved(data, [k // 2]), interleaved(scale, [k // BLOCK_SIZE])))
+            parts = [graph.call_function(operator.getitem, (retiled, i)) for i in range(2)]
+            out = graph.call_function(torch.ops.nvfp4.linear_tiled_silu_mul.default, (
+                y.args[0], *parts, interleaved(y.args[3], []), None, n, y.args[6]))
+            if viewed:
+                out.meta["val"] = gate.meta["val"]
+                out = graph.call_function(aten.view.default, (out, list(node.meta["val"].shape)))
+        out.meta.update(node.meta)
+        node.replace_all_uses_with(out)
+        self.gated += 1
 
     def _retile(self, graph: fx.Graph, node: fx.Node, names) -> None:
         """nvfp4.linear on constant NVFP4 weights (a model from nv.convert) -> the same through

@@ -12,12 +12,32 @@ bandwidth). Weights are laid out this way once, when they are quantized by the b
 interchange layout (SPEC §3) is what users and checkpoints see.
 """
 
+import torch
 from torch import Tensor
 
 from .format import BLOCK_SIZE
 
 TILE_N = 64
 TILE_K = 64
+# A gated MLP's gate and up weights multiplied as one GEMM whose epilogue takes silu(gate) * up
+# (nvfp4::linear_tiled_silu_mul): their rows interleaved in groups of GLU_GROUP, so that every
+# TILE_N-row tile holds 32 gate rows and the same 32 up rows.
+GLU_GROUP = TILE_N // 2
+
+
+def interleave_halves(gate: Tensor, up: Tensor) -> Tensor:
+    """(n, ...) gate rows and (n, ...) up rows, n a multiple of GLU_GROUP -> (2n, ...): gate rows
+    0-31, up rows 0-31, gate rows 32-63, ..."""
+    n, rest = gate.shape[0], gate.shape[1:]
+    groups = [t.reshape(n // GLU_GROUP, GLU_GROUP, *rest) for t in (gate, up)]
+    return torch.stack(groups, 1).reshape(2 * n, *rest)
+
+
+def split_halves(y: Tensor) -> tuple[Tensor, Tensor]:
+    """(..., 2n) columns in interleave_halves' order -> (gate, up), each (..., n)."""
+    lead, n = y.shape[:-1], y.shape[-1] // 2
+    groups = y.reshape(*lead, n // GLU_GROUP, 2, GLU_GROUP)
+    return groups[..., 0, :].reshape(*lead, n), groups[..., 1, :].reshape(*lead, n)
 
 
 def tiled_shapes(n: int, k: int) -> tuple[tuple[int], tuple[int]]:

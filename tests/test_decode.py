@@ -134,8 +134,10 @@ def test_decode_through_the_backend_on_cpu(caplog):
     with caplog.at_level(logging.INFO, logger="nvfp4_inductor"):
         (first, *rest), code = run_and_get_code(_run_steps, step, tokens, "cpu")
     source = "\n".join(code)
-    # gate and up of each layer are one GEMM (k and v, N = 32, are off the 64-row tile: apart)
-    assert source.count("torch.ops.nvfp4.linear_tiled.default(") == LINEARS - CFG.layers
+    # gate and up of each layer are one GEMM with SiLU * mul in its epilogue (k and v, N = 32, are
+    # off the 64-row tile: apart)
+    assert source.count("torch.ops.nvfp4.linear_tiled.default(") == LINEARS - 2 * CFG.layers
+    assert source.count("torch.ops.nvfp4.linear_tiled_silu_mul.default(") == CFG.layers
     assert "torch.ops.nvfp4.quantize" not in source  # weights quantized at compile time
     assert f"converted {LINEARS} linear weights, skipped 1" in caplog.text
     assert counters["stats"]["unique_graphs"] == 1  # no recompiles across positions

@@ -263,6 +263,42 @@ def test_rms_norm_stays_where_it_cannot_fuse(kernel_device, m, also_return, dtyp
     torch._dynamo.reset()
 
 
+class GatedMLP(nn.Module):
+    """down(silu(gate(x)) * up(x)): gate and up merge into one GEMM at decode."""
+
+    def __init__(self, k, hidden):
+        super().__init__()
+        self.gate = nn.Linear(k, hidden, bias=False)
+        self.up = nn.Linear(k, hidden, bias=False)
+        self.down = nn.Linear(hidden, k, bias=False)
+
+    def forward(self, x):
+        return self.down(nn.functional.silu(self.gate(x)) * self.up(x))
+
+
+@pytest.mark.parametrize("activations", ["bf16", "nvfp4"])
+@pytest.mark.parametrize("m", [1, 5])
+def test_gate_up_template_applies_silu_mul(template_inductor, activations, m):
+    """A gated MLP at decode: the merged gate / up GEMM's epilogue takes silu(gate) * up
+    (nvfp4.linear_tiled_silu_mul, the weight rows interleaved): two templates, no SiLU * mul
+    kernel. W4A4's values of the down projection's x may differ from the eager chain's by a whole
+    e2m1 step where gate or up rounds an ulp apart (a few percent; swapped halves or a lost global
+    scale would be ~100%)."""
+    torch.manual_seed(m)
+    model = GatedMLP(256, 256).to(device=template_inductor, dtype=torch.bfloat16).eval()
+    x = torch.randn(m, 256, device=template_inductor, dtype=torch.bfloat16)
+    y, code = run_and_get_code(nv.compile(model, nv.Config(activations=activations)), x)
+    source = "\n".join(code)
+    kernels = [line for line in source.splitlines() if ".run(" in line]
+    assert len(kernels) == 2 and all("triton_tem" in line for line in kernels), kernels
+    assert "torch.ops.nvfp4.linear_tiled_silu_mul.default(" not in source  # lowered to the template
+    with torch.no_grad():
+        h = nn.functional.silu(_linear_eager(model.gate, x, activations)) * _linear_eager(model.up, x, activations)
+        expected = _linear_eager(model.down, h, activations)
+    err = ((y.float() - expected.float()).norm() / expected.float().norm()).item()
+    assert err < (2**-6 if activations == "bf16" else 0.08), err
+
+
 class ScaledLinear(nn.Module):
     """linear(x * s), or linear(RMSNorm(x)) with norm: a producer kernel in front of the linear. s
     holds powers of two, so x * s is exact in bf16 and the eager reference sees the same activation

@@ -212,3 +212,28 @@ def test_tile_weight_rejects_bad_input():
         OPS.tile_weight(data, OPS.swizzle_scales(scale))  # swizzled scales: not the plain layout
     with pytest.raises(TypeError, match="data"):
         OPS.tile_weight(data.float(), scale)
+
+
+@pytest.mark.parametrize("activation", ["bf16", "nvfp4"])
+def test_linear_tiled_silu_mul_is_the_gated_mlp(activation):
+    """gate and up interleaved by 32 rows into one tiled weight: silu(gate(x)) * up(x), each linear
+    as linear_tiled computes it (its own global scale per row); x's global scale joins them."""
+    from nvfp4_inductor import tiled
+
+    x = torch.randn(3, 80, dtype=torch.bfloat16)
+    gate, up = (nv.quantize(torch.randn(64, 80)) for _ in range(2))
+    data = tiled.interleave_halves(gate.data, up.data)
+    scale = tiled.interleave_halves(gate.scale.view(torch.uint8), up.scale.view(torch.uint8))
+    g = tiled.interleave_halves(gate.global_scale.expand(64), up.global_scale.expand(64))
+    data_t, scale_t = OPS.tile_weight(data, scale)
+    args = (x, data_t, scale_t, g, None, 64, activation)
+    torch.library.opcheck(OPS.linear_tiled_silu_mul.default, args)
+    want = nv.reference.silu_mul(nv.linear(x, gate, activation=activation), nv.linear(x, up, activation=activation))
+    assert torch.equal(OPS.linear_tiled_silu_mul(*args), want)
+    x_g = torch.tensor(0.5)
+    scaled = OPS.linear_tiled_silu_mul(x, data_t, scale_t, g, x_g, 64, activation)
+    assert torch.equal(scaled, OPS.linear_tiled_silu_mul(x, data_t, scale_t, g * x_g, None, 64, activation))
+    with pytest.raises(ValueError, match="n = 48 must be a positive multiple of 32"):
+        OPS.linear_tiled_silu_mul(x, data_t, scale_t, g[:96], None, 48, activation)
+    with pytest.raises(ValueError, match=r"w_global_scale must have shape \(128,\)"):
+        OPS.linear_tiled_silu_mul(x, data_t, scale_t, g[:64], None, 64, activation)

@@ -215,3 +215,14 @@ def half_pair_words(even, odd, DTYPE: tl.constexpr):
     low = even.to(DTYPE).to(tl.int16, bitcast=True).to(tl.uint16, bitcast=True).to(tl.int32)
     high = odd.to(DTYPE).to(tl.int16, bitcast=True).to(tl.int32)
     return low | (high << 16)
+
+
+@triton.jit
+def round_to(y, DTYPE: tl.constexpr):
+    """fp32 -> fp32 rounded to nearest even in bf16 / fp16 DTYPE. bf16 on the bits: the Triton
+    interpreter's fp32 -> bf16 cast truncates (1.8666 -> 1.8594), so CI would test other numbers."""
+    if DTYPE == tl.bfloat16:
+        b = y.to(tl.int32, bitcast=True)
+        r = ((b + (0x7FFF + ((b >> 16) & 1))) & -65536).to(tl.float32, bitcast=True)
+        return tl.where(y == y, r, y)
+    return y.to(DTYPE).to(tl.float32)

@@ -44,7 +44,7 @@ from ..tiled import TILE_K, TILE_N
 from . import gemm_configs
 from . import gemm_mma
 from .gemm_mma import mma_mainloop
-from ._common import BLOCK, FP8_NAN, e2m1_decode, scale_offsets
+from ._common import BLOCK, FP8_NAN, e2m1_decode, round_to, scale_offsets
 
 # $4: 4 packed bytes b0..b3; $5, $6: bf16x2 block scales; $0, $1: low nibbles of (b0, b1), (b2, b3);
 # $2, $3: their high nibbles (see 1. and 2. above).
@@ -249,6 +249,20 @@ def last_split(counter_ptr, num_splits):
     last = arrived == num_splits - 1
     tl.store(counter_ptr, 0, mask=last)
     return last
+
+
+@triton.jit
+def silu_mul_halves(acc, g, OUT_DTYPE: tl.constexpr, BLOCK_N: tl.constexpr, ROWS: tl.constexpr):
+    """(BLOCK_N, ROWS) fp32 products of weight rows interleaved by 32 (gate rows, the same up rows,
+    ...: tiled.interleave_halves) and their global scales (BLOCK_N,) -> (BLOCK_N / 2, ROWS) fp32
+    silu(gate) * up as eager torch computes a gated MLP: each linear rounded to OUT_DTYPE, silu in
+    fp32 rounded to it, the product (rounded by the caller's store)."""
+    y = round_to(acc * g[:, None], OUT_DTYPE)
+    y = tl.permute(tl.reshape(y, (BLOCK_N // 64, 2, 32, ROWS)), (0, 2, 3, 1))
+    gate, up = tl.split(y)
+    gate = tl.reshape(gate, (BLOCK_N // 2, ROWS))
+    up = tl.reshape(up, (BLOCK_N // 2, ROWS))
+    return round_to(gate / (1.0 + tl.exp(-gate)), OUT_DTYPE) * up
 
 
 @triton.jit

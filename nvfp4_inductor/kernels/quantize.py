@@ -47,6 +47,7 @@ from ._common import (
     finite_abs,
     global_scale_from_amax,
     half_pair_words,
+    round_to,
     load_pair_words,
     pair_sign_bits,
     split_pair_words,
@@ -140,26 +141,15 @@ def _row_g_kernel(x_ptr, g_ptr, M, K, stride_xm, BLOCK_M: tl.constexpr, BLOCK_K:
 
 
 @triton.jit
-def _round_to(y, DTYPE: tl.constexpr):
-    """fp32 -> fp32 rounded to nearest even in bf16 / fp16 DTYPE. bf16 on the bits: the Triton
-    interpreter's fp32 -> bf16 cast truncates (1.8666 -> 1.8594), so CI would test other numbers."""
-    if DTYPE == tl.bfloat16:
-        b = y.to(tl.int32, bitcast=True)
-        r = ((b + (0x7FFF + ((b >> 16) & 1))) & -65536).to(tl.float32, bitcast=True)
-        return tl.where(y == y, r, y)
-    return y.to(DTYPE).to(tl.float32)
-
-
-@triton.jit
 def _rms_normalized(h, rstd, w, NORM: tl.constexpr, DTYPE: tl.constexpr):
     """fp32 h, its rows' rsqrt(mean(h^2) + eps) and the fp32 weight, broadcastable -> the norm's
     output as fp32 values exact in DTYPE (reference.rms_norm's roundings)."""
     y = h * rstd
     if NORM == NORM_RMS_WEIGHT:
         y = y * w
-    y = _round_to(y, DTYPE)
+    y = round_to(y, DTYPE)
     if NORM == NORM_RMS_WEIGHT_AFTER_CAST:
-        y = _round_to(w * y, DTYPE)
+        y = round_to(w * y, DTYPE)
     return y
 
 
@@ -189,11 +179,11 @@ def _rms_norm_g(h_ptr, w_ptr, eps, M, K, stride_hm, NORM: tl.constexpr, DTYPE: t
     if NORM == NORM_RMS_WEIGHT:
         v = v * w
     elif NORM == NORM_RMS_WEIGHT_AFTER_CAST:
-        v = w * _round_to(v, DTYPE)
+        v = w * round_to(v, DTYPE)
     # |v| at or above the overflow threshold rounds to Inf in DTYPE (NaN fails the test too)
     a = tl.abs(v)
     a = tl.where(a < (_BF16_INF_FROM if DTYPE == tl.bfloat16 else _FP16_INF_FROM), a, 0.0)
-    amax = _round_to(tl.max(tl.max(a, axis=1), axis=0), DTYPE)
+    amax = round_to(tl.max(tl.max(a, axis=1), axis=0), DTYPE)
     return rstd, global_scale_from_amax(amax)
 
 

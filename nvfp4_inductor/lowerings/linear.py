@@ -49,12 +49,13 @@ from torch._inductor.select_algorithm import (
     realize_inputs,
 )
 
-from .. import _compat
+from .. import _compat, tiled
 from ..kernels import gemm_configs
 from ..templates import load_template
 
 aten = torch.ops.aten
 OP = torch.ops.nvfp4.linear_tiled.default
+GLU_OP = torch.ops.nvfp4.linear_tiled_silu_mul.default
 
 
 @SymbolicGridFn
@@ -131,8 +132,15 @@ def _even_rows(x) -> bool:
     return static and int(stride) % 2 == 0 and int(offset) % 2 == 0
 
 
-def lower_linear_tiled(x, w_data, w_scale, w_global_scale, bias, n, activation):
-    if not _uses_template(x):
+def lower_linear_tiled(x, w_data, w_scale, w_global_scale, bias, n, activation, glu=False, x_g=None):
+    """glu: nvfp4.linear_tiled_silu_mul (x_g its x_global_scale), n = 2 x its output width: the
+    template's epilogue takes silu(gate) * up from each tile's 32 gate and 32 up rows and stores
+    (M, n / 2) itself."""
+    dot_scaled = activation == "nvfp4" and gemm_configs.block_scaled_mma(x.get_device())
+    if not _uses_template(x) or (glu and dot_scaled):
+        if glu:
+            return fallback_handler(GLU_OP, add_to_fallback_set=False)(
+                x, w_data, w_scale, w_global_scale, x_g, n // 2, activation)
         return fallback_handler(OP, add_to_fallback_set=False)(
             x, w_data, w_scale, w_global_scale, bias, n, activation)
     *lead, k = (int(s) for s in x.get_size())
@@ -144,7 +152,6 @@ def lower_linear_tiled(x, w_data, w_scale, w_global_scale, bias, n, activation):
     # W4A4 on sm_100: x stays NVFP4 for the block-scaled MMA (tl.dot_scaled); elsewhere x's
     # quantized values multiply in bf16, so W4A4 runs the W4A16 template on them (measured faster
     # than decoding x's codes in every program: benchmarks/NOTES.md).
-    dot_scaled = activation == "nvfp4" and gemm_configs.block_scaled_mma(device)
     if dot_scaled:
         x_data, x_scale, x_g = fallback_handler(QUANTIZE, add_to_fallback_set=False)(x2, None, False, False)
         inputs = realize_inputs(x_data, x_scale, w_data, w_scale)
@@ -154,7 +161,7 @@ def lower_linear_tiled(x, w_data, w_scale, w_global_scale, bias, n, activation):
             x2, x_g = fallback_handler(QUANTIZE_VALUES, add_to_fallback_set=False)(x2)
         inputs = realize_inputs(x2, w_data, w_scale)
         extern_choice = extern_mm_tiled_f32
-    if activation == "nvfp4":
+    if activation == "nvfp4" and not glu:  # (the GLU template multiplies them itself)
         w_global_scale = lowerings[aten.mul.Tensor](w_global_scale, x_g)  # the eager kernels' order
     num_sms = gemm_configs.sm_count(device)
     # the register-fed mainloop reads x's rows as 32-bit words: even row stride and offset (a
@@ -164,7 +171,7 @@ def lower_linear_tiled(x, w_data, w_scale, w_global_scale, bias, n, activation):
                and int(w_data.get_numel()) < gemm_configs.REG_MMA_MAX_CODE_BYTES)
     configs = gemm_configs.template_configs(m, n, k, num_sms, dot_scaled, reg_mma)
     split = configs[0].split
-    extern = split == 1 and device.type == "cuda"  # where dequantize + cuBLAS may win (M > 64)
+    extern = split == 1 and device.type == "cuda" and not glu  # where dequantize + cuBLAS may win (M > 64)
     if not _compat.max_autotune():  # the heuristic pick alone
         template = not extern or gemm_configs.template_is_default(m, n, configs[0], num_sms)
         configs = configs[:1] if template else []
@@ -181,7 +188,15 @@ def lower_linear_tiled(x, w_data, w_scale, w_global_scale, bias, n, activation):
         return lowerings[aten.view.default](y, [*lead, n])
     layout = ir.FixedLayout(device, torch.float32, [m, n])
     use_asm = device.type == "cuda"  # inline PTX decode; the CPU backend decodes with plain ops
-    extra, input_gen_fns = {}, None
+    extra, input_gen_fns = {"GLU": glu}, None
+    if glu:  # the global scales go in (the epilogue rounds each linear), the output is final
+        inputs.append(realize_inputs(w_global_scale))
+        extra["HAS_GX"] = x_g is not None
+        if x_g is not None:
+            inputs.append(realize_inputs(x_g))
+        layout = ir.FixedLayout(device, x.get_dtype(), [m, n // 2])
+        extra["OUT_DTYPE"] = "tl.bfloat16" if x.get_dtype() == torch.bfloat16 else "tl.float16"
+        assert all(c.block_n % (2 * tiled.GLU_GROUP) == 0 for c in configs), configs
     if split > 1:
         # split K: partials in a workspace, the last split of each tile sums them (the template's
         # docstring); every choice splits alike, all rows in one program
@@ -198,7 +213,7 @@ def lower_linear_tiled(x, w_data, w_scale, w_global_scale, bias, n, activation):
                                                                                  c.num_warps)
         tiled_gemm_template.maybe_append_choice(
             choices, input_nodes=inputs, layout=layout, num_stages=c.num_stages,
-            num_warps=c.num_warps, call_sizes=[m, n],
+            num_warps=c.num_warps, call_sizes=[m, n], HALF_N=c.block_n // 2,
             SPLIT=c.split, TILES_PER_SPLIT=c.tiles_per_split, N=n, BLOCK_M=c.block_m,
             BLOCK_N=c.block_n, BLOCK_K=c.block_k, EVEN_K=k % c.block_k == 0, USE_ASM=use_asm,
             REG_MMA=c.reg_mma,
@@ -208,6 +223,8 @@ def lower_linear_tiled(x, w_data, w_scale, w_global_scale, bias, n, activation):
         choices.append(extern_choice.bind(inputs, layout, n=n))
     products = _compat.selected_node(autotune_select_algorithm(
         "nvfp4_tiled_gemm", choices, list(inputs), layout, input_gen_fns=input_gen_fns))
+    if glu:
+        return lowerings[aten.view.default](products, [*lead, n // 2])
     y = lowerings[aten.mul.Tensor](products, w_global_scale)
     if bias is not None:
         y = lowerings[aten.add.Tensor](y, to_dtype(bias, torch.float32))
@@ -229,4 +246,7 @@ def register() -> None:
     global _registered
     if not _registered:
         register_lowering(OP, type_promotion_kind=None)(lower_linear_tiled)
+        register_lowering(GLU_OP, type_promotion_kind=None)(
+            lambda x, w_data, w_scale, g, x_g, n, activation: lower_linear_tiled(
+                x, w_data, w_scale, g, None, 2 * n, activation, glu=True, x_g=x_g))
         _registered = True
