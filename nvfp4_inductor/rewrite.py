@@ -45,7 +45,9 @@ from .tiled import GLU_GROUP, TILE_N
 
 log = logging.getLogger("nvfp4_inductor")
 aten = torch.ops.aten
-_PACKAGE_FILES = tuple(sorted(str(p) for p in Path(__file__).parent.rglob("*.py")))
+# the sources that make the generated code: the package's Python and its Inductor templates
+_PACKAGE_FILES = tuple(sorted(str(p) for pattern in ("*.py", "*.jinja")
+                              for p in Path(__file__).parent.rglob(pattern)))
 # Linears sharing an input merge up to this many rows of x: the decode range of the skinny GEMM.
 # Above it the prefill path applies a scalar global scale as cuBLAS's alpha (addmm_tiled), which
 # a merged weight's per-row scales would rule out.

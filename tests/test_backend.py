@@ -158,6 +158,14 @@ def test_fx_graph_cache_is_not_bypassed():
     assert counters["inductor"]["fxgraph_cache_miss"] + counters["inductor"]["fxgraph_cache_hit"] >= 1
 
 
+def test_fx_graph_cache_keys_on_the_template_source():
+    """The Inductor template's text makes the generated code: the pass's uuid hashes it with the
+    package's Python files (a changed template must not be served from an older cache entry)."""
+    from nvfp4_inductor import rewrite
+
+    assert any(path.endswith("nvfp4_tiled_gemm.py.jinja") for path in rewrite._PACKAGE_FILES)
+
+
 def test_fx_graph_cache_keys_on_the_gemm_configuration(monkeypatch):
     """A GEMM configuration value changed at run time (a tuning knob: FORCE_PATH, a config table)
     changes the generated code, so it must change the cache key: with the old key, a benchmark that
