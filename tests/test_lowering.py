@@ -276,16 +276,23 @@ class GatedMLP(nn.Module):
         return self.down(nn.functional.silu(self.gate(x)) * self.up(x))
 
 
+class UpFirstGatedMLP(GatedMLP):
+    """The same MLP written up first: up is the merged GEMM's first half, and mul's first operand."""
+
+    def forward(self, x):
+        return self.down(self.up(x) * nn.functional.silu(self.gate(x)))
+
+
 @pytest.mark.parametrize("activations", ["bf16", "nvfp4"])
-@pytest.mark.parametrize("m", [1, 5])
-def test_gate_up_template_applies_silu_mul(template_inductor, activations, m):
+@pytest.mark.parametrize("m, mlp", [(1, GatedMLP), (5, GatedMLP), (1, UpFirstGatedMLP)])
+def test_gate_up_template_applies_silu_mul(template_inductor, activations, m, mlp):
     """A gated MLP at decode: the merged gate / up GEMM's epilogue takes silu(gate) * up
     (nvfp4.linear_tiled_silu_mul, the weight rows interleaved): two templates, no SiLU * mul
     kernel. W4A4's values of the down projection's x may differ from the eager chain's by a whole
     e2m1 step where gate or up rounds an ulp apart (a few percent; swapped halves or a lost global
     scale would be ~100%)."""
     torch.manual_seed(m)
-    model = GatedMLP(256, 256).to(device=template_inductor, dtype=torch.bfloat16).eval()
+    model = mlp(256, 256).to(device=template_inductor, dtype=torch.bfloat16).eval()
     x = torch.randn(m, 256, device=template_inductor, dtype=torch.bfloat16)
     y, code = run_and_get_code(nv.compile(model, nv.Config(activations=activations)), x)
     source = "\n".join(code)
