@@ -31,30 +31,15 @@ import operator
 import torch
 from torch import fx
 
+from ._fx import CONVERT as _CONVERT
+from ._fx import LINEAR, VIEWS as _VIEWS, call as _call, pairs as _pairs, val as _val, view_root
+
 aten = torch.ops.aten
-prims = torch.ops.prims
-_CONVERT = prims.convert_element_type.default
-_VIEWS = (aten.view.default, aten._unsafe_view.default, aten.reshape.default)
-LINEAR = torch.ops.nvfp4.linear_tiled.default
 # the ops whose x a W4A4 linear quantizes; x is their first argument, the activation the last
 LINEARS = (LINEAR, torch.ops.nvfp4.linear_tiled_silu_mul.default)
 FUSED = torch.ops.nvfp4.rms_norm_quantize_values.default
 _HALF = (torch.bfloat16, torch.float16)
 MAX_ROWS = 2  # rows of h up to which the fused kernel measured faster (module docstring)
-
-
-def _call(node, *targets) -> bool:
-    return isinstance(node, fx.Node) and node.op == "call_function" and node.target in targets
-
-
-def _val(node):
-    return node.meta.get("val") if isinstance(node, fx.Node) else None
-
-
-def _pairs(node):
-    """The two orders of a commutative call's operands."""
-    a, b = node.args[:2]
-    return (a, b), (b, a)
 
 
 def _rms(n: fx.Node):
@@ -160,9 +145,7 @@ def fuse_rms_norms(graph: fx.Graph) -> int:
     roots = []
     for node in graph.nodes:
         if _call(node, *LINEARS) and node.args[-1] == "nvfp4":
-            root = node.args[0]
-            while _call(root, *_VIEWS):
-                root = root.args[0]
+            root = view_root(node.args[0])
             if root not in roots:
                 roots.append(root)
     fused = 0

@@ -15,8 +15,8 @@ from .format import BLOCK_SIZE
 
 __all__ = [
     "quantize", "quantize_values", "rms_norm_quantize_values", "quantize_weight", "dequantize",
-    "dequantize_rows", "swizzle_scales",
-    "unswizzle_scales", "linear", "tile_weight", "linear_tiled", "linear_tiled_silu_mul",
+    "dequantize_rows", "swizzle_scales", "unswizzle_scales", "linear", "tile_weight", "linear_tiled",
+    "linear_tiled_silu_mul",
 ]
 
 _E4M3 = torch.float8_e4m3fn

@@ -28,6 +28,10 @@ one per output row, and each original output is a slice of the merged one:
 The numbers per output row are those of the unmerged linear; one launch streams all the weights
 (at M = 1 on an H100, q / k / v of Llama-3-8B shapes took 3 launches for 4.8 MB of weights).
 
+A gated MLP's F.silu(gate) * up on a merged bias-less gate / up pair becomes
+nvfp4.linear_tiled_silu_mul: the same weights, rows interleaved by 32 (tiled.interleave_halves,
+folded at compile time like the merge), SiLU * mul in the GEMM's epilogue.
+
 With W4A4 activations, an RMSNorm feeding only such linears is then quantized in the same kernel
 that normalizes (decode-sized inputs; norm_fusion.py).
 """
@@ -40,6 +44,8 @@ import torch
 from torch import fx
 
 from . import _checks, _compat, norm_fusion
+from ._fx import CONVERT as _CONVERT
+from ._fx import LINEAR, VIEWS as _VIEWS, call as _call, pairs as _pairs, view_root as _view_root
 from .format import BLOCK_SIZE
 from .tiled import GLU_GROUP, TILE_N
 
@@ -63,23 +69,7 @@ def _weight_of(node: fx.Node, params) -> fx.Node | None:
     return weight if weight in params else None
 
 
-_VIEWS = (aten.view.default, aten._unsafe_view.default, aten.reshape.default)
-
-
-def _view_root(node: fx.Node) -> fx.Node:
-    """The node a chain of views starts from (the views of one tensor read the same values)."""
-    while node.op == "call_function" and node.target in _VIEWS:
-        node = node.args[0]
-    return node
-
-
-LINEAR = torch.ops.nvfp4.linear_tiled.default
 TILE_WEIGHT = torch.ops.nvfp4.tile_weight.default
-_CONVERT = torch.ops.prims.convert_element_type.default
-
-
-def _call(node, *targets) -> bool:
-    return isinstance(node, fx.Node) and node.op == "call_function" and node.target in targets
 
 
 def _silu_mul_operands(y: fx.Node):
@@ -87,7 +77,7 @@ def _silu_mul_operands(y: fx.Node):
     af * sigmoid(af), or silu(af); converted back to gate's dtype; times up) -> (gate, up)."""
     if not (_call(y, aten.mul.Tensor) and not y.kwargs):
         return None
-    for c, up in (y.args[:2], y.args[1::-1]):
+    for c, up in _pairs(y):
         if not (_call(c, _CONVERT) and _call(c.args[0], aten.div.Tensor, aten.mul.Tensor, aten.silu.default)):
             continue
         s, af = c.args[0], c.args[0].args[0]
@@ -98,8 +88,7 @@ def _silu_mul_operands(y: fx.Node):
             ok = (_call(add, aten.add.Tensor) and add.args[1] == 1 and _call(add.args[0], aten.exp.default)
                   and _call(add.args[0].args[0], aten.neg.default) and add.args[0].args[0].args[0] is af)
         elif s.target == aten.mul.Tensor:
-            ok = any(a is af and _call(b, aten.sigmoid.default) and b.args[0] is af
-                     for a, b in (s.args[:2], s.args[1::-1]))
+            ok = any(a is af and _call(b, aten.sigmoid.default) and b.args[0] is af for a, b in _pairs(s))
         else:
             ok = len(s.args) == 1
         gate = af.args[0]
@@ -259,11 +248,11 @@ class LinearToNVFP4(_compat.CustomGraphPass):
         """F.silu(gate) * up with gate and up the two halves of one merged bias-less GEMM (a
         gated MLP at decode) -> nvfp4.linear_tiled_silu_mul on the same weights, rows interleaved
         (tiled.interleave_halves), folded at compile time like the merge."""
-        from .kernels import gemm_configs
-
         match = _silu_mul_operands(node)
         if match is None:
             return
+        from .kernels import gemm_configs
+
         # (a 3-D x: each half viewed back from the GEMM's 2-D rows)
         viewed = all(_call(t, *_VIEWS) and len(t.users) == 1 for t in match)
         if viewed:
