@@ -94,6 +94,12 @@ def test_quantize_kernel_empty_and_strided(kernel_device):
     wide = torch.randn(40, 192, device=kernel_device)
     _assert_quantize_matches(wide[:, 32:160])          # row stride 192, last dim contiguous
     _assert_quantize_matches(wide.t().contiguous().t()[:, :64])  # last dim strided: copied
+    # contiguous but starting off a pair (one bf16 into its storage): copied too (.contiguous()
+    # would have handed the kernels the same misaligned start)
+    off_pair = torch.randn(65, device=kernel_device).to(torch.bfloat16)[1:].view(1, 64)
+    assert off_pair.is_contiguous() and off_pair.data_ptr() % 4
+    assert quantize_kernels._pair_aligned(off_pair).data_ptr() % 4 == 0
+    _assert_quantize_matches(off_pair)
     _assert_quantize_matches(wide[::3, :96], swizzle=True)
 
 

@@ -350,6 +350,16 @@ def _quantize_kernel(
                      tl.zeros((TILE_ROWS, BLOCK_K // BLOCK // 4), tl.int32), mask=mask)
 
 
+def _pair_aligned(t: torch.Tensor) -> torch.Tensor:
+    """t as the kernels read it, by aligned element pairs: last dim contiguous, rows (2-D) an even
+    number of elements apart, starting on a pair; otherwise a copy (clone: .contiguous() would
+    return a contiguous t that starts off a pair as it is)."""
+    if (t.stride(-1) != 1 or (t.dim() > 1 and t.stride(0) % 2)
+            or t.data_ptr() % (2 * t.element_size())):
+        t = t.clone(memory_format=torch.contiguous_format)
+    return t
+
+
 def _fits_fused_amax(m: int, k: int) -> bool:
     return triton.next_power_of_2(max(m, 1)) * triton.next_power_of_2(k) <= FUSED_AMAX_MAX_TILE
 
@@ -371,9 +381,7 @@ def rms_norm_quantize_values(h: torch.Tensor, weight: torch.Tensor | None, eps: 
         norm = NORM_RMS
     else:
         norm = NORM_RMS_WEIGHT_AFTER_CAST if weight_after_cast else NORM_RMS_WEIGHT
-        weight = weight.contiguous()
-        if weight.data_ptr() % (2 * weight.element_size()):
-            weight = weight.clone()  # read as pair words: aligned to a pair
+        weight = _pair_aligned(weight)
     values, _, g = quantize(h, None, False, False, values=True, norm=(norm, weight, eps))
     return values, g
 
@@ -389,10 +397,7 @@ def quantize(x: torch.Tensor, global_scale: torch.Tensor | None, per_row: bool, 
     contiguous, its rows cannot be addressed with one stride, or they do not start on a pair).
     """
     lead, k = x.shape[:-1], x.shape[-1]
-    x2 = x.reshape(-1, k)
-    pair_bytes = 2 * x2.element_size()
-    if x2.stride(-1) != 1 or x2.stride(0) % 2 or x2.data_ptr() % pair_bytes:
-        x2 = x2.contiguous()  # the kernel reads aligned element pairs
+    x2 = _pair_aligned(x.reshape(-1, k))
     m = x2.shape[0]
     cols = k // BLOCK_SIZE
     if values:
