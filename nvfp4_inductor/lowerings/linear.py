@@ -56,6 +56,7 @@ from ..templates import load_template
 aten = torch.ops.aten
 OP = torch.ops.nvfp4.linear_tiled.default
 GLU_OP = torch.ops.nvfp4.linear_tiled_silu_mul.default
+_TL_DTYPES = {torch.bfloat16: "tl.bfloat16", torch.float16: "tl.float16", torch.float32: "tl.float32"}
 
 
 @SymbolicGridFn
@@ -195,7 +196,7 @@ def lower_linear_tiled(x, w_data, w_scale, w_global_scale, bias, n, activation, 
         if x_g is not None:
             inputs.append(realize_inputs(x_g))
         layout = ir.FixedLayout(device, x.get_dtype(), [m, n // 2])
-        extra["OUT_DTYPE"] = "tl.bfloat16" if x.get_dtype() == torch.bfloat16 else "tl.float16"
+        extra["OUT_DTYPE"] = _TL_DTYPES[x.get_dtype()]
         assert all(c.block_n % (2 * tiled.GLU_GROUP) == 0 for c in configs), configs
     if split > 1:
         # split K: partials in a workspace, the last split of each tile sums them (the template's
