@@ -72,8 +72,12 @@ def nvfp4_backend(gm: torch.fx.GraphModule, example_inputs, mode=None, options=N
     # dims when a benchmark of the bf16 GEMM says so: x with 5 rows became a copy to 8 rows, the
     # NVFP4 GEMM on those and a slice (two kernels more), decided by timing noise. Off unless asked.
     patches.setdefault("shape_padding", False)
-    if devices <= {"cpu"}:
-        patches["cpp.weight_prepack"] = False  # else freezing turns linears into mkldnn ops first
+    # Freezing would turn CPU linears into mkldnn ops first. Off for every graph, not only CPU
+    # ones: Inductor registers its mkldnn weight-pack patterns once per process, at the first
+    # freezing compile with the option on, and applies them from then on whatever the option says
+    # (a CUDA graph compiled first made a later CPU graph's head an mkldnn op, which also bypasses
+    # the FX graph cache).
+    patches["cpp.weight_prepack"] = False
     return _compat.compile_fx(gm, example_inputs, config_patches=patches)  # the pass logs its counts
 
 

@@ -154,8 +154,9 @@ def test_fx_graph_cache_is_not_bypassed():
     counters.clear()
     model = _block()
     nv.compile(model, nv.Config(activations="bf16"))(torch.randn(4, 64, dtype=torch.bfloat16))
-    assert counters["inductor"]["fxgraph_cache_bypass"] == 0
-    assert counters["inductor"]["fxgraph_cache_miss"] + counters["inductor"]["fxgraph_cache_hit"] >= 1
+    seen = dict(counters["inductor"])
+    assert seen.get("fxgraph_cache_bypass", 0) == 0, seen
+    assert seen.get("fxgraph_cache_miss", 0) + seen.get("fxgraph_cache_hit", 0) >= 1, seen
 
 
 def test_fx_graph_cache_keys_on_the_template_source():
@@ -188,7 +189,8 @@ def test_fx_graph_cache_keys_on_the_gemm_configuration(monkeypatch):
     # a value no earlier run has compiled with (the cache outlives the test process)
     monkeypatch.setattr(gemm_configs, "TEST_ONLY_KEY", uuid.uuid4().hex, raising=False)
     nv.compile(model, nv.Config(activations="bf16"))(x)
-    assert counters["inductor"]["fxgraph_cache_hit"] == 0 and counters["inductor"]["fxgraph_cache_miss"] >= 1
+    seen = dict(counters["inductor"])
+    assert seen.get("fxgraph_cache_hit", 0) == 0 and seen.get("fxgraph_cache_miss", 0) >= 1, seen
 
 
 @pytest.mark.gpu
