@@ -52,3 +52,27 @@ def scratch_workspace(device, count: int, dtype: torch.dtype):
 
     return WorkspaceArg(count=count, zero_mode=WorkspaceZeroMode.UNINITIALIZED, device=device,
                         outer_name=WorkspaceArg.unique_name(), dtype=dtype)
+
+
+def pdl_option() -> str | None:
+    """Inductor's option for programmatic dependent launch, or None where this torch lacks it."""
+    from torch._inductor import config
+
+    return "triton.enable_pdl" if hasattr(config.triton, "enable_pdl") else None
+
+
+def pdl_enabled() -> bool:
+    """Whether Inductor emits programmatic dependent launch (its kernels wait for the kernel
+    before them where they read its outputs, and let the next one launch after their loads)."""
+    from torch._inductor import config
+
+    return bool(getattr(config.triton, "enable_pdl", False))
+
+
+def template_launch_options() -> bool:
+    """Whether TritonTemplate.generate takes triton_meta (launch options such as launch_pdl)."""
+    import inspect
+
+    from torch._inductor.select_algorithm import TritonTemplate
+
+    return "triton_meta" in inspect.signature(TritonTemplate.generate).parameters

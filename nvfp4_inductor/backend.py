@@ -78,6 +78,13 @@ def nvfp4_backend(gm: torch.fx.GraphModule, example_inputs, mode=None, options=N
     # (a CUDA graph compiled first made a later CPU graph's head an mkldnn op, which also bypasses
     # the FX graph cache).
     patches["cpp.weight_prepack"] = False
+    pdl = _compat.pdl_option()
+    if pdl is not None and "cuda" in devices:
+        # Programmatic dependent launch (Inductor emits it on sm_90+ only): each kernel launches
+        # while the one before it finishes and waits where it reads that kernel's outputs; the
+        # NVFP4 template loads its first weight tile before that wait. Decode step, H100, 8
+        # Llama-3-8B layers: W4A16 793 -> 758 us, W4A4 848 -> 802 (benchmarks/NOTES.md).
+        patches.setdefault(pdl, True)
     return _compat.compile_fx(gm, example_inputs, config_patches=patches)  # the pass logs its counts
 
 

@@ -5,6 +5,7 @@ On the CPU, Inductor's Triton CPU backend generates the same template and kernel
 Triton interpreter (plain-op decode instead of the inline PTX): the generated code and the
 numerics are checked there in CI; the same checks run on the GPU (marked gpu)."""
 
+import re
 import sys
 from pathlib import Path
 
@@ -407,6 +408,27 @@ def test_shape_padding_leaves_the_nvfp4_linears_alone(template_inductor):
         code = _run(template_inductor, 5, 1024, 192)
     launches = _launches(code)
     assert len(launches) == 1 and "triton_tem_fused" in launches[0], launches
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("m", [1, 12, 40])
+def test_pdl_template_waits_before_reading_x(template_inductor, m):
+    """Programmatic dependent launch (Inductor's triton.enable_pdl, which the backend sets for
+    CUDA graphs): the template launches with it and waits for the kernel before it, after the first
+    weight tile where the register-fed mainloop reads frozen weights (M <= 16), at the start
+    otherwise (the tl.dot mainloop). _run checks the numerics; the residual add, read in the
+    epilogue, comes after the wait."""
+    code = _run(template_inductor, m, 1024, 192)  # the backend turns PDL on for CUDA graphs
+    assert "'launch_pdl': True" in code
+    assert "gdc_launch_dependents()" in code
+    if m <= 16:
+        assert "'REG_MMA': 0" not in code
+        assert "'PDL': 2" in code
+        assert "EVEN_K, PDL)" in code  # the register-fed mainloop gets it
+    else:
+        assert "'REG_MMA': 0" in code
+        assert "'PDL': 1" in code
+        assert "tl.extra.cuda.gdc_wait()" in code
 
 
 @pytest.mark.gpu

@@ -150,11 +150,9 @@ def _load_x(x_ptr, x_word, k_ok, EVEN_K: tl.constexpr):
 
 
 @triton.jit
-def _load_tile(ww_ptr, ws_ptr, xw_ptr, tile, t, x_a, x_b, q, K, TWO_B: tl.constexpr,
-               EVEN_K: tl.constexpr):
-    """What a lane reads for K-tile t (tile index `tile` in the tiled layout): its codes (rows g,
-    g + 8, g + 16, g + 24 of its warp's 32: two words each), their four e4m3 scales as two 16-bit
-    pairs, its x words (rows a, b)."""
+def _load_weights(ww_ptr, ws_ptr, tile):
+    """A lane's codes of tile `tile` (rows g, g + 8, g + 16, g + 24 of its warp's 32: two words
+    each) and their four e4m3 scales as two 16-bit pairs."""
     words = ww_ptr + tile * _TILE_WORDS
     w0, w1 = tl.split(tl.load(words[:, None] + tl.arange(0, 2)[None, :]))
     w2, w3 = tl.split(tl.load(words[:, None] + (8 * _ROW_WORDS + tl.arange(0, 2))[None, :]))
@@ -165,13 +163,28 @@ def _load_tile(ww_ptr, ws_ptr, xw_ptr, tile, t, x_a, x_b, q, K, TWO_B: tl.conste
     s01 = tl.load(scales).to(tl.uint32) | (tl.load(scales + 8 * row_scales).to(tl.uint32) << 8)
     s23 = (tl.load(scales + 16 * row_scales).to(tl.uint32)
            | (tl.load(scales + 24 * row_scales).to(tl.uint32) << 8))
+    return w0, w1, w2, w3, w4, w5, w6, w7, s01, s23
+
+
+@triton.jit
+def _load_xs(xw_ptr, t, x_a, x_b, q, K, TWO_B: tl.constexpr, EVEN_K: tl.constexpr):
+    """A lane's x words of K-tile t (rows a, b)."""
     k_ok = t * _TILE_K + 16 * q < K
     xa = _load_x(xw_ptr, x_a + t * (_TILE_K // 2), k_ok, EVEN_K)
     if TWO_B:
         xb = _load_x(xw_ptr, x_b + t * (_TILE_K // 2), k_ok, EVEN_K)
     else:
         xb = xa
-    return (w0, w1, w2, w3, w4, w5, w6, w7, s01, s23), xa, xb
+    return xa, xb
+
+
+@triton.jit
+def _load_tile(ww_ptr, ws_ptr, xw_ptr, tile, t, x_a, x_b, q, K, TWO_B: tl.constexpr,
+               EVEN_K: tl.constexpr):
+    """What a lane reads for K-tile t (tile index `tile` in the tiled layout)."""
+    w = _load_weights(ww_ptr, ws_ptr, tile)
+    xa, xb = _load_xs(xw_ptr, t, x_a, x_b, q, K, TWO_B, EVEN_K)
+    return w, xa, xb
 
 
 @triton.jit
@@ -215,7 +228,7 @@ def _mma_tile(w, xa, xb, c, TWO_B: tl.constexpr):
 
 @triton.jit
 def mma_mainloop(x_ptr, w_ptr, w_scale_ptr, M, K, stride_xm, pid_n, tile_begin, tile_end,
-                 TWO_B: tl.constexpr, EVEN_K: tl.constexpr):
+                 TWO_B: tl.constexpr, EVEN_K: tl.constexpr, PDL: tl.constexpr = 0):
     """fp32 (TILE_N, 16) = 2^-7 * (W . x^T) over the K-tiles [tile_begin, tile_end) of tile row
     pid_n, block scales applied, global scale not: the contract of gemm_splitk.splitk_mainloop
     with BLOCK_N, BLOCK_M = 64, 16 (run with WARPS = 2 warps). x bf16 (M <= 16, K), row stride
@@ -223,7 +236,9 @@ def mma_mainloop(x_ptr, w_ptr, w_scale_ptr, M, K, stride_xm, pid_n, tile_begin, 
     masks). Lanes whose x row is >= M read row M - 1: its products land in columns nobody stores,
     and the loads need no mask. Each tile's loads are issued a tile ahead (registers
     double-buffered). Codes and scales are addressed with 32-bit offsets (the launcher checks the
-    sizes)."""
+    sizes). PDL (programmatic dependent launch; the caller launches with it): 1, wait for the
+    previous kernel before any load; 2, load the first tile's codes and scales first (constants no
+    earlier kernel writes), then wait, then read x."""
     i = tl.arange(0, 32 * _WARPS)
     lane = i % 32
     g = lane // 4
@@ -238,8 +253,12 @@ def mma_mainloop(x_ptr, w_ptr, w_scale_ptr, M, K, stride_xm, pid_n, tile_begin, 
     zero = tl.zeros([32 * _WARPS], tl.float32)
     c = (zero, zero, zero, zero, zero, zero, zero, zero, zero, zero, zero, zero, zero, zero, zero, zero)
     first = pid_n * tiles_k  # + t: the tile index of K-tile t
-    w, xa, xb = _load_tile(ww_ptr, ws_ptr, xw_ptr, first + tile_begin, tile_begin, x_a, x_b, q, K,
-                           TWO_B, EVEN_K)
+    if PDL == 1:
+        tl.extra.cuda.gdc_wait()
+    w = _load_weights(ww_ptr, ws_ptr, first + tile_begin)
+    if PDL == 2:
+        tl.extra.cuda.gdc_wait()
+    xa, xb = _load_xs(xw_ptr, tile_begin, x_a, x_b, q, K, TWO_B, EVEN_K)
     for t in range(tile_begin, tile_end):
         # the next tile's loads (the last tile's again at the end: an L1 hit, never out of bounds)
         t_next = tl.minimum(t + 1, tile_end - 1)

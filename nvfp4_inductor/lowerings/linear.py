@@ -133,6 +133,17 @@ def _even_rows(x) -> bool:
     return static and int(stride) % 2 == 0 and int(offset) % 2 == 0
 
 
+def _pdl_mode(device, w_data, w_scale) -> int:
+    """The most the template's PDL may be (see the template): 0 without programmatic dependent
+    launch (off in Inductor's config, not CUDA sm_90+, or no launch options in this torch); 2 where
+    the weights are frozen (graph constants, which no kernel of the graph writes: the register-fed
+    mainloop loads their first tile before the wait); 1 otherwise (the wait comes first)."""
+    if not (device.type == "cuda" and _compat.pdl_enabled() and _compat.template_launch_options()
+            and torch.cuda.get_device_capability(device)[0] >= 9):
+        return 0
+    return 2 if all(node.get_name() in V.graph.constants for node in (w_data, w_scale)) else 1
+
+
 def lower_linear_tiled(x, w_data, w_scale, w_global_scale, bias, n, activation, glu=False, x_g=None):
     """glu: nvfp4.linear_tiled_silu_mul (x_g its x_global_scale), n = 2 x its output width: the
     template's epilogue takes silu(gate) * up from each tile's 32 gate and 32 up rows and stores
@@ -190,6 +201,9 @@ def lower_linear_tiled(x, w_data, w_scale, w_global_scale, bias, n, activation, 
     layout = ir.FixedLayout(device, torch.float32, [m, n])
     use_asm = device.type == "cuda"  # inline PTX decode; the CPU backend decodes with plain ops
     extra, input_gen_fns = {"GLU": glu}, None
+    pdl = _pdl_mode(device, w_data, w_scale)
+    if pdl:
+        extra["triton_meta"] = {"launch_pdl": True}
     if glu:  # the global scales go in (the epilogue rounds each linear), the output is final
         inputs.append(realize_inputs(w_global_scale))
         extra["HAS_GX"] = x_g is not None
@@ -217,7 +231,7 @@ def lower_linear_tiled(x, w_data, w_scale, w_global_scale, bias, n, activation, 
             num_warps=c.num_warps, call_sizes=[m, n], HALF_N=c.block_n // 2,
             SPLIT=c.split, TILES_PER_SPLIT=c.tiles_per_split, N=n, BLOCK_M=c.block_m,
             BLOCK_N=c.block_n, BLOCK_K=c.block_k, EVEN_K=k % c.block_k == 0, USE_ASM=use_asm,
-            REG_MMA=c.reg_mma,
+            REG_MMA=c.reg_mma, PDL=min(pdl, 2 if c.reg_mma else 1),
             OPERAND="tl.bfloat16" if use_asm else "tl.float16", DOT_SCALED=dot_scaled,
             UNSCALE=1.0 if dot_scaled else 2.0**7, **extra)
     if extern:
