@@ -255,7 +255,7 @@ def _quantize_tile(
     # Codes (zero and NaN blocks: all +0), two per byte, the even element in the low nibble.
     signs = tl.reshape(pair_sign_bits(words, DTYPE), (BLOCK_M, BLOCK_K // BLOCK, BLOCK // 2))
     packed = e2m1_pack_pair(even * recip, odd * recip, signs)
-    packed = tl.where(usable[:, :, None], packed, 0)
+    packed = packed & tl.where(usable, 0xFF, 0)[:, :, None]
     if VALUES:  # the codes decoded with their block scale (NaN for a NaN block) by the GEMM's decode
         values = decode_tile(packed.to(tl.uint8), bits, USE_ASM, OPERAND, BLOCK_M, BLOCK_K)
         cols = (t % tiles_k) * BLOCK_K + tl.arange(0, BLOCK_K)
