@@ -12,7 +12,8 @@ the backend changes (the 7 linears and what fuses around them); bench_decode.py 
 with a KV cache.
 
 Variants: bf16 `torch.compile(block, mode=...)`; NVFP4 `nvfp4_inductor.compile(block, Config(...),
-mode=...)` (backend="nvfp4") with W4A16 and W4A4 activations. Each is compiled per M with static
+mode=...)` (backend="nvfp4") with W4A16 and W4A4 activations, programmatic dependent launch off
+unless --pdl (it overlaps kernels, and the kernel sums below would count the overlap twice). Each is compiled per M with static
 shapes (compile time = the first three calls: compiling, recording the CUDA graph), checked
 against bf16 eager (and W4A16 against its eager NVFP4 counterpart), then timed over 100
 back-to-back calls (median of 5: "us per call", the host's launch work included where it is the
@@ -82,9 +83,13 @@ def build_block(seed=0):
     return block.eval()
 
 
-def compile_variant(block, config, mode):
+def compile_variant(block, config, mode, pdl=False):
+    """pdl: leave the backend's programmatic dependent launch on. Off by default here: with it a
+    kernel's profiled time includes its wait for the one before it, so the "kernel us" sums would
+    count the overlap twice (bench_decode and probe_decode measure PDL per decode step)."""
     if config is not None:
-        return nv.compile(block, config, mode=mode, dynamic=False)
+        options = None if pdl else {"triton.enable_pdl": False}
+        return nv.compile(block, config, mode=mode, options=options, dynamic=False)
     compiled = torch.compile(block, mode=mode, dynamic=False)
 
     def run(x):
@@ -139,9 +144,13 @@ def main():
     parser.add_argument("--m", type=int, nargs="+", default=[1, 16, 4096])
     parser.add_argument("--mode", default="reduce-overhead")
     parser.add_argument("--kernels", action="store_true", help="also print each variant's kernels")
+    parser.add_argument("--pdl", action="store_true",
+                        help="NVFP4 with the backend's programmatic dependent launch (kernel us then "
+                             "counts overlapping kernels twice)")
     args = parser.parse_args()
     props = torch.cuda.get_device_properties(0)
-    print(f"# {props.name}, torch {torch.__version__}, triton {triton.__version__}, mode={args.mode}")
+    print(f"# {props.name}, torch {torch.__version__}, triton {triton.__version__}, mode={args.mode}"
+          f"{', NVFP4 with PDL' if args.pdl else ''}")
     bandwidth = copy_bandwidth_gbs() * 1e9
     block = build_block()
     rows = []
@@ -151,7 +160,7 @@ def main():
         base_us = base_kernel_us = None
         for name, config in VARIANTS.items():
             torch._dynamo.reset()
-            step = compile_variant(block, config, args.mode)
+            step = compile_variant(block, config, args.mode, args.pdl)
             begin = time.perf_counter()
             for _ in range(3):  # compile; reduce-overhead: warm up, record
                 y = call(step, x).clone().float()
