@@ -193,6 +193,30 @@ def test_fx_graph_cache_keys_on_the_gemm_configuration(monkeypatch):
     assert seen.get("fxgraph_cache_hit", 0) == 0 and seen.get("fxgraph_cache_miss", 0) >= 1, seen
 
 
+@pytest.mark.parametrize("device, options, pdl", [
+    ("cuda", {}, True), ("cuda", {"triton.enable_pdl": False}, False), ("cpu", {}, None)])
+def test_inductor_options_the_backend_sets(monkeypatch, device, options, pdl):
+    """Programmatic dependent launch on for graphs on CUDA unless the options say otherwise (not
+    set for CPU graphs); mkldnn weight prepacking off for every graph (Inductor registers its
+    patterns once per process, at the first freezing compile with it on, and applies them to later
+    CPU graphs whatever the option says). Fake CUDA inputs: no GPU needed to see the patches."""
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    from nvfp4_inductor import _compat
+
+    seen = {}
+    monkeypatch.setattr(_compat, "compile_fx",
+                        lambda gm, inputs, config_patches: seen.update(config_patches) or gm)
+    gm = torch.fx.symbolic_trace(nn.ReLU())
+    with FakeTensorMode():
+        x = torch.empty(2, 16, device=device)
+    with torch.no_grad():
+        nvfp4_backend(gm, [x], options={**options, "nvfp4": nv.Config(activations="bf16")})
+    assert seen["cpp.weight_prepack"] is False and seen["freezing"] is True
+    if _compat.pdl_option() is not None:
+        assert seen.get("triton.enable_pdl") is pdl
+
+
 @pytest.mark.gpu
 @pytest.mark.parametrize("mode", ["default", "reduce-overhead"])
 def test_backend_on_cuda(mode):
