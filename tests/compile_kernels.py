@@ -14,6 +14,7 @@ import sys
 assert "TRITON_INTERPRET" not in os.environ, "compile without the interpreter"
 
 import triton  # noqa: E402
+import triton.language as tl  # noqa: E402
 from triton.backends.compiler import GPUTarget  # noqa: E402
 from triton.compiler import ASTSource  # noqa: E402
 
@@ -22,6 +23,7 @@ from nvfp4_inductor.kernels import gemm as gk  # noqa: E402
 from nvfp4_inductor.kernels import gemm_configs  # noqa: E402
 from nvfp4_inductor.kernels import gemm_splitk as sk  # noqa: E402
 from nvfp4_inductor.kernels import quantize as qk  # noqa: E402
+from nvfp4_inductor.kernels.gemm_mma import mma_mainloop  # noqa: E402
 
 # What the JIT specializes at launch: pointers and these integer sizes divisible by 16.
 DIVISIBLE = {"K", "stride_xm", "stride_xm_pairs", "scale_cols_pad"}
@@ -137,6 +139,24 @@ def reg_mma_cases():
                warps, [MMA_SYNC_BF16, WORD_DECODE, r"cvt\.rn\.f16x2\.e4m3x2"], stages)
 
 
+@triton.jit
+def _mma_mainloop_pdl(x_ptr, w_ptr, w_scale_ptr, out_ptr, M, K, stride_xm, PDL: tl.constexpr):
+    """The template's call of the register-fed mainloop under programmatic dependent launch."""
+    acc = mma_mainloop(x_ptr, w_ptr, w_scale_ptr, M, K, stride_xm, tl.program_id(0), 0,
+                       tl.cdiv(K, 64), False, True, PDL)
+    tl.store(out_ptr + tl.arange(0, 64)[:, None] * 16 + tl.arange(0, 16)[None, :], acc)
+
+
+def pdl_cases():
+    """PDL 1 waits before any load; PDL 2 loads the first tile's codes (8-byte loads) first."""
+    signature = {"x_ptr": "*bf16", "w_ptr": "*u8", "w_scale_ptr": "*u8", "out_ptr": "*fp32",
+                 "M": "i32", "K": "i32", "stride_xm": "i32", "PDL": "constexpr"}
+    yield ("mma-mainloop-pdl1", _mma_mainloop_pdl, signature, {"PDL": 1}, 2,
+           [r"(?s)^(?:(?!ld\.global).)*griddepcontrol\.wait"], 1)
+    yield ("mma-mainloop-pdl2", _mma_mainloop_pdl, signature, {"PDL": 2}, 2,
+           [r"(?s)ld\.global\.v2\.b32(?:(?!ld\.global\.v4).)*griddepcontrol\.wait"], 1)
+
+
 def dot_scaled_splitk_cases():
     """sm_100: the skinny kernel's block-scaled mainloop (tiled W, NVFP4 x) -> tcgen05 MMA."""
     _, bn, bk, _, warps, stages = gemm_configs.dot_scaled_splitk_config(16, 4096, 4096, 148)
@@ -155,6 +175,7 @@ def cases(sm):
     yield from gemm_cases(sm)
     yield from splitk_cases()
     yield from reg_mma_cases()
+    yield from pdl_cases()
     block_m, block_k, num_warps = qk.LARGE_TILE
     for dtype, mode, swizzle in itertools.product(DTYPES, range(4), [False, True]):
         yield (f"quantize-{dtype}-g{mode}-swizzle{int(swizzle)}", qk._quantize_kernel,
