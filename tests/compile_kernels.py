@@ -33,7 +33,7 @@ LOAD_16B = r"ld\.global(\.\w+)*\.v(4\.b32|2\.b64|4\.f32|4\.b16|8\.b16)"  # 16-by
 QUANTIZE_SIGNATURE = {
     "x_ptr": None, "data_ptr": "*u8", "scale_ptr": "*u8", "g_in_ptr": "*fp32", "g_out_ptr": "*fp32",
     "partials_ptr": "*fp32", "w_ptr": "*fp32", "M": "i32", "K": "i32", "num_partials": "i32",
-    "scale_rows_pad": "i32", "scale_cols_pad": "i32", "tiles_k": "i32", "stride_xm": "i32",
+    "scale_rows_pad": "i32", "scale_cols_pad": "i32", "stride_xm": "i32",
     "stride_xm_pairs": "i32", "eps": "fp32",
     **{name: "constexpr" for name in ("GLOBAL", "WRITE_G", "SWIZZLE", "VALUES", "USE_ASM", "OPERAND",
                                       "BLOCK_M", "BLOCK_K", "FUSED_M", "FUSED_K", "PARTIALS_BLOCK",

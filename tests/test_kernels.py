@@ -59,6 +59,21 @@ def test_quantize_kernel_matches_reference(kernel_device, shape, swizzle, mode):
     _assert_quantize_matches(x, g, per_row, swizzle)
 
 
+@pytest.mark.parametrize("swizzle", [False, True])
+@pytest.mark.parametrize("mode", ["dynamic", "static", "static_row"])
+def test_quantize_row_tiles_beyond_the_grid_rows(kernel_device, monkeypatch, swizzle, mode):
+    """Row tiles past the grid's second dimension (65535 on CUDA, a million rows) go to its third:
+    with that limit at 2, 70 rows (5 row tiles) run on a 2 x 3 grid of row tiles, one of them past
+    the last row (it must store nothing)."""
+    monkeypatch.setattr(quantize_kernels, "MAX_GRID_Y", 2)
+    gen = torch.Generator().manual_seed(7)
+    x = (sample("normal", (70, 272), gen) * 3).to(torch.bfloat16).to(kernel_device)
+    g = {"dynamic": None, "static": torch.tensor(1e-3),
+         "static_row": torch.rand(70, generator=gen) * 1e-3 + 1e-4}[mode]
+    _assert_quantize_matches(x, None if g is None else g.to(kernel_device), mode == "static_row",
+                             swizzle)
+
+
 @pytest.mark.parametrize("dist", DISTS)
 @pytest.mark.parametrize("dtype", DTYPES)
 def test_quantize_kernel_distributions(kernel_device, dist, dtype):

@@ -87,6 +87,7 @@ SMALL_M = 16
 # second launch (8 x 4096: 4.61 vs 4.07 us, 16 x 4096: 8.33 vs 4.05).
 FUSED_AMAX_MAX_TILE = 16384
 MAX_PARTIALS = 1024  # partial maxima read by every quantize program: 4 KB
+MAX_GRID_Y = 65535  # CUDA's limit on a grid's second and third dimensions
 AMAX_TILE = (16, 512)  # (rows, columns) per step of the partial-amax kernels, 4 warps
 
 
@@ -188,14 +189,14 @@ def _rms_norm_g(h_ptr, w_ptr, eps, M, K, stride_hm, NORM: tl.constexpr, DTYPE: t
 
 
 @triton.jit
-def _tile_weight_pairs(w_ptr, t, tiles_k, K, NORM: tl.constexpr, BLOCK_M: tl.constexpr,
+def _tile_weight_pairs(w_ptr, tile_k, K, NORM: tl.constexpr, BLOCK_M: tl.constexpr,
                        BLOCK_K: tl.constexpr):
-    """The norm's weight at tile t's (even, odd) columns as fp32 (BLOCK_M, BLOCK_K / 2), loaded as
-    pair words in the layout of the tile's own (1 without a weight)."""
+    """The norm's weight at column tile tile_k's (even, odd) columns as fp32 (BLOCK_M, BLOCK_K / 2),
+    loaded as pair words in the layout of the tile's own (1 without a weight)."""
     w_even = 1.0
     w_odd = 1.0
     if NORM != NORM_RMS:
-        words = _load_pair_tile(w_ptr, t % tiles_k, tiles_k, BLOCK_M, K, 0, BLOCK_M, BLOCK_K)
+        words = _load_pair_tile(w_ptr, 0, tile_k, BLOCK_M, K, 0, BLOCK_M, BLOCK_K)
         w_even, w_odd = split_pair_words(words, w_ptr.dtype.element_ty)
     return w_even, w_odd
 
@@ -214,12 +215,12 @@ def _rms_normalized_words(words, rstd, w_even, w_odd, NORM: tl.constexpr, DTYPE:
 
 
 @triton.jit
-def _load_pair_tile(x_ptr, t, tiles_k, M, K, stride_xm_pairs,
+def _load_pair_tile(x_ptr, tile_m, tile_k, M, K, stride_xm_pairs,
                     BLOCK_M: tl.constexpr, BLOCK_K: tl.constexpr):
-    """Tile t as raw pair words, (BLOCK_M, BLOCK_K / 2), a layout that coalesces along K. A tile
-    past the end loads nothing."""
-    rows = (t // tiles_k) * BLOCK_M + tl.arange(0, BLOCK_M)
-    pair_cols = (t % tiles_k) * (BLOCK_K // 2) + tl.arange(0, BLOCK_K // 2)
+    """Tile (tile_m, tile_k) as raw pair words, (BLOCK_M, BLOCK_K / 2), a layout that coalesces
+    along K. A tile past the end loads nothing."""
+    rows = tile_m * BLOCK_M + tl.arange(0, BLOCK_M)
+    pair_cols = tile_k * (BLOCK_K // 2) + tl.arange(0, BLOCK_K // 2)
     mask = (rows < M)[:, None] & (pair_cols < K // 2)[None, :]
     return load_pair_words(x_ptr, rows.to(tl.int64)[:, None] * stride_xm_pairs + pair_cols[None, :],
                            mask)
@@ -227,7 +228,7 @@ def _load_pair_tile(x_ptr, t, tiles_k, M, K, stride_xm_pairs,
 
 @triton.jit
 def _quantize_tile(
-    words, g, t, tiles_k, data_ptr, scale_ptr, M, K, scale_rows_pad, scale_cols_pad,
+    words, g, tile_m, tile_k, data_ptr, scale_ptr, M, K, scale_rows_pad, scale_cols_pad,
     DTYPE: tl.constexpr, SWIZZLE: tl.constexpr, VALUES: tl.constexpr, USE_ASM: tl.constexpr,
     OPERAND: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_K: tl.constexpr,
 ):
@@ -238,7 +239,7 @@ def _quantize_tile(
     even, odd = split_pair_words(words, DTYPE)
     even = tl.reshape(even, (BLOCK_M, BLOCK_K // BLOCK, BLOCK // 2))
     odd = tl.reshape(odd, (BLOCK_M, BLOCK_K // BLOCK, BLOCK // 2))
-    rows = (t // tiles_k) * BLOCK_M + tl.arange(0, BLOCK_M)
+    rows = tile_m * BLOCK_M + tl.arange(0, BLOCK_M)
     row_ok = rows < M
     rows64 = rows.to(tl.int64)[:, None]
     # Block scales. The NaN-keeping max makes block_amax non-finite exactly when the block holds a
@@ -258,17 +259,17 @@ def _quantize_tile(
     packed = packed & tl.where(usable, 0xFF, 0)[:, :, None]
     if VALUES:  # the codes decoded with their block scale (NaN for a NaN block) by the GEMM's decode
         values = decode_tile(packed.to(tl.uint8), bits, USE_ASM, OPERAND, BLOCK_M, BLOCK_K)
-        cols = (t % tiles_k) * BLOCK_K + tl.arange(0, BLOCK_K)
+        cols = tile_k * BLOCK_K + tl.arange(0, BLOCK_K)
         tl.store(data_ptr + rows64 * K + cols[None, :], (values * 128.0).to(tl.bfloat16),  # 2^-7 undone
                  mask=row_ok[:, None] & (cols < K)[None, :])
     else:
         packed = tl.reshape(packed.to(tl.uint8), (BLOCK_M, BLOCK_K // 2))
-        pair_cols = (t % tiles_k) * (BLOCK_K // 2) + tl.arange(0, BLOCK_K // 2)
+        pair_cols = tile_k * (BLOCK_K // 2) + tl.arange(0, BLOCK_K // 2)
         tl.store(data_ptr + rows64 * (K // 2) + pair_cols[None, :], packed,
                  mask=row_ok[:, None] & (pair_cols < K // 2)[None, :])
 
         # Scales: padding blocks (rows >= M or columns >= K/16) hold 0, never NaN.
-        block_cols = (t % tiles_k) * (BLOCK_K // BLOCK) + tl.arange(0, BLOCK_K // BLOCK)
+        block_cols = tile_k * (BLOCK_K // BLOCK) + tl.arange(0, BLOCK_K // BLOCK)
         real = row_ok[:, None] & (block_cols < K // BLOCK)[None, :]
         bits = tl.where(real, bits, 0).to(tl.uint8)
         if SWIZZLE:  # the padding inside the stored tiles is written too
@@ -284,7 +285,7 @@ def _quantize_kernel(
     # pointers (w_ptr: the norm's weight)
     x_ptr, data_ptr, scale_ptr, g_in_ptr, g_out_ptr, partials_ptr, w_ptr,
     # sizes
-    M, K, num_partials, scale_rows_pad, scale_cols_pad, tiles_k,
+    M, K, num_partials, scale_rows_pad, scale_cols_pad,
     # strides (the quantize tile reads x by element pairs)
     stride_xm, stride_xm_pairs,
     # the norm's epsilon
@@ -295,24 +296,27 @@ def _quantize_kernel(
     FUSED_M: tl.constexpr, FUSED_K: tl.constexpr, PARTIALS_BLOCK: tl.constexpr,
     NORM: tl.constexpr = NORM_NONE,
 ):
-    """Program t quantizes tile t. (A persistent variant that kept the next one or two tiles'
+    """Program (k, m, m_hi) quantizes tile (row tile m + m_hi * grid rows, column tile k): a grid
+    with the tile's coordinates, not a flat tile index, which cost each thread an integer division
+    (the kernel is issue-bound). (A persistent variant that kept the next one or two tiles'
     loads in flight while computing was measured no faster on an H200: at ~25 instructions per
     element the SMs' issue rate, not memory latency, was the limit; its register moves cost more.)"""
-    t = tl.program_id(0)
+    tile_k = tl.program_id(0)
+    tile_m = tl.program_id(1) + tl.program_id(2) * tl.num_programs(1)
     dynamic: tl.constexpr = GLOBAL == G_FUSED or GLOBAL == G_PARTIALS
     if dynamic:
         # The tile's own loads first, issued with the amax's: after the amax's cross-warp
         # reduction they were a second wait for memory (H100, one run: 1 x 4096 2.09 -> 1.91 us,
         # 8192^2 133.0 -> 125.9 us, 16384 x 8192 251.8 -> 237.6 us). A static g keeps its order
         # (loads moved before the g load measured 7% slower).
-        words = _load_pair_tile(x_ptr, t, tiles_k, M, K, stride_xm_pairs, BLOCK_M, BLOCK_K)
+        words = _load_pair_tile(x_ptr, tile_m, tile_k, M, K, stride_xm_pairs, BLOCK_M, BLOCK_K)
     if GLOBAL == G_STATIC:
         g = tl.load(g_in_ptr)
     elif GLOBAL == G_STATIC_ROW:
-        rows = (t // tiles_k) * BLOCK_M + tl.arange(0, BLOCK_M)
+        rows = tile_m * BLOCK_M + tl.arange(0, BLOCK_M)
         g = tl.load(g_in_ptr + rows, mask=rows < M, other=1.0)[:, None]
     elif GLOBAL == G_FUSED and NORM != NORM_NONE:
-        w_even, w_odd = _tile_weight_pairs(w_ptr, t, tiles_k, K, NORM, BLOCK_M, BLOCK_K)  # with the tile's loads
+        w_even, w_odd = _tile_weight_pairs(w_ptr, tile_k, K, NORM, BLOCK_M, BLOCK_K)  # with the tile's loads
         rstd, g = _rms_norm_g(x_ptr, w_ptr, eps, M, K, stride_xm, NORM, x_ptr.dtype.element_ty,
                               FUSED_M, FUSED_K)
         words = _rms_normalized_words(words, rstd, w_even, w_odd, NORM, x_ptr.dtype.element_ty,
@@ -326,14 +330,14 @@ def _quantize_kernel(
         g = global_scale_from_amax(tl.max(partials, axis=0))
     if WRITE_G:
         if GLOBAL == G_STATIC_ROW:
-            if t % tiles_k == 0:
+            if tile_k == 0:
                 tl.store(g_out_ptr + rows[:, None], g, mask=(rows < M)[:, None])
-        elif t == 0:
+        elif (tile_m == 0) & (tile_k == 0):
             tl.store(g_out_ptr, g)
 
     if not dynamic:
-        words = _load_pair_tile(x_ptr, t, tiles_k, M, K, stride_xm_pairs, BLOCK_M, BLOCK_K)
-    _quantize_tile(words, g, t, tiles_k, data_ptr, scale_ptr, M, K, scale_rows_pad,
+        words = _load_pair_tile(x_ptr, tile_m, tile_k, M, K, stride_xm_pairs, BLOCK_M, BLOCK_K)
+    _quantize_tile(words, g, tile_m, tile_k, data_ptr, scale_ptr, M, K, scale_rows_pad,
                    scale_cols_pad, x_ptr.dtype.element_ty, SWIZZLE, VALUES, USE_ASM, OPERAND, BLOCK_M,
                    BLOCK_K)
     if SWIZZLE:
@@ -341,9 +345,9 @@ def _quantize_kernel(
         # columns (< 128 rows): no programs are launched for rows that hold no data, which at
         # M = 1 was 64x the real work.
         # Four columns of one row are 4 contiguous bytes there: zeroed as one 32-bit word.
-        if t // tiles_k == tl.cdiv(M, BLOCK_M) - 1:
+        if tile_m == tl.cdiv(M, BLOCK_M) - 1:
             pad_rows = M + tl.arange(0, TILE_ROWS)
-            col_groups = (t % tiles_k) * (BLOCK_K // BLOCK // 4) + tl.arange(0, BLOCK_K // BLOCK // 4)
+            col_groups = tile_k * (BLOCK_K // BLOCK // 4) + tl.arange(0, BLOCK_K // BLOCK // 4)
             offsets = swizzled_scale_offset(pad_rows[:, None], col_groups[None, :] * 4, scale_cols_pad)
             mask = (pad_rows < scale_rows_pad)[:, None] & (col_groups * 4 < scale_cols_pad)[None, :]
             tl.store(scale_ptr.to(tl.pointer_type(tl.int32)) + offsets // 4,
@@ -437,12 +441,16 @@ def quantize(x: torch.Tensor, global_scale: torch.Tensor | None, per_row: bool, 
     # the norm needs every row of x in each tile (its rows' rsqrt) and the fused amax
     assert norm_mode == NORM_NONE or (values and mode == G_FUSED and block_m >= m), (norm_mode, mode)
     tiles_k = triton.cdiv(cols_pad * BLOCK_SIZE, block_k)
-    num_tiles = triton.cdiv(m, block_m) * tiles_k  # swizzled padding rows: see the kernel
-    if num_tiles == 0 and per_row:  # no rows, no scale to write
+    tiles_m = triton.cdiv(m, block_m)  # swizzled padding rows: see the kernel
+    if tiles_m * tiles_k == 0 and per_row:  # no rows, no scale to write
         return data, scale, g_out
-    _quantize_kernel[(max(num_tiles, 1),)](  # no tile: one program still writes a per-tensor g
+    # No tile: one program still writes a per-tensor g. Row tiles beyond the grid's second
+    # dimension (65535) go to its third.
+    tiles_m = max(tiles_m, 1)
+    grid = (max(tiles_k, 1), min(tiles_m, MAX_GRID_Y), triton.cdiv(tiles_m, MAX_GRID_Y))
+    _quantize_kernel[grid](
         x2, data, scale, g_in, g_out, partials, x2 if norm_weight is None else norm_weight,
-        m, k, num_partials, rows_pad, cols_pad, tiles_k,
+        m, k, num_partials, rows_pad, cols_pad,
         x2.stride(0), x2.stride(0) // 2, eps,
         GLOBAL=mode, WRITE_G=write_g, SWIZZLE=swizzle, VALUES=values,
         # values: the skinny GEMM's word decode (inline PTX; the interpreter decodes in fp16, exact)
