@@ -29,6 +29,8 @@ from nvfp4_inductor.kernels.gemm_mma import mma_mainloop  # noqa: E402
 DIVISIBLE = {"K", "stride_xm", "stride_xm_pairs", "scale_cols_pad"}
 DTYPES = ["bf16", "fp16", "fp32"]
 LOAD_16B = r"ld\.global(\.\w+)*\.v(4\.b32|2\.b64|4\.f32|4\.b16|8\.b16)"  # 16-byte vector loads
+STORE_16B = r"st\.global(\.\w+)*\.v4\.b32"  # 16-byte vector stores (quantize_values' bf16 values)
+NO_FLOAT_TO_INT = r"!cvt\.rzi"  # values stored as bf16, not converted (a u8 output pointer did that)
 
 QUANTIZE_SIGNATURE = {
     "x_ptr": None, "data_ptr": "*u8", "scale_ptr": "*u8", "g_in_ptr": "*fp32", "g_out_ptr": "*fp32",
@@ -188,20 +190,21 @@ def cases(sm):
                # global amax across warps and the swizzled scale store re-lays out 1/16 of a tile)
                [LOAD_16B] + ([] if mode >= 2 or swizzle else ["!bar.sync"]), 1)
     for mode in (2, 3):  # quantize_values: dynamic per-tensor scale, values by the word decode
-        yield (f"quantize-values-bf16-g{mode}", qk._quantize_kernel, {**QUANTIZE_SIGNATURE, "x_ptr": "*bf16"},
+        yield (f"quantize-values-bf16-g{mode}", qk._quantize_kernel,
+               {**QUANTIZE_SIGNATURE, "x_ptr": "*bf16", "data_ptr": "*bf16"},
                {"GLOBAL": mode, "WRITE_G": True, "SWIZZLE": False, "VALUES": True, "USE_ASM": True,
                 "OPERAND": triton.language.bfloat16, "BLOCK_M": block_m, "BLOCK_K": block_k,
                 "FUSED_M": 1, "FUSED_K": 4096, "PARTIALS_BLOCK": 1024, "NORM": 0},
-               num_warps, [LOAD_16B, WORD_DECODE], 1)
+               num_warps, [LOAD_16B, WORD_DECODE, STORE_16B, NO_FLOAT_TO_INT], 1)
     # rms_norm_quantize_values at decode: every program normalizes all of h, then its own tile
     for norm, dtype in itertools.product((1, 2, 3), ("bf16", "fp16")):
         tile_m, tile_k, warps = qk._tile(1, 4096)
         yield (f"rms-norm-quantize-values-{dtype}-norm{norm}", qk._quantize_kernel,
-               {**QUANTIZE_SIGNATURE, "x_ptr": f"*{dtype}"},
+               {**QUANTIZE_SIGNATURE, "x_ptr": f"*{dtype}", "data_ptr": "*bf16"},
                {"GLOBAL": 2, "WRITE_G": True, "SWIZZLE": False, "VALUES": True, "USE_ASM": True,
                 "OPERAND": triton.language.bfloat16, "BLOCK_M": tile_m, "BLOCK_K": tile_k,
                 "FUSED_M": 1, "FUSED_K": 4096, "PARTIALS_BLOCK": 1, "NORM": norm},
-               warps, [WORD_DECODE], 1)
+               warps, [WORD_DECODE, STORE_16B, NO_FLOAT_TO_INT], 1)
     amax_m, amax_k = qk.AMAX_TILE
     for dtype in DTYPES:
         yield (f"amax-partials-{dtype}", qk._amax_partials_kernel, {**AMAX_SIGNATURE, "x_ptr": f"*{dtype}"},
