@@ -200,7 +200,7 @@ def cases(sm):
     for norm, dtype in itertools.product((1, 2, 3), ("bf16", "fp16")):
         tile_m, tile_k, warps = qk._tile(1, 4096)
         yield (f"rms-norm-quantize-values-{dtype}-norm{norm}", qk._quantize_kernel,
-               {**QUANTIZE_SIGNATURE, "x_ptr": f"*{dtype}", "data_ptr": "*bf16"},
+               {**QUANTIZE_SIGNATURE, "x_ptr": f"*{dtype}", "data_ptr": "*bf16", "w_ptr": f"*{dtype}"},
                {"GLOBAL": 2, "WRITE_G": True, "SWIZZLE": False, "VALUES": True, "USE_ASM": True,
                 "OPERAND": triton.language.bfloat16, "BLOCK_M": tile_m, "BLOCK_K": tile_k,
                 "FUSED_M": 1, "FUSED_K": 4096, "PARTIALS_BLOCK": 1, "NORM": norm},
