@@ -45,7 +45,8 @@ from torch import fx
 
 from . import _checks, _compat, norm_fusion
 from ._fx import CONVERT as _CONVERT
-from ._fx import LINEAR, VIEWS as _VIEWS, call as _call, pairs as _pairs, view_root as _view_root
+from ._fx import LINEAR, VIEWS as _VIEWS, call as _call, pairs as _pairs, val as _val
+from ._fx import view_root as _view_root
 from .format import BLOCK_SIZE
 from .tiled import GLU_GROUP, TILE_N
 
@@ -92,7 +93,7 @@ def _silu_mul_operands(y: fx.Node):
         else:
             ok = len(s.args) == 1
         gate = af.args[0]
-        vals = [t.meta.get("val") if isinstance(t, fx.Node) else None for t in (gate, up)]
+        vals = [_val(gate), _val(up)]
         if (ok and None not in vals and c.args[1] == vals[0].dtype and vals[1].dtype == vals[0].dtype
                 and vals[1].shape == vals[0].shape):
             return gate, up
@@ -220,7 +221,7 @@ class LinearToNVFP4(_compat.CustomGraphPass):
                     graph.call_function(aten.expand.default, (p[2], [n])) for p, n in zip(parts, widths)], 0))
                 if bias is not None:
                     bias = graph.call_function(aten.cat.default, ([b for _, b, _, _, _ in group], 0))
-            tiled = graph.call_function(torch.ops.nvfp4.tile_weight.default, (data, scale))
+            tiled = graph.call_function(TILE_WEIGHT, (data, scale))
             data, scale = (graph.call_function(operator.getitem, (tiled, i)) for i in range(2))
             y = graph.call_function(torch.ops.nvfp4.linear_tiled.default,
                                     (x, data, scale, g, bias, sum(widths), self.activation))
@@ -289,7 +290,7 @@ class LinearToNVFP4(_compat.CustomGraphPass):
             return graph.call_function(aten.view.default, (stacked, [2 * n, *rest]))
 
         with graph.inserting_before(node):
-            retiled = graph.call_function(torch.ops.nvfp4.tile_weight.default, (
+            retiled = graph.call_function(TILE_WEIGHT, (
                 interleaved(data, [k // 2]), interleaved(scale, [k // BLOCK_SIZE])))
             parts = [graph.call_function(operator.getitem, (retiled, i)) for i in range(2)]
             out = graph.call_function(torch.ops.nvfp4.linear_tiled_silu_mul.default, (
@@ -310,7 +311,7 @@ class LinearToNVFP4(_compat.CustomGraphPass):
                                            and scale.args[0] in names))):
             return
         with graph.inserting_before(node):
-            tiled = graph.call_function(torch.ops.nvfp4.tile_weight.default, (data, scale))
+            tiled = graph.call_function(TILE_WEIGHT, (data, scale))
             tiled_data, tiled_scale = (graph.call_function(operator.getitem, (tiled, i)) for i in range(2))
             y = graph.call_function(torch.ops.nvfp4.linear_tiled.default,
                                     (x, tiled_data, tiled_scale, g, bias, data.meta["val"].shape[0],
