@@ -2,6 +2,8 @@
 torch.compile of the reference (Inductor's own code) and the eager reference, same run.
 
     python benchmarks/bench_quantize.py
+    python benchmarks/bench_quantize.py --ours-only   # our kernels only: no torch.compile, no tile sweep
+                                                      # (for A/B runs of two code versions in one call)
 
 Bytes counted (bf16 input of N elements): static scale reads x once and writes codes + scales,
 2N + N/2 + N/16 bytes; a dynamic per-tensor scale must read x twice (amax, then quantize),
@@ -12,6 +14,7 @@ pay to write back). Small shapes (decode) are latency-bound: timed as CUDA-graph
 an empty kernel timed the same way.
 """
 
+import argparse
 import math
 import time
 
@@ -92,6 +95,10 @@ def copy_bandwidth_gbs() -> float:
 
 
 def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--ours-only", action="store_true",
+                        help="time only our kernels (no reference rows, no tile sweep)")
+    ours_only = parser.parse_args().ours_only
     torch.manual_seed(0)
     print(f"GPU: {torch.cuda.get_device_name()}, torch {torch.__version__}, triton {triton.__version__}")
     copy_gbs = copy_bandwidth_gbs()
@@ -118,13 +125,32 @@ def main() -> None:
             "compile(ref) dynamic": (lambda x: compiled_ref(x), dynamic_bytes),
             "eager ref dynamic": (lambda x: reference.quantize(x), dynamic_bytes),
         }
+        if ours_only:
+            variants = {name: v for name, v in variants.items() if name.startswith("ours")}
         inputs = copies_beyond_l2(x) if n >= LARGE else None
         for name, (fn, nbytes) in variants.items():
             us = stream_us(fn, inputs) if n >= LARGE else graph_us(lambda: fn(x))
             rows.append((f"{m}x{k}", name, us, nbytes / us / 1e3))
         del inputs
 
-    # Tile configurations on the largest shape (the shipped ones are marked).
+    if not ours_only:
+        tile_sweep()
+    print(f"\n{'shape':>12} {'variant':>22} {'time us':>10} {'GB/s':>8} {'% copy':>7} {'vs compile':>10}")
+    by_key = {(s, v): us for s, v, us, _ in rows}
+    for shape, name, us, gbs in rows:
+        kind = "static" if "static" in name else "dynamic"
+        reference_us = by_key.get((shape, f"compile(ref) {kind}"))
+        ratio = f"{reference_us / us:9.2f}x" if reference_us else f"{'-':>10}"
+        print(f"{shape:>12} {name:>22} {us:10.2f} {gbs:8.0f} {100 * gbs / copy_gbs:6.1f}% {ratio}")
+    print(f"(1x4096 target: <= 2x the empty launch, {2 * empty_us:.2f} us)")
+    x = torch.randn(1, 4096, dtype=torch.bfloat16, device="cuda")
+    g = torch.tensor(0.01, device="cuda")
+    print(f"eager host overhead per call, 1x4096: static {eager_overhead_us(lambda: nv.quantize(x, g)):.1f} us,"
+          f" dynamic {eager_overhead_us(lambda: nv.quantize(x)):.1f} us")
+
+
+def tile_sweep() -> None:
+    """Tile configurations on the largest shape (the shipped ones are marked)."""
     x = torch.randn(16384, 8192, dtype=torch.bfloat16, device="cuda")
     inputs = copies_beyond_l2(x)
     g = torch.tensor(0.01, device="cuda")
@@ -145,19 +171,6 @@ def main() -> None:
         mark = " (shipped)" if amax_tile == shipped[1] else ""
         print(f"  amax {amax_tile}{mark}: {us:8.1f} us {dynamic_bytes / us / 1e3:6.0f} GB/s")
     qk.AMAX_TILE = shipped[1]
-    del inputs, x
-
-    print(f"\n{'shape':>12} {'variant':>22} {'time us':>10} {'GB/s':>8} {'% copy':>7} {'vs compile':>10}")
-    by_key = {(s, v): us for s, v, us, _ in rows}
-    for shape, name, us, gbs in rows:
-        kind = "static" if "static" in name else "dynamic"
-        ratio = by_key[(shape, f"compile(ref) {kind}")] / us
-        print(f"{shape:>12} {name:>22} {us:10.2f} {gbs:8.0f} {100 * gbs / copy_gbs:6.1f}% {ratio:9.2f}x")
-    print(f"(1x4096 target: <= 2x the empty launch, {2 * empty_us:.2f} us)")
-    x = torch.randn(1, 4096, dtype=torch.bfloat16, device="cuda")
-    g = torch.tensor(0.01, device="cuda")
-    print(f"eager host overhead per call, 1x4096: static {eager_overhead_us(lambda: nv.quantize(x, g)):.1f} us,"
-          f" dynamic {eager_overhead_us(lambda: nv.quantize(x)):.1f} us")
 
 
 if __name__ == "__main__":
