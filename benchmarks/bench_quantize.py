@@ -98,7 +98,12 @@ def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--ours-only", action="store_true",
                         help="time only our kernels (no reference rows, no tile sweep)")
-    ours_only = parser.parse_args().ours_only
+    parser.add_argument("--pdl", action="store_true",
+                        help="launch our quantize kernel with PDL, as a compiled graph does: "
+                             "back-to-back calls then overlap each other's launch")
+    args = parser.parse_args()
+    ours_only = args.ours_only
+    qk.LAUNCH_PDL = args.pdl  # (no such switch before session 14: always off there)
     torch.manual_seed(0)
     print(f"GPU: {torch.cuda.get_device_name()}, torch {torch.__version__}, triton {triton.__version__}")
     copy_gbs = copy_bandwidth_gbs()

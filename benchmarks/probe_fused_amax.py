@@ -15,6 +15,7 @@ SHAPES = [(1, 4096), (1, 14336), (4, 4096), (4, 14336), (8, 4096), (16, 4096), (
 
 
 def main() -> None:
+    qk.LAUNCH_PDL = False  # time each kernel on its own, not overlapped with the previous one
     torch.manual_seed(0)
     print(f"GPU: {torch.cuda.get_device_name()}, torch {torch.__version__}, triton {triton.__version__}")
     fused_tile = qk.FUSED_AMAX_MAX_TILE

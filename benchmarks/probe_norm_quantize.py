@@ -16,6 +16,7 @@ BLOCK_KS = [256, 512, 1024, 2048]  # the fused kernel's BLOCK_K (quantize.NORM_B
 
 
 def main() -> None:
+    qk.LAUNCH_PDL = False  # time each kernel on its own, not overlapped with the previous one
     print(f"GPU: {torch.cuda.get_device_name()}, torch {torch.__version__}, triton {triton.__version__}")
     empty = torch.empty(1, device="cuda")
     print(f"empty kernel {graph_us(lambda: _empty_kernel[(1,)](empty)):.2f} us")

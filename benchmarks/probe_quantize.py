@@ -107,4 +107,5 @@ def decode_tiles() -> None:
 if __name__ == "__main__":
     import sys
 
+    qk.LAUNCH_PDL = False  # time each kernel on its own, not overlapped with the previous one
     decode_tiles() if "--decode" in sys.argv else main()

@@ -31,6 +31,8 @@ DTYPES = ["bf16", "fp16", "fp32"]
 LOAD_16B = r"ld\.global(\.\w+)*\.v(4\.b32|2\.b64|4\.f32|4\.b16|8\.b16)"  # 16-byte vector loads
 STORE_16B = r"st\.global(\.\w+)*\.v4\.b32"  # 16-byte vector stores (quantize_values' bf16 values)
 NO_FLOAT_TO_INT = r"!cvt\.rzi"  # values stored as bf16, not converted (a u8 output pointer did that)
+# launched with PDL (the quantize kernel on sm_90): wait before any global access, release the next
+PDL_WAIT_FIRST = [r"(?s)^(?:(?!(ld|st)\.global).)*griddepcontrol\.wait", r"griddepcontrol\.launch_dependents"]
 
 QUANTIZE_SIGNATURE = {
     "x_ptr": None, "data_ptr": "*u8", "scale_ptr": "*u8", "g_in_ptr": "*fp32", "g_out_ptr": "*fp32",
@@ -39,7 +41,7 @@ QUANTIZE_SIGNATURE = {
     "stride_xm_pairs": "i32", "eps": "fp32",
     **{name: "constexpr" for name in ("GLOBAL", "WRITE_G", "SWIZZLE", "VALUES", "USE_ASM", "OPERAND",
                                       "BLOCK_M", "BLOCK_K", "FUSED_M", "FUSED_K", "PARTIALS_BLOCK",
-                                      "NORM")},
+                                      "NORM", "PDL")},
 }
 AMAX_SIGNATURE = {"x_ptr": None, "partials_ptr": "*fp32", "M": "i32", "K": "i32", "stride_xm": "i32",
                   "num_programs": "i32", "BLOCK_M": "constexpr", "BLOCK_K": "constexpr"}
@@ -182,20 +184,22 @@ def cases(sm):
     for dtype, mode, swizzle in itertools.product(DTYPES, range(4), [False, True]):
         yield (f"quantize-{dtype}-g{mode}-swizzle{int(swizzle)}", qk._quantize_kernel,
                {**QUANTIZE_SIGNATURE, "x_ptr": f"*{dtype}"},
-               {"GLOBAL": mode, "WRITE_G": True, "SWIZZLE": swizzle, "VALUES": False, "USE_ASM": False,
+               {"GLOBAL": mode, "WRITE_G": True, "SWIZZLE": swizzle, "VALUES": False, "USE_ASM": True,
                 "OPERAND": triton.language.bfloat16, "BLOCK_M": block_m, "BLOCK_K": block_k,
-                "FUSED_M": 1, "FUSED_K": 4096, "PARTIALS_BLOCK": 1024, "NORM": 0},
+                "FUSED_M": 1, "FUSED_K": 4096, "PARTIALS_BLOCK": 1024, "NORM": 0, "PDL": True},
                num_warps,
                # the element path never goes through shared memory (the dynamic modes reduce the
-               # global amax across warps and the swizzled scale store re-lays out 1/16 of a tile)
-               [LOAD_16B] + ([] if mode >= 2 or swizzle else ["!bar.sync"]), 1)
+               # global amax across warps and the swizzled scale store re-lays out 1/16 of a tile);
+               # the fused amax of 16-bit x works on packed halves
+               [LOAD_16B] + ([] if mode >= 2 or swizzle else ["!bar.sync"])
+               + ([r"max\.s16x2"] if mode == 2 and dtype != "fp32" else []) + PDL_WAIT_FIRST, 1)
     for mode in (2, 3):  # quantize_values: dynamic per-tensor scale, values by the word decode
         yield (f"quantize-values-bf16-g{mode}", qk._quantize_kernel,
                {**QUANTIZE_SIGNATURE, "x_ptr": "*bf16", "data_ptr": "*bf16"},
                {"GLOBAL": mode, "WRITE_G": True, "SWIZZLE": False, "VALUES": True, "USE_ASM": True,
                 "OPERAND": triton.language.bfloat16, "BLOCK_M": block_m, "BLOCK_K": block_k,
-                "FUSED_M": 1, "FUSED_K": 4096, "PARTIALS_BLOCK": 1024, "NORM": 0},
-               num_warps, [LOAD_16B, WORD_DECODE, STORE_16B, NO_FLOAT_TO_INT], 1)
+                "FUSED_M": 1, "FUSED_K": 4096, "PARTIALS_BLOCK": 1024, "NORM": 0, "PDL": True},
+               num_warps, [LOAD_16B, WORD_DECODE, STORE_16B, NO_FLOAT_TO_INT] + PDL_WAIT_FIRST, 1)
     # rms_norm_quantize_values at decode: every program normalizes all of h, then its own tile
     for norm, dtype in itertools.product((1, 2, 3), ("bf16", "fp16")):
         tile_m, tile_k, warps = qk._tile(1, 4096)
@@ -203,8 +207,8 @@ def cases(sm):
                {**QUANTIZE_SIGNATURE, "x_ptr": f"*{dtype}", "data_ptr": "*bf16", "w_ptr": f"*{dtype}"},
                {"GLOBAL": 2, "WRITE_G": True, "SWIZZLE": False, "VALUES": True, "USE_ASM": True,
                 "OPERAND": triton.language.bfloat16, "BLOCK_M": tile_m, "BLOCK_K": tile_k,
-                "FUSED_M": 1, "FUSED_K": 4096, "PARTIALS_BLOCK": 1, "NORM": norm},
-               warps, [WORD_DECODE, STORE_16B, NO_FLOAT_TO_INT], 1)
+                "FUSED_M": 1, "FUSED_K": 4096, "PARTIALS_BLOCK": 1, "NORM": norm, "PDL": True},
+               warps, [WORD_DECODE, STORE_16B, NO_FLOAT_TO_INT] + PDL_WAIT_FIRST, 1)
     amax_m, amax_k = qk.AMAX_TILE
     for dtype in DTYPES:
         yield (f"amax-partials-{dtype}", qk._amax_partials_kernel, {**AMAX_SIGNATURE, "x_ptr": f"*{dtype}"},

@@ -8,6 +8,8 @@ import math
 
 import pytest
 import torch
+import triton
+import triton.language as tl
 
 import nvfp4_inductor as nv
 from inputs import DISTS, sample
@@ -100,6 +102,30 @@ def test_quantize_kernel_special_blocks(kernel_device):
     _assert_quantize_matches(x, torch.tensor(1.0, device=kernel_device))  # saturation at 448
     for bad_g in (0.0, -2.0, math.nan, math.inf):
         _assert_quantize_matches(x, torch.tensor(bad_g, device=kernel_device), swizzle=True)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("shape", [(1, 64), (3, 256)])
+def test_quantize_fused_amax_skips_non_finite(kernel_device, dtype, shape):
+    """The decode-sized dynamic scale (one launch, every program reduces all of x; bf16 / fp16 on
+    the bits): NaN and +-Inf are skipped, the largest finite magnitude of the dtype, negative,
+    is the amax, and x with nothing finite but zeros gets g = 1."""
+    assert quantize_kernels._fits_fused_amax(math.prod(shape[:-1]), shape[-1])
+    gen = torch.Generator().manual_seed(11)
+    x = torch.randn(shape, generator=gen).to(dtype)
+    big = torch.finfo(dtype).max
+    flat = x.view(-1)
+    flat[3], flat[17], flat[30] = math.nan, math.inf, -math.inf
+    flat[40] = -big                                   # the amax: bits just below Inf's
+    flat[50] = torch.finfo(dtype).tiny / 4 if dtype != torch.bfloat16 else 1e-40  # subnormal
+    _assert_quantize_matches(x.to(kernel_device))
+    flat[40] = 0.0
+    _assert_quantize_matches(x.to(kernel_device))     # amax from the random values
+    none_finite = torch.full(shape, math.inf, dtype=dtype)
+    none_finite.view(-1)[::2] = -0.0
+    none_finite.view(-1)[1] = math.nan
+    got = _assert_quantize_matches(none_finite.to(kernel_device))
+    assert got[2].item() == 1.0
 
 
 def test_quantize_kernel_empty_and_strided(kernel_device):
@@ -302,6 +328,47 @@ def test_quantize_large_shapes_on_gpu(shape):
         assert torch.equal(got.global_scale.cpu(), want[2])
         torch.testing.assert_close(got.dequantize(torch.float32).cpu(),
                                    OPS.dequantize(*want, swizzle, torch.float32), rtol=0, atol=0)
+
+
+@triton.jit
+def _late_writer_kernel(src_ptr, dst_ptr, n, spins, BLOCK: tl.constexpr):
+    """Lets the next kernel launch at once (PDL), then spins, then copies src to dst."""
+    tl.extra.cuda.gdc_launch_dependents()
+    acc = tl.zeros([BLOCK], tl.float32)
+    for _ in range(spins):
+        acc = acc * 0.5 + 1.0
+    offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    x = tl.load(src_ptr + offs, mask=offs < n)
+    tl.store(dst_ptr + offs, x + (acc * 0.0).to(x.dtype), mask=offs < n)
+
+
+def _quantize_outputs(x, g=None):
+    q = nv.quantize(x, g)
+    return q.data, q.scale, q.global_scale
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("shape,mode", [((1, 4096), "dynamic"), ((1, 4096), "values"),
+                                        ((512, 4096), "static")])
+def test_quantize_waits_for_a_pdl_producer(shape, mode):
+    """The quantize kernel is launched with programmatic dependent launch: it may start while the
+    kernel before it runs, so it must wait before reading x. The producer here releases it at once
+    and writes x only after ~0.5 ms; a kernel that read x early would see its old zeros. (At
+    512 x 4096 a dynamic scale would run the non-PDL amax kernel first: static there.)"""
+    assert quantize_kernels.LAUNCH_PDL and quantize_kernels._sm90(torch.device("cuda"))
+    src = torch.randn(shape, device="cuda", dtype=torch.bfloat16)
+    x = torch.zeros_like(src)
+    g = torch.tensor(0.01, device="cuda")
+    quantize = {"dynamic": _quantize_outputs, "values": OPS.quantize_values,
+                "static": lambda x: _quantize_outputs(x, g)}[mode]
+    quantize(x)  # compiled outside the timed sequence
+    torch.cuda.synchronize()
+    _late_writer_kernel[(triton.cdiv(src.numel(), 1024),)](src, x, src.numel(), 200_000, BLOCK=1024,
+                                                            launch_pdl=True)
+    got = quantize(x)
+    want = quantize(src)
+    for a, b in zip(got, want):
+        assert torch.equal(a, b)
 
 
 @pytest.mark.gpu

@@ -31,6 +31,8 @@ if the element path is short: an H200 issues about 40 instructions per element a
 bandwidth for bf16 -> NVFP4 (2.56 bytes per element), so the encode works on bits (see _common).
 """
 
+import functools
+
 import torch
 import triton
 import triton.language as tl
@@ -45,6 +47,7 @@ from ._common import (
     e2m1_pack_pair,
     e4m3_bits_to_f32,
     finite_abs,
+    finite_amax_words,
     global_scale_from_amax,
     half_pair_words,
     round_to,
@@ -89,6 +92,9 @@ FUSED_AMAX_MAX_TILE = 16384
 MAX_PARTIALS = 1024  # partial maxima read by every quantize program: 4 KB
 MAX_GRID_Y = 65535  # CUDA's limit on a grid's second and third dimensions
 AMAX_TILE = (16, 512)  # (rows, columns) per step of the partial-amax kernels, 4 warps
+# Launch the quantize kernel with programmatic dependent launch on sm_90 (see the kernel).
+# benchmarks/bench_quantize.py turns it off: back-to-back calls would overlap each other's launch.
+LAUNCH_PDL = True
 
 
 # The norm's tile (rms_norm_quantize_values, rows <= SMALL_M): every program first normalizes all of
@@ -294,13 +300,19 @@ def _quantize_kernel(
     GLOBAL: tl.constexpr, WRITE_G: tl.constexpr, SWIZZLE: tl.constexpr, VALUES: tl.constexpr,
     USE_ASM: tl.constexpr, OPERAND: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_K: tl.constexpr,
     FUSED_M: tl.constexpr, FUSED_K: tl.constexpr, PARTIALS_BLOCK: tl.constexpr,
-    NORM: tl.constexpr = NORM_NONE,
+    NORM: tl.constexpr = NORM_NONE, PDL: tl.constexpr = False,
 ):
     """Program (k, m, m_hi) quantizes tile (row tile m + m_hi * grid rows, column tile k): a grid
     with the tile's coordinates, not a flat tile index, which cost each thread an integer division
     (the kernel is issue-bound). (A persistent variant that kept the next one or two tiles'
     loads in flight while computing was measured no faster on an H200: at ~25 instructions per
-    element the SMs' issue rate, not memory latency, was the limit; its register moves cost more.)"""
+    element the SMs' issue rate, not memory latency, was the limit; its register moves cost more.)
+
+    PDL (launched with programmatic dependent launch, sm_90): the program waits for the previous
+    kernel before it reads or writes anything, and lets the next kernel launch once its loads are
+    issued (that kernel waits for this one's completion before it reads what this one writes)."""
+    if PDL:
+        tl.extra.cuda.gdc_wait()
     tile_k = tl.program_id(0)
     tile_m = tl.program_id(1) + tl.program_id(2) * tl.num_programs(1)
     dynamic: tl.constexpr = GLOBAL == G_FUSED or GLOBAL == G_PARTIALS
@@ -322,8 +334,8 @@ def _quantize_kernel(
         words = _rms_normalized_words(words, rstd, w_even, w_odd, NORM, x_ptr.dtype.element_ty,
                                       FUSED_M == 1)
     elif GLOBAL == G_FUSED:
-        g = global_scale_from_amax(
-            tl.max(tl.max(_tile_abs(x_ptr, 0, 0, M, K, stride_xm, FUSED_M, FUSED_K), axis=1), axis=0))
+        all_words = _load_pair_tile(x_ptr, 0, 0, M, K, stride_xm_pairs, FUSED_M, FUSED_K)
+        g = global_scale_from_amax(finite_amax_words(all_words, x_ptr.dtype.element_ty, USE_ASM))
     else:
         offs = tl.arange(0, PARTIALS_BLOCK)
         partials = tl.load(partials_ptr + offs, mask=offs < num_partials, other=0.0)
@@ -337,6 +349,8 @@ def _quantize_kernel(
 
     if not dynamic:
         words = _load_pair_tile(x_ptr, tile_m, tile_k, M, K, stride_xm_pairs, BLOCK_M, BLOCK_K)
+    if PDL:
+        tl.extra.cuda.gdc_launch_dependents()
     _quantize_tile(words, g, tile_m, tile_k, data_ptr, scale_ptr, M, K, scale_rows_pad,
                    scale_cols_pad, x_ptr.dtype.element_ty, SWIZZLE, VALUES, USE_ASM, OPERAND, BLOCK_M,
                    BLOCK_K)
@@ -352,6 +366,12 @@ def _quantize_kernel(
             mask = (pad_rows < scale_rows_pad)[:, None] & (col_groups * 4 < scale_cols_pad)[None, :]
             tl.store(scale_ptr.to(tl.pointer_type(tl.int32)) + offsets // 4,
                      tl.zeros((TILE_ROWS, BLOCK_K // BLOCK // 4), tl.int32), mask=mask)
+
+
+@functools.cache
+def _sm90(device: torch.device) -> bool:
+    """CUDA sm_90 or later: the kernels' inline PTX and programmatic dependent launch."""
+    return device.type == "cuda" and torch.cuda.get_device_capability(device) >= (9, 0)
 
 
 def _pair_aligned(t: torch.Tensor) -> torch.Tensor:
@@ -453,10 +473,14 @@ def quantize(x: torch.Tensor, global_scale: torch.Tensor | None, per_row: bool, 
         m, k, num_partials, rows_pad, cols_pad,
         x2.stride(0), x2.stride(0) // 2, eps,
         GLOBAL=mode, WRITE_G=write_g, SWIZZLE=swizzle, VALUES=values,
-        # values: the skinny GEMM's word decode (inline PTX; the interpreter decodes in fp16, exact)
-        USE_ASM=values and x.is_cuda, OPERAND=tl.bfloat16 if x.is_cuda else tl.float16,
+        # inline PTX (values: the skinny GEMM's word decode; the fused amax's max.s16x2); the
+        # interpreter runs none (it decodes in fp16, exact)
+        USE_ASM=_sm90(x.device), OPERAND=tl.bfloat16 if x.is_cuda else tl.float16,
         BLOCK_M=block_m, BLOCK_K=block_k,
         FUSED_M=triton.next_power_of_2(max(m, 1)), FUSED_K=triton.next_power_of_2(k),
         PARTIALS_BLOCK=triton.next_power_of_2(num_partials), NORM=norm_mode, num_warps=num_warps,
+        # inside a compiled graph with PDL (the backend's CUDA graphs) the previous kernel's tail
+        # and this launch overlap, and the next (the GEMM template) loads its weights meanwhile
+        PDL=LAUNCH_PDL and _sm90(x.device), launch_pdl=LAUNCH_PDL and _sm90(x.device),
     )
     return data, None if values else scale, g_out
