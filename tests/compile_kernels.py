@@ -44,7 +44,8 @@ QUANTIZE_SIGNATURE = {
                                       "NORM", "PDL")},
 }
 AMAX_SIGNATURE = {"x_ptr": None, "partials_ptr": "*fp32", "M": "i32", "K": "i32", "stride_xm": "i32",
-                  "num_programs": "i32", "BLOCK_M": "constexpr", "BLOCK_K": "constexpr"}
+                  "num_programs": "i32", "BLOCK_M": "constexpr", "BLOCK_K": "constexpr",
+                  "PDL": "constexpr"}
 ROW_G_SIGNATURE = {"x_ptr": None, "g_ptr": "*fp32", "M": "i32", "K": "i32", "stride_xm": "i32",
                    "BLOCK_M": "constexpr", "BLOCK_K": "constexpr"}
 DEQUANTIZE_SIGNATURE = {
@@ -212,7 +213,7 @@ def cases(sm):
     amax_m, amax_k = qk.AMAX_TILE
     for dtype in DTYPES:
         yield (f"amax-partials-{dtype}", qk._amax_partials_kernel, {**AMAX_SIGNATURE, "x_ptr": f"*{dtype}"},
-               {"BLOCK_M": amax_m, "BLOCK_K": amax_k}, 4, [LOAD_16B], 1)
+               {"BLOCK_M": amax_m, "BLOCK_K": amax_k, "PDL": True}, 4, [LOAD_16B] + PDL_WAIT_FIRST, 1)
         yield (f"row-g-{dtype}", qk._row_g_kernel, {**ROW_G_SIGNATURE, "x_ptr": f"*{dtype}"},
                {"BLOCK_M": amax_m, "BLOCK_K": amax_k}, 4, [LOAD_16B], 1)
     for dtype, per_row, swizzle, gather in itertools.product(DTYPES, *[[False, True]] * 3):

@@ -349,12 +349,12 @@ def _quantize_outputs(x, g=None):
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("shape,mode", [((1, 4096), "dynamic"), ((1, 4096), "values"),
-                                        ((512, 4096), "static")])
+                                        ((512, 4096), "static"), ((512, 4096), "dynamic")])
 def test_quantize_waits_for_a_pdl_producer(shape, mode):
     """The quantize kernel is launched with programmatic dependent launch: it may start while the
     kernel before it runs, so it must wait before reading x. The producer here releases it at once
     and writes x only after ~0.5 ms; a kernel that read x early would see its old zeros. (At
-    512 x 4096 a dynamic scale would run the non-PDL amax kernel first: static there.)"""
+    512 x 4096 a dynamic scale runs the partial-amax kernel first, on PDL too.)"""
     assert quantize_kernels.LAUNCH_PDL and quantize_kernels._sm90(torch.device("cuda"))
     src = torch.randn(shape, device="cuda", dtype=torch.bfloat16)
     x = torch.zeros_like(src)

@@ -124,15 +124,20 @@ def _tile_abs(x_ptr, row0, col0, M, K, stride_xm, BLOCK_M: tl.constexpr, BLOCK_K
 
 @triton.jit
 def _amax_partials_kernel(x_ptr, partials_ptr, M, K, stride_xm, num_programs,
-                          BLOCK_M: tl.constexpr, BLOCK_K: tl.constexpr):
+                          BLOCK_M: tl.constexpr, BLOCK_K: tl.constexpr, PDL: tl.constexpr = False):
     """Program p: max of finite |x| over tiles p, p + P, p + 2P, ... (grid-stride). The running
-    max stays a tile (one max per element, no cross-warp reduction inside the loop)."""
+    max stays a tile (one max per element, no cross-warp reduction inside the loop). PDL: as the
+    quantize kernel (which follows it)."""
+    if PDL:
+        tl.extra.cuda.gdc_wait()
     tiles_k = tl.cdiv(K, BLOCK_K)
     num_tiles = tl.cdiv(M, BLOCK_M) * tiles_k
     acc = tl.zeros((BLOCK_M, BLOCK_K), tl.float32)
     for t in range(tl.program_id(0), num_tiles, num_programs):
         acc = tl.maximum(acc, _tile_abs(x_ptr, (t // tiles_k) * BLOCK_M, (t % tiles_k) * BLOCK_K,
                                         M, K, stride_xm, BLOCK_M, BLOCK_K))
+    if PDL:
+        tl.extra.cuda.gdc_launch_dependents()
     tl.store(partials_ptr + tl.program_id(0), tl.max(tl.max(acc, axis=1), axis=0))
 
 
@@ -439,6 +444,7 @@ def quantize(x: torch.Tensor, global_scale: torch.Tensor | None, per_row: bool, 
     num_partials = 1
     write_g = True
     amax_m, amax_k = AMAX_TILE
+    pdl = LAUNCH_PDL and _sm90(x.device)
     if global_scale is not None:
         mode, g_in = (G_STATIC_ROW if per_row else G_STATIC), global_scale
     elif per_row:
@@ -453,7 +459,8 @@ def quantize(x: torch.Tensor, global_scale: torch.Tensor | None, per_row: bool, 
         num_partials = min(triton.cdiv(m, amax_m) * triton.cdiv(k, amax_k), MAX_PARTIALS)
         partials = torch.empty(num_partials, dtype=torch.float32, device=x.device)
         _amax_partials_kernel[(num_partials,)](
-            x2, partials, m, k, x2.stride(0), num_partials, BLOCK_M=amax_m, BLOCK_K=amax_k)
+            x2, partials, m, k, x2.stride(0), num_partials, BLOCK_M=amax_m, BLOCK_K=amax_k,
+            PDL=pdl, launch_pdl=pdl)
     norm_mode, norm_weight, eps = norm
     block_m, block_k, num_warps = _tile(m, k)
     if norm_mode != NORM_NONE:
@@ -481,6 +488,6 @@ def quantize(x: torch.Tensor, global_scale: torch.Tensor | None, per_row: bool, 
         PARTIALS_BLOCK=triton.next_power_of_2(num_partials), NORM=norm_mode, num_warps=num_warps,
         # inside a compiled graph with PDL (the backend's CUDA graphs) the previous kernel's tail
         # and this launch overlap, and the next (the GEMM template) loads its weights meanwhile
-        PDL=LAUNCH_PDL and _sm90(x.device), launch_pdl=LAUNCH_PDL and _sm90(x.device),
+        PDL=pdl, launch_pdl=pdl,
     )
     return data, None if values else scale, g_out
