@@ -92,8 +92,8 @@ FUSED_AMAX_MAX_TILE = 16384
 MAX_PARTIALS = 1024  # partial maxima read by every quantize program: 4 KB
 MAX_GRID_Y = 65535  # CUDA's limit on a grid's second and third dimensions
 AMAX_TILE = (16, 512)  # (rows, columns) per step of the partial-amax kernels, 4 warps
-# Launch the quantize kernel with programmatic dependent launch on sm_90 (see the kernel).
-# benchmarks/bench_quantize.py turns it off: back-to-back calls would overlap each other's launch.
+# Launch the quantize and partial-amax kernels with programmatic dependent launch on sm_90 (see
+# _quantize_kernel). The quantize benchmarks turn it off: back-to-back calls would overlap.
 LAUNCH_PDL = True
 
 
