@@ -15,6 +15,7 @@ import nvfp4_inductor as nv
 from inputs import DISTS, sample
 from nvfp4_inductor.format import GLOBAL_SCALE_DIVISOR
 from nvfp4_inductor.kernels import dequantize as dequantize_kernels
+from nvfp4_inductor.kernels import gemm_configs
 from nvfp4_inductor.kernels import quantize as quantize_kernels
 
 OPS = torch.ops.nvfp4
@@ -355,7 +356,7 @@ def test_quantize_waits_for_a_pdl_producer(shape, mode):
     kernel before it runs, so it must wait before reading x. The producer here releases it at once
     and writes x only after ~0.5 ms; a kernel that read x early would see its old zeros. (At
     512 x 4096 a dynamic scale runs the partial-amax kernel first, on PDL too.)"""
-    assert quantize_kernels.LAUNCH_PDL and quantize_kernels._sm90(torch.device("cuda"))
+    assert quantize_kernels.LAUNCH_PDL and gemm_configs.sm90_or_later(torch.device("cuda"))
     src = torch.randn(shape, device="cuda", dtype=torch.bfloat16)
     x = torch.zeros_like(src)
     g = torch.tensor(0.01, device="cuda")

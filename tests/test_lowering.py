@@ -5,7 +5,6 @@ On the CPU, Inductor's Triton CPU backend generates the same template and kernel
 Triton interpreter (plain-op decode instead of the inline PTX): the generated code and the
 numerics are checked there in CI; the same checks run on the GPU (marked gpu)."""
 
-import re
 import sys
 from pathlib import Path
 

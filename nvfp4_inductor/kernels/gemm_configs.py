@@ -2,6 +2,7 @@
 The skinny-kernel tables were swept on an H200 (benchmarks/probe_splitk.py); the first GEMM's
 (gemm.py) are correctness-oriented values, not tuned."""
 
+import functools
 from typing import NamedTuple
 
 from ..tiled import TILE_K, TILE_N
@@ -82,6 +83,15 @@ def splitk_config(m: int, n: int, k: int, num_sms: int, tiled: bool = False,
     else:
         block_n, block_k, per_sm, warps, stages = SPLITK_CONFIG_WIDE_N if wide else SPLITK_CONFIG
     return _skinny_config(m, n, k, num_sms, block_n, block_k, per_sm, warps, stages, min_steps or 1)
+
+
+@functools.cache
+def sm90_or_later(device) -> bool:
+    """CUDA sm_90 and up: the kernels' inline PTX (bf16x2 arithmetic, max.s16x2) and programmatic
+    dependent launch. Cached: the eager quantize launcher asks on every call."""
+    import torch
+
+    return device.type == "cuda" and torch.cuda.get_device_capability(device)[0] >= 9
 
 
 def block_scaled_mma(device) -> bool:

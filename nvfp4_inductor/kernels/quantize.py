@@ -31,8 +31,6 @@ if the element path is short: an H200 issues about 40 instructions per element a
 bandwidth for bf16 -> NVFP4 (2.56 bytes per element), so the encode works on bits (see _common).
 """
 
-import functools
-
 import torch
 import triton
 import triton.language as tl
@@ -58,6 +56,7 @@ from ._common import (
     scale_offsets,
     swizzled_scale_offset,
 )
+from .gemm_configs import sm90_or_later
 from .gemm_splitk import decode_tile
 
 G_STATIC: tl.constexpr = tl.constexpr(0)
@@ -373,12 +372,6 @@ def _quantize_kernel(
                      tl.zeros((TILE_ROWS, BLOCK_K // BLOCK // 4), tl.int32), mask=mask)
 
 
-@functools.cache
-def _sm90(device: torch.device) -> bool:
-    """CUDA sm_90 or later: the kernels' inline PTX and programmatic dependent launch."""
-    return device.type == "cuda" and torch.cuda.get_device_capability(device) >= (9, 0)
-
-
 def _pair_aligned(t: torch.Tensor) -> torch.Tensor:
     """t as the kernels read it, by aligned element pairs: last dim contiguous, rows (2-D) an even
     number of elements apart, starting on a pair; otherwise a copy (clone: .contiguous() would
@@ -444,7 +437,8 @@ def quantize(x: torch.Tensor, global_scale: torch.Tensor | None, per_row: bool, 
     num_partials = 1
     write_g = True
     amax_m, amax_k = AMAX_TILE
-    pdl = LAUNCH_PDL and _sm90(x.device)
+    sm90 = sm90_or_later(x.device)
+    pdl = LAUNCH_PDL and sm90
     if global_scale is not None:
         mode, g_in = (G_STATIC_ROW if per_row else G_STATIC), global_scale
     elif per_row:
@@ -482,7 +476,7 @@ def quantize(x: torch.Tensor, global_scale: torch.Tensor | None, per_row: bool, 
         GLOBAL=mode, WRITE_G=write_g, SWIZZLE=swizzle, VALUES=values,
         # inline PTX (values: the skinny GEMM's word decode; the fused amax's max.s16x2); the
         # interpreter runs none (it decodes in fp16, exact)
-        USE_ASM=_sm90(x.device), OPERAND=tl.bfloat16 if x.is_cuda else tl.float16,
+        USE_ASM=sm90, OPERAND=tl.bfloat16 if x.is_cuda else tl.float16,
         BLOCK_M=block_m, BLOCK_K=block_k,
         FUSED_M=triton.next_power_of_2(max(m, 1)), FUSED_K=triton.next_power_of_2(k),
         PARTIALS_BLOCK=triton.next_power_of_2(num_partials), NORM=norm_mode, num_warps=num_warps,

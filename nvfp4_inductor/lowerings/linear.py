@@ -139,7 +139,7 @@ def _pdl_mode(device, w_data, w_scale) -> int:
     the weights are frozen (graph constants, which no kernel of the graph writes: the register-fed
     mainloop loads their first tile before the wait); 1 otherwise (the wait comes first)."""
     if not (device.type == "cuda" and _compat.pdl_enabled() and _compat.template_launch_options()
-            and torch.cuda.get_device_capability(device)[0] >= 9):
+            and gemm_configs.sm90_or_later(device)):
         return 0
     return 2 if all(node.get_name() in V.graph.constants for node in (w_data, w_scale)) else 1
 
