@@ -88,7 +88,7 @@ def test_linear_on_cuda_matches_reference(m, n, k, activation, path, monkeypatch
 
 def test_linear_path_choice():
     # M <= 16: the skinny split-K kernel; above, bf16 x: dequantize + cuBLAS; fp16 / fp32 x: the
-    # Triton GEMM (a bf16 cuBLAS output would round once more). Measured in gemm_configs.
+    # Triton GEMM (cuBLAS would take x as bf16). Measured in gemm_configs.
     assert gemm_configs.linear_path(1, 4096, 4096, torch.bfloat16, "bf16") == "splitk"
     assert gemm_configs.linear_path(16, 4096, 4096, torch.float32, "nvfp4") == "splitk"
     assert gemm_configs.linear_path(17, 4096, 4096, torch.bfloat16, "bf16") == "dequant_cublas"
@@ -206,14 +206,18 @@ def test_linear_tiled_on_cuda_matches_reference(m, activation):
 @pytest.mark.parametrize("activation", ["bf16", "nvfp4"])
 def test_cuda_linear_launchers_under_the_interpreter(m, activation, monkeypatch):
     """The CUDA implementations of nvfp4::linear / linear_tiled (path choice, activation operand,
-    epilogue scales, tiled dequantize) run on CPU tensors through the interpreted kernels; cuBLAS's
-    fp32-output mm is stood in for by an fp32 matmul. Tolerance: the interpreter truncates fp32 ->
+    global scales, tiled dequantize) run on CPU tensors through the interpreted kernels; the
+    cuBLASLt GEMM is stood in for by an fp32 matmul. Tolerance: the interpreter truncates fp32 ->
     bf16 (up to 1 ulp) where the GPU rounds; the GPU tests hold these paths to 1e-3."""
     from nvfp4_inductor import tiled
 
-    real_mm = torch.mm
-    monkeypatch.setattr(torch, "mm", lambda a, b, out_dtype=None: (
-        a.float() @ b.float() if out_dtype == torch.float32 else real_mm(a, b)))
+    from nvfp4_inductor.kernels import cublaslt
+
+    def scaled_mm(a, b, alpha, bias, out_dtype):  # cuBLASLt's numbers: fp32, rounded once
+        y = (a.float() @ b.float().T) * alpha
+        return (y if bias is None else y + bias.float()).to(out_dtype)
+
+    monkeypatch.setattr(cublaslt, "scaled_mm", scaled_mm)
     gen = torch.Generator().manual_seed(m)
     x = torch.randn(m, 96, generator=gen).to(torch.bfloat16)
     w = nv.quantize(torch.randn(48, 96, generator=gen), per_row=m == 5)
@@ -227,6 +231,9 @@ def test_cuda_linear_launchers_under_the_interpreter(m, activation, monkeypatch)
     monkeypatch.setattr(gemm_configs, "FORCE_PATH", None)
     data_t, scale_t = tiled.tile(parts[0], parts[1])
     assert _rel(gemm.linear_tiled(x, data_t, scale_t, w.global_scale, bias, 48, activation), want) <= 1e-2
+    if activation == "bf16":  # the backend's prefill extern (g read on the device)
+        got = gemm.scaled_mm_tiled(x, data_t, scale_t, w.global_scale, bias, 48, torch.bfloat16)
+        assert got.dtype == torch.bfloat16 and _rel(got, want) <= 1e-2
     if activation == "bf16" and w.global_scale.dim() == 0:  # the backend's prefill extern (alpha = g)
         for b in (bias, None):
             want_b = nv.linear(x, w, b).float()
@@ -280,6 +287,86 @@ def test_linear_on_cuda_output_dtypes_and_3d(dtype):
     got = nv.linear(x.cuda(), w_cuda)
     assert got.dtype == dtype and got.shape == (2, 5, 64)
     assert _rel(got, want.float()) <= 1e-3
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("m, n, k", [(17, 48, 64), (257, 1056, 1040)])
+@pytest.mark.parametrize("per_row", [False, True])
+@pytest.mark.parametrize("bias_dtype", [None, torch.bfloat16, torch.float32, torch.float16])
+@pytest.mark.parametrize("out_dtype", [torch.bfloat16, torch.float16, torch.float32])
+def test_cublaslt_scaled_mm_rounds_once(m, n, k, per_row, bias_dtype, out_dtype):
+    """alpha * (x @ w^T) + bias in fp32, rounded once: against the fp32 product on the same GPU
+    (cuBLAS; the order of the sums may differ) with alpha and bias applied by torch. x is a row
+    slice (leading stride > K)."""
+    from nvfp4_inductor.kernels.cublaslt import scaled_mm
+
+    gen = torch.Generator(device="cuda").manual_seed(m * n + k)
+    x = torch.randn(m, k + 32, generator=gen, device="cuda", dtype=torch.bfloat16)[:, 16:16 + k]
+    w = torch.randn(n, k, generator=gen, device="cuda", dtype=torch.bfloat16)
+    alpha = torch.rand(n if per_row else (), generator=gen, device="cuda") + 0.5
+    bias = None if bias_dtype is None else torch.randn(n, generator=gen, device="cuda").to(bias_dtype)
+    got = scaled_mm(x, w, alpha, bias, out_dtype)
+    want = torch.mm(x, w.T, out_dtype=torch.float32) * alpha
+    if bias is not None:
+        want = want + bias.float()
+    assert got.dtype == out_dtype and got.shape == (m, n)
+    # fp32: only the sums' order differs; bf16 / fp16: that, then at most one ulp where it
+    # crosses a rounding boundary
+    assert _rel(got, want) <= (1e-5 if out_dtype == torch.float32 else 2e-3)
+    mismatched = (got.float() != want.to(out_dtype).float()).float().mean().item()
+    assert out_dtype == torch.float32 or mismatched < 0.02
+
+
+@pytest.mark.gpu
+def test_cublaslt_scaled_mm_rejects_what_it_cannot_run():
+    from nvfp4_inductor.kernels.cublaslt import scaled_mm
+
+    x = torch.randn(32, 64, device="cuda", dtype=torch.bfloat16)
+    w = torch.randn(48, 64, device="cuda", dtype=torch.bfloat16)
+    g = torch.ones((), device="cuda")
+    with pytest.raises(ValueError, match="bf16 on one CUDA device"):
+        scaled_mm(x.half(), w, g, None, torch.bfloat16)
+    with pytest.raises(ValueError, match="bf16 on one CUDA device"):
+        scaled_mm(x.T.contiguous().T, w, g, None, torch.bfloat16)
+    with pytest.raises(ValueError, match="alpha must be fp32"):
+        scaled_mm(x, w, g.cpu(), None, torch.bfloat16)
+    with pytest.raises(ValueError, match="alpha must be fp32"):
+        scaled_mm(x, w, torch.ones(32, device="cuda"), None, torch.bfloat16)
+    with pytest.raises(ValueError, match="bias must be"):
+        scaled_mm(x, w, g, torch.ones(32, device="cuda"), torch.bfloat16)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("activation", ["bf16", "nvfp4"])
+def test_large_m_linear_in_cuda_graph_without_host_sync(activation):
+    """The dequantize + cuBLASLt path reads the global scales on the device: capturable, no sync,
+    and each replay uses the x (and for W4A4 its dynamic scale) of that replay."""
+    gen = torch.Generator(device="cuda").manual_seed(7)
+    x = torch.randn(257, 1040, generator=gen, device="cuda", dtype=torch.bfloat16)
+    bias = torch.randn(1056, generator=gen, device="cuda", dtype=torch.bfloat16)
+    w = nv.quantize(torch.randn(1056, 1040, generator=gen, device="cuda"), per_row=activation == "bf16")
+    data_t, scale_t = OPS.tile_weight(w.data, w.scale.view(torch.uint8))
+
+    def step():
+        return (nv.linear(x, w, bias, activation=activation),
+                OPS.linear_tiled(x, data_t, scale_t, w.global_scale, bias, 1056, activation))
+
+    step()  # compile the kernels, plan the GEMM outside the capture
+    torch.cuda.synchronize()
+    torch.cuda.set_sync_debug_mode("error")
+    try:
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            outs = step()
+    finally:
+        torch.cuda.set_sync_debug_mode("default")
+    for scale in (1.0, 3.0):
+        x.copy_(torch.randn(x.shape, generator=gen, device="cuda") * scale)
+        graph.replay()
+        want = nv.linear(x.cpu(), nv.NVFP4(*(t.cpu() if isinstance(t, torch.Tensor) else t for t in w)),
+                         bias.cpu(), activation=activation)  # the reference
+        for got in outs:
+            assert _rel(got, want.float()) <= 1e-3
 
 
 @pytest.mark.gpu

@@ -217,19 +217,12 @@ def _linear_splitk(x2, w_data, w_scale, w_g, bias, w_swizzled, activation, out_d
 
 def _linear_dequant_cublas(x2, w, w_g, bias, activation, out_dtype):
     """x (M, K), W as bf16 e2m1 * block scale (exact in bf16; the global scale would not be:
-    measured 3e-3 relative error when folded in), so the global scales, the bias and the rounding
-    to the output dtype come after a cuBLAS GEMM with an fp32 output."""
+    measured 3e-3 relative error when folded in): one cuBLASLt GEMM that reads the global scales
+    from the device as alpha, adds the bias and rounds once to out_dtype (kernels/cublaslt.py)."""
+    from .cublaslt import scaled_mm
+
     a, a_g = _activation_operand(x2, activation)
-    g = w_g if w_g.dim() == 0 else w_g[None, :]
-    if a_g is not None:
-        g = g * a_g
-    y = torch.mm(a, w.T, out_dtype=torch.float32)
-    # One pass over the fp32 product: computed in fp32, rounded once as stored in out_dtype (a
-    # separate .to() was a second pass over (M, N) fp32)
-    out = y if out_dtype == torch.float32 else torch.empty_like(y, dtype=out_dtype)
-    if bias is None:
-        return torch.mul(y, g, out=out)
-    return torch.addcmul(bias.float(), y, g, out=out)
+    return scaled_mm(a, w, w_g if a_g is None else w_g * a_g, bias, out_dtype)
 
 
 def linear_tiled(x, w_data, w_scale, w_g, bias, n: int, activation: str):
@@ -256,6 +249,18 @@ def mm_tiled_f32(x2, w_data, w_scale, n: int):
 
     w = dequantize(w_data, w_scale, None, False, torch.bfloat16, tiled_nk=(n, x2.shape[1]))
     return torch.mm(x2.to(torch.bfloat16), w.T, out_dtype=torch.float32)
+
+
+def scaled_mm_tiled(x2, w_data, w_scale, g, bias, n: int, out_dtype):
+    """x (M, K) used as bf16 (W4A4: its quantized values), W tiled with N = n rows, g fp32 () or
+    (N,) on the device (W4A4: both global scales) -> (M, N) out_dtype = g * (x @ (e2m1 * block
+    scale)^T) + bias: W dequantized, one cuBLASLt GEMM (the template's extern choice where it
+    is the only one: no fp32 product for an epilogue kernel to read)."""
+    from .cublaslt import scaled_mm
+    from .dequantize import dequantize
+
+    w = dequantize(w_data, w_scale, None, False, torch.bfloat16, tiled_nk=(n, x2.shape[1]))
+    return scaled_mm(x2.to(torch.bfloat16), w, g, bias, out_dtype)
 
 
 def addmm_tiled(x2, w_data, w_scale, bias, n: int, alpha: float):

@@ -166,10 +166,13 @@ def dot_scaled_splitk_config(m: int, n: int, k: int, num_sms: int, min_steps: in
 # Which implementation nvfp4::linear uses on CUDA:
 #   "splitk": the skinny kernel above, for M <= SPLITK_MAX_M (decode). Measured on an H200 at M = 1:
 #       0.77-0.88x of bf16 cuBLAS, against 0.34-0.48x for dequantize + cuBLAS.
-#   "dequant_cublas": dequantize W (and, for W4A4, the quantized x) to bf16 with the Triton
-#       dequantize kernel, then a bf16 cuBLAS GEMM with an fp32 output: 0.64-0.79x at M = 4096.
+#   "dequant_cublas": dequantize W to bf16 with the Triton dequantize kernel (W4A4: x quantized to
+#       its bf16 values first), then one cuBLASLt GEMM that reads the global scales on the device
+#       and adds the bias (kernels/cublaslt.py): 0.87-0.93x bf16 at M = 4096 (H100, W4A16; it was
+#       0.62-0.78x with an fp32 product and a second pass, same run).
 #   "triton": the first NVFP4 GEMM kernel (gemm.py), 2.3-16x slower than bf16 cuBLAS; kept for
-#       fp16 / fp32 x above SPLITK_MAX_M (a bf16 cuBLAS output would round once more).
+#       fp16 / fp32 x above SPLITK_MAX_M (cuBLAS would take x as bf16: fp16 / fp32 x would lose
+#       mantissa bits the reference keeps).
 # FORCE_PATH overrides the choice (benchmarks and tests use it to measure each).
 FORCE_PATH = None
 PATHS = ("splitk", "dequant_cublas", "triton")
