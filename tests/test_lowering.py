@@ -446,8 +446,8 @@ def test_gelu_epilogue_fuses_on_the_gpu(triton_inductor):
 @pytest.mark.parametrize("m", [gemm_configs.TEMPLATE_MAX_SPLIT_M + 36, gemm_configs.TEMPLATE_MAX_M + 44])
 def test_large_m_or_few_programs_pick_the_extern_choice(triton_inductor, m):
     """The extern choice, and the frozen weight's global scale a constant: one cuBLAS addmm with
-    alpha = g and the bias (bf16 out), then ReLU + residual; W4A4 (a dynamic x scale) keeps the
-    fp32 product."""
+    alpha = g and the bias (bf16 out), then ReLU + residual; W4A4 (a dynamic x scale): one
+    cuBLASLt GEMM that reads g * g_x on the device (no fp32 product)."""
     code = _run(triton_inductor, m, 256, 192)
     assert "extern_kernels.nvfp4_addmm_tiled(" in code and TEMPLATE_MARK not in code
     assert "nvfp4_mm_tiled_f32(" not in code
@@ -461,7 +461,30 @@ def test_large_m_or_few_programs_pick_the_extern_choice(triton_inductor, m):
     expected = _eager(model, x, residual)
     torch.testing.assert_close(y, expected, rtol=2**-7, atol=2**-6)
     y, code = run_and_get_code(nv.compile(model, nv.Config(activations="nvfp4")), x, residual)
-    assert "extern_kernels.nvfp4_mm_tiled_f32(" in "\n".join(code)
+    source = "\n".join(code)
+    assert "extern_kernels.nvfp4_scaled_mm_tiled(" in source and "nvfp4_mm_tiled_f32(" not in source
+    with torch.no_grad():
+        expected = model.act(_linear_eager(model.linear, x, "nvfp4")) + residual
+    torch.testing.assert_close(y, expected, rtol=2**-7, atol=2**-6)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("activations", ["bf16", "nvfp4"])
+def test_large_m_extern_choice_under_cuda_graph_trees(triton_inductor, activations):
+    """mode="reduce-overhead" records the extern GEMM in a CUDA-graph tree, which refuses any
+    allocation made while recording that outlives the call (cuBLASLt's workspace and beta are
+    per-call allocations for that reason); replays with new x match the eager ops."""
+    torch.manual_seed(3)
+    m = gemm_configs.TEMPLATE_MAX_M + 44
+    model = LinearBlock(256, 192, torch.relu).to(device="cuda", dtype=torch.bfloat16).eval()
+    compiled = nv.compile(model, nv.Config(activations=activations), mode="reduce-overhead")
+    for _ in range(3):  # warm up, record, replay
+        x = torch.randn(m, 256, device="cuda", dtype=torch.bfloat16)
+        residual = torch.randn(m, 192, device="cuda", dtype=torch.bfloat16)
+        y = compiled(x, residual).clone()
+        with torch.no_grad():
+            expected = model.act(_linear_eager(model.linear, x, activations)) + residual
+        torch.testing.assert_close(y, expected, rtol=2**-7, atol=2**-6)
 
 
 @pytest.mark.gpu

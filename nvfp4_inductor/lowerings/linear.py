@@ -22,8 +22,11 @@ The fp32 operation order is the eager kernels': ((sum * 2^7) * g + bias), then o
 
 Choices: the template with the configs of gemm_configs.template_configs, and where the output is
 (M, N) on CUDA an extern choice (dequantize + cuBLAS, the eager op's path for large M). Where the
-extern choice is the pick, x is bf16 and the weight's global scale a compile-time constant (frozen
-weights, W4A16), it is one cuBLAS addmm instead, alpha = g, the bias as its input, bf16 out. By default
+extern choice is the pick (not autotuned against the template, so it need not return the fp32
+products), it returns the linear's output itself: x bf16 and the weight's global scale a
+compile-time constant (frozen weights, W4A16): one cuBLAS addmm, alpha = g, the bias as its input,
+bf16 out; otherwise (W4A4's g * g_x, per-row scales, fp16 / fp32 x) one cuBLASLt GEMM that reads
+the scales on the device (kernels/cublaslt.py). By default
 one heuristic pick (gemm_configs.template_is_default: the template where it splits K, or up to
 TEMPLATE_MAX_M rows with a program per SM; measured); under mode="max-autotune" all of them. Where the
 template does not apply (a dynamic M, a non-CUDA device unless Inductor's CPU backend is Triton)
@@ -91,8 +94,18 @@ def addmm_tiled(x, w_data, w_scale, bias=None, *, n, alpha):
     return run(x, w_data, w_scale, bias, n, alpha)
 
 
+def scaled_mm_tiled(x, w_data, w_scale, g, bias=None, *, n, out_dtype):
+    """The extern choice where it is the only one: (M, N) out_dtype = g * (x @ (e2m1 * block
+    scale)^T) + bias, g read on the device by one cuBLASLt GEMM (kernels/gemm.py)."""
+    from ..kernels.gemm import scaled_mm_tiled as run
+
+    return run(x, w_data, w_scale, g, bias, n, out_dtype)
+
+
 extern_mm_tiled_f32 = ExternKernelChoice(mm_tiled_f32, name="nvfp4_mm_tiled_f32", has_out_variant=False)
 extern_addmm_tiled = ExternKernelChoice(addmm_tiled, name="nvfp4_addmm_tiled", has_out_variant=False)
+extern_scaled_mm_tiled = ExternKernelChoice(scaled_mm_tiled, name="nvfp4_scaled_mm_tiled",
+                                            has_out_variant=False)
 extern_mm_tiled_f32_x4 = ExternKernelChoice(mm_tiled_f32_x4, name="nvfp4_mm_tiled_f32_x4",
                                             has_out_variant=False)
 # The split-K template's tile counters: one zeroed int32 tensor per device, a constant of every
@@ -197,6 +210,16 @@ def lower_linear_tiled(x, w_data, w_scale, w_global_scale, bias, n, activation, 
         inputs = realize_inputs(x2, w_data, w_scale, *([bias] if bias is not None else []))
         y = extern_addmm_tiled.bind(inputs, ir.FixedLayout(device, torch.bfloat16, [m, n]), n=n,
                                     alpha=float(w_global_scale.value)).output_node()
+        return lowerings[aten.view.default](y, [*lead, n])
+    if extern and not configs and device.type == "cuda" and not dot_scaled:
+        # The extern choice alone otherwise (W4A4: the scales' product; per-row scales; x not
+        # bf16): cuBLASLt reads g from the device as alpha and adds the bias, x's dtype out.
+        if isinstance(w_global_scale, ir.Constant):
+            w_global_scale = V.graph.add_tensor_constant(torch.tensor(
+                w_global_scale.value, dtype=torch.float32, device=device))
+        inputs = realize_inputs(x2, w_data, w_scale, w_global_scale, *([bias] if bias is not None else []))
+        y = extern_scaled_mm_tiled.bind(inputs, ir.FixedLayout(device, x.get_dtype(), [m, n]), n=n,
+                                        out_dtype=x.get_dtype()).output_node()
         return lowerings[aten.view.default](y, [*lead, n])
     layout = ir.FixedLayout(device, torch.float32, [m, n])
     use_asm = device.type == "cuda"  # inline PTX decode; the CPU backend decodes with plain ops
