@@ -1,6 +1,8 @@
 """Prefill (large M) on the extern path: what the fp32 product + separate epilogue costs against
 one cuBLAS call that applies the weight's global scale as alpha (a Python float: the scale of a
-frozen weight is a compile-time constant) and the bias as beta * C, bf16 output, one rounding.
+frozen weight is a compile-time constant) and the bias as beta * C, bf16 output, one rounding;
+and against one cuBLASLt call that reads alpha from the device (kernels/cublaslt.py: no host
+float needed, so eager calls and W4A4's dynamic scale can use it too).
 
     python benchmarks/probe_prefill.py
     python benchmarks/probe_prefill.py --no-bias   # a linear without bias: how cuBLAS gets alpha
@@ -12,7 +14,8 @@ from bench_quantize import stream_us
 import nvfp4_inductor as nv
 from nvfp4_inductor import tiled
 from nvfp4_inductor.kernels.dequantize import dequantize
-from nvfp4_inductor.kernels.gemm import addmm_tiled
+from nvfp4_inductor.kernels.cublaslt import scaled_mm
+from nvfp4_inductor.kernels.gemm import addmm_tiled, scaled_mm_tiled
 
 SHAPES = [(4096, 4096), (4096, 14336), (14336, 4096), (8192, 28672)]  # (K, N)
 
@@ -21,8 +24,9 @@ def main() -> None:
     print(f"GPU: {torch.cuda.get_device_name()}, torch {torch.__version__}, triton {triton.__version__}")
     m = 4096
     print("| K | N | bf16 x @ W.T | dequantize | mm fp32 out | + epilogue | addmm alpha=g bf16 | rel err fp32 path "
-          "| rel err addmm | tiled dequantize, generic kernel (fp16 out) | tiled, tile kernel (bf16) | addmm_tiled |")
-    print("|---|---|---|---|---|---|---|---|---|---|---|---|")
+          "| rel err addmm | tiled dequantize, generic kernel (fp16 out) | tiled, tile kernel (bf16) | addmm_tiled "
+          "| Lt alpha on device | rel err Lt | same bits as addmm | Lt tiled (dequantize + Lt) |")
+    print("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|")
     for k, n in SHAPES:
         w = torch.randn(n, k, dtype=torch.bfloat16, device="cuda") * 0.02
         x = torch.randn(m, k, dtype=torch.bfloat16, device="cuda")
@@ -39,7 +43,11 @@ def main() -> None:
         def addmm(_):
             return torch.addmm(bias, x, wd.T, alpha=g)
 
-        errs = [((f(0).double() - ref).norm() / ref.norm()).item() for f in (fp32_path, addmm)]
+        def lt(_):
+            return scaled_mm(x, wd, g_dev, bias, torch.bfloat16)
+
+        errs = [((f(0).double() - ref).norm() / ref.norm()).item() for f in (fp32_path, addmm, lt)]
+        same = torch.equal(lt(0), addmm(0))
         data_t, scale_t = tiled.tile(q.data, q.scale.view(torch.uint8))
         assert torch.equal(dequantize(data_t, scale_t, None, False, torch.bfloat16, tiled_nk=(n, k)), wd)
         assert torch.equal(addmm_tiled(x, data_t, scale_t, bias, n, g), addmm(0))
@@ -55,10 +63,14 @@ def main() -> None:
             "tiled_tiles": stream_us(lambda _: dequantize(data_t, scale_t, None, False, torch.bfloat16,
                                                           tiled_nk=(n, k)), [0]),
             "addmm_tiled": stream_us(lambda _: addmm_tiled(x, data_t, scale_t, bias, n, g), [0]),
+            "lt": stream_us(lt, [0]),
+            "lt_tiled": stream_us(lambda _: scaled_mm_tiled(x, data_t, scale_t, g_dev, bias, n,
+                                                            torch.bfloat16), [0]),
         }
         print(f"| {k} | {n} | {t['bf16']:.1f} | {t['deq']:.1f} | {t['mm32']:.1f} | {t['fp32_path']:.1f} | "
               f"{t['addmm']:.1f} | {errs[0]:.2e} | {errs[1]:.2e} | {t['tiled_generic']:.1f} | "
-              f"{t['tiled_tiles']:.1f} | {t['addmm_tiled']:.1f} |", flush=True)
+              f"{t['tiled_tiles']:.1f} | {t['addmm_tiled']:.1f} | {t['lt']:.1f} | {errs[2]:.2e} | {same} | "
+              f"{t['lt_tiled']:.1f} |", flush=True)
 
 
 def no_bias() -> None:
