@@ -168,8 +168,8 @@ def dot_scaled_splitk_config(m: int, n: int, k: int, num_sms: int, min_steps: in
 #       0.77-0.88x of bf16 cuBLAS, against 0.34-0.48x for dequantize + cuBLAS.
 #   "dequant_cublas": dequantize W to bf16 with the Triton dequantize kernel (W4A4: x quantized to
 #       its bf16 values first), then one cuBLASLt GEMM that reads the global scales on the device
-#       and adds the bias (kernels/cublaslt.py): 0.87-0.93x bf16 at M = 4096 (H100, W4A16; it was
-#       0.62-0.78x with an fp32 product and a second pass, same run).
+#       and adds the bias (kernels/cublaslt.py): 0.84-0.94x bf16 at M = 4096 (H100, W4A16; it was
+#       0.63-0.82x with an fp32 product and a second pass, same call).
 #   "triton": the first NVFP4 GEMM kernel (gemm.py), 2.3-16x slower than bf16 cuBLAS; kept for
 #       fp16 / fp32 x above SPLITK_MAX_M (cuBLAS would take x as bf16: fp16 / fp32 x would lose
 #       mantissa bits the reference keeps).
