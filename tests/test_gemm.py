@@ -93,7 +93,7 @@ def test_linear_path_choice():
     assert gemm_configs.linear_path(16, 4096, 4096, torch.float32, "nvfp4") == "splitk"
     assert gemm_configs.linear_path(17, 4096, 4096, torch.bfloat16, "bf16") == "dequant_cublas"
     assert gemm_configs.linear_path(4096, 4096, 4096, torch.bfloat16, "nvfp4") == "dequant_cublas"
-    assert gemm_configs.linear_path(64, 4096, 4096, torch.float32, "bf16") == "triton"
+    assert gemm_configs.linear_path(64, 4096, 4096, torch.float32, "bf16") == "dequant_cublas"
 
 
 @pytest.mark.parametrize("m, n, k, swizzled, config", [
@@ -279,13 +279,17 @@ def test_register_fed_config(m, n, k, splits):
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16, torch.float32])
-def test_linear_on_cuda_output_dtypes_and_3d(dtype):
-    x = torch.randn(2, 5, 128, dtype=dtype)
-    w = nv.quantize(torch.randn(64, 128))
-    want = nv.linear(x, w)
+@pytest.mark.parametrize("rows", [5, 130])  # the skinny kernel; dequantize + cuBLASLt
+@pytest.mark.parametrize("activation", ["bf16", "nvfp4"])
+def test_linear_on_cuda_output_dtypes_and_3d(dtype, rows, activation):
+    gen = torch.Generator().manual_seed(rows)
+    x = torch.randn(2, rows, 128, generator=gen).to(dtype)
+    bias = torch.randn(64, generator=gen).to(dtype)
+    w = nv.quantize(torch.randn(64, 128, generator=gen))
+    want = nv.linear(x, w, bias, activation=activation)
     w_cuda = nv.NVFP4(*(t.cuda() if isinstance(t, torch.Tensor) else t for t in w))
-    got = nv.linear(x.cuda(), w_cuda)
-    assert got.dtype == dtype and got.shape == (2, 5, 64)
+    got = nv.linear(x.cuda(), w_cuda, bias.cuda(), activation=activation)
+    assert got.dtype == dtype and got.shape == (2, rows, 64)
     assert _rel(got, want.float()) <= 1e-3
 
 

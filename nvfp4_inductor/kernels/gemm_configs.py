@@ -170,9 +170,12 @@ def dot_scaled_splitk_config(m: int, n: int, k: int, num_sms: int, min_steps: in
 #       its bf16 values first), then one cuBLASLt GEMM that reads the global scales on the device
 #       and adds the bias (kernels/cublaslt.py): 0.84-0.94x bf16 at M = 4096 (H100, W4A16; it was
 #       0.63-0.82x with an fp32 product and a second pass, same call).
-#   "triton": the first NVFP4 GEMM kernel (gemm.py), 2.3-16x slower than bf16 cuBLAS; kept for
-#       fp16 / fp32 x above SPLITK_MAX_M (cuBLAS would take x as bf16: fp16 / fp32 x would lose
-#       mantissa bits the reference keeps).
+#       Whatever x's dtype: W4A16 multiplies x rounded to bf16 (reference.linear), and the GEMM
+#       writes fp32 where the output is fp16 / fp32, rounded once after.
+#   "triton": the first NVFP4 GEMM kernel (gemm.py), 2.3-16x slower than bf16 cuBLAS on sm_90; not
+#       chosen (it served fp16 / fp32 x above SPLITK_MAX_M until the GEMM above could write fp32
+#       with the scales applied), reachable through FORCE_PATH; its sm_100 block-scaled MMA is
+#       compiled in CI.
 # FORCE_PATH overrides the choice (benchmarks and tests use it to measure each).
 FORCE_PATH = None
 PATHS = ("splitk", "dequant_cublas", "triton")
@@ -184,13 +187,12 @@ TILED_SPLITK_MAX_M = 64
 
 
 def linear_path(m: int, n: int, k: int, x_dtype, activation: str, tiled: bool = False) -> str:
-    import torch
-
+    """The path for an (M, K) x and an (N, K) weight (the table's keys; M alone decides today)."""
     if FORCE_PATH is not None:
         return FORCE_PATH
     if m <= (TILED_SPLITK_MAX_M if tiled else SPLITK_MAX_M):
         return "splitk"
-    return "dequant_cublas" if x_dtype == torch.bfloat16 else "triton"
+    return "dequant_cublas"
 
 
 class TemplateConfig(NamedTuple):
