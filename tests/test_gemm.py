@@ -294,18 +294,20 @@ def test_linear_on_cuda_output_dtypes_and_3d(dtype, rows, activation):
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("m, n, k", [(17, 48, 64), (257, 1056, 1040)])
+@pytest.mark.parametrize("m, n, k", [(17, 48, 64), (257, 1056, 1040), (33, 64, 8192)])  # (split K)
 @pytest.mark.parametrize("per_row", [False, True])
 @pytest.mark.parametrize("bias_dtype", [None, torch.bfloat16, torch.float32, torch.float16])
 @pytest.mark.parametrize("out_dtype", [torch.bfloat16, torch.float16, torch.float32])
 def test_cublaslt_scaled_mm_rounds_once(m, n, k, per_row, bias_dtype, out_dtype):
     """alpha * (x @ w^T) + bias in fp32, rounded once: against the fp32 product on the same GPU
     (cuBLAS; the order of the sums may differ) with alpha and bias applied by torch. x is a row
-    slice (leading stride > K)."""
+    slice (leading stride > K): 32 bytes into its storage (used in place), or 2 bytes (copied to
+    an aligned buffer: with the bias epilogue cuBLAS 13.0 failed on it)."""
     from nvfp4_inductor.kernels.cublaslt import scaled_mm
 
     gen = torch.Generator(device="cuda").manual_seed(m * n + k)
-    x = torch.randn(m, k + 32, generator=gen, device="cuda", dtype=torch.bfloat16)[:, 16:16 + k]
+    start = 1 if m == 17 else 16
+    x = torch.randn(m, k + 32, generator=gen, device="cuda", dtype=torch.bfloat16)[:, start:start + k]
     w = torch.randn(n, k, generator=gen, device="cuda", dtype=torch.bfloat16)
     alpha = torch.rand(n if per_row else (), generator=gen, device="cuda") + 0.5
     bias = None if bias_dtype is None else torch.randn(n, generator=gen, device="cuda").to(bias_dtype)
@@ -322,16 +324,21 @@ def test_cublaslt_scaled_mm_rounds_once(m, n, k, per_row, bias_dtype, out_dtype)
 
 
 @pytest.mark.gpu
-def test_cublaslt_scaled_mm_rejects_what_it_cannot_run():
+def test_cublaslt_scaled_mm_layouts_and_bad_arguments():
     from nvfp4_inductor.kernels.cublaslt import scaled_mm
 
     x = torch.randn(32, 64, device="cuda", dtype=torch.bfloat16)
     w = torch.randn(48, 64, device="cuda", dtype=torch.bfloat16)
     g = torch.ones((), device="cuda")
+    want = scaled_mm(x, w, g, None, torch.float32)
+    # column-major x, rows broadcast (stride 0), a column-major weight: copied, same result
+    assert torch.equal(scaled_mm(x.T.contiguous().T, w.T.contiguous().T, g, None, torch.float32), want)
+    row = x[:1].expand(32, 64)
+    assert torch.equal(scaled_mm(row, w, g, None, torch.float32), want[:1].expand(32, 48))
     with pytest.raises(ValueError, match="bf16 on one CUDA device"):
         scaled_mm(x.half(), w, g, None, torch.bfloat16)
     with pytest.raises(ValueError, match="bf16 on one CUDA device"):
-        scaled_mm(x.T.contiguous().T, w, g, None, torch.bfloat16)
+        scaled_mm(x, w.cpu(), g, None, torch.bfloat16)
     with pytest.raises(ValueError, match="alpha must be fp32"):
         scaled_mm(x, w, g.cpu(), None, torch.bfloat16)
     with pytest.raises(ValueError, match="alpha must be fp32"):

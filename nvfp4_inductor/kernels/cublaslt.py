@@ -42,8 +42,10 @@ _POINTER_MODE_DEVICE = 1
 # cublasLtEpilogue_t
 _EPILOGUE_DEFAULT = 1
 _EPILOGUE_BIAS = 4
-# cublasLtMatmulPreferenceAttributes_t
+# cublasLtMatmulPreferenceAttributes_t, cublasLtReductionScheme_t
 _PREF_MAX_WORKSPACE_BYTES = 1
+_PREF_REDUCTION_SCHEME_MASK = 3
+_REDUCTION_SCHEME_COMPUTE_TYPE = 2  # split-K partial sums in fp32 (not in the output type)
 _PREF_MIN_ALIGNMENT_BYTES = {"a": 5, "b": 6, "c": 7, "d": 8}
 
 WORKSPACE_BYTES = 32 << 20  # cuBLAS's recommendation for Hopper; some split-K kernels use it
@@ -154,6 +156,10 @@ class _Plan:
         try:
             set_pref = lib.cublasLtMatmulPreferenceSetAttribute
             _set(set_pref, pref, _PREF_MAX_WORKSPACE_BYTES, ctypes.c_uint64(WORKSPACE_BYTES))
+            # no split-K reduction in bf16 (the in-place and output-type schemes): the sums stay
+            # fp32 until the one rounding (torch does the same when bf16 reduced-precision
+            # reduction is off)
+            _set(set_pref, pref, _PREF_REDUCTION_SCHEME_MASK, ctypes.c_uint32(_REDUCTION_SCHEME_COMPUTE_TYPE))
             for name, align in alignments.items():
                 _set(set_pref, pref, _PREF_MIN_ALIGNMENT_BYTES[name], ctypes.c_uint32(align))
             self.algo, count = _HeuristicResult(), ctypes.c_int(0)
@@ -186,17 +192,22 @@ def scaled_mm(x: torch.Tensor, w: torch.Tensor, alpha: torch.Tensor, bias: torch
     a bias of that type; otherwise (fp16 out: cuBLASLt has no bf16 x bf16 -> fp16 GEMM; or a bias
     of another dtype than the output) it writes fp32 with the bias in fp32 and the result is
     rounded after: the same single rounding."""
-    if bias is not None and bias.stride(0) != 1:
-        bias = bias.contiguous()
+    if bias is not None and (bias.stride(0) != 1 or bias.data_ptr() % 16):
+        bias = bias.clone(memory_format=torch.contiguous_format)
     if out_dtype not in _OUT_DTYPES or (bias is not None and bias.dtype != out_dtype):
         return scaled_mm(x, w, alpha, None if bias is None else bias.float(), torch.float32).to(out_dtype)
     m, k = x.shape
     n = w.shape[0]
     if not (x.dtype == w.dtype == torch.bfloat16 and x.is_cuda and w.device == x.device
-            and x.stride(1) == 1 and w.is_contiguous() and w.shape[1] == k):
-        raise ValueError(f"scaled_mm: x (M, K) and w (N, K) bf16 on one CUDA device, rows contiguous; "
-                         f"got x {x.dtype} {tuple(x.shape)} strides {x.stride()}, w {w.dtype} "
-                         f"{tuple(w.shape)}")
+            and w.shape[1] == k):
+        raise ValueError(f"scaled_mm: x (M, K) and w (N, K) bf16 on one CUDA device; got x {x.dtype} "
+                         f"{tuple(x.shape)} on {x.device}, w {w.dtype} {tuple(w.shape)} on {w.device}")
+    # Rows of unit stride on 16-byte boundaries, or a copy: with a 2-byte aligned x and the bias
+    # epilogue the H100 test failed (cuBLAS 13.0); the package's K is a multiple of 16, so a
+    # contiguous copy is aligned.
+    if x.stride(1) != 1 or (m > 1 and (x.stride(0) < k or x.stride(0) % 8)) or x.data_ptr() % 16:
+        x = x.clone(memory_format=torch.contiguous_format)
+    w = w.contiguous()
     if alpha.dtype != torch.float32 or alpha.device != x.device or alpha.shape not in ((), (n,)):
         raise ValueError(f"scaled_mm: alpha must be fp32 () or ({n},) on {x.device}, got "
                          f"{alpha.dtype} {tuple(alpha.shape)} on {alpha.device}")
