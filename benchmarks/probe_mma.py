@@ -4,6 +4,7 @@ over weight copies beyond L2. Not a benchmark of record (bench_gemm.py is).
 
     python benchmarks/probe_mma.py
     python benchmarks/probe_mma.py --min-steps   # the decoder block's shapes: K-steps a split runs at least
+    python benchmarks/probe_mma.py --rows        # the register-fed mainloop on row-major weights
 """
 
 import math
@@ -100,7 +101,75 @@ def min_steps_sweep() -> None:
         del w_q, w_tiled
 
 
+def rows_check() -> None:
+    worst = 0.0
+    for n, k in [(64, 64), (80, 176), (4096, 4096), (1000, 14336), (192, 4160)]:
+        w = torch.randn(n, k, device="cuda", dtype=torch.bfloat16)
+        for swizzle in (False, True):
+            q = nv.quantize(w, swizzle=swizzle)
+            w_ref = q.dequantize(torch.float32).double()
+            for m in (1, 3, 8, 9, 16):
+                x = torch.randn(m, k, device="cuda", dtype=torch.bfloat16)
+                bias = torch.randn(n, device="cuda", dtype=torch.bfloat16)
+                ref = x.double() @ w_ref.T + bias.double()
+                for splits in (None, 1, 3):
+                    config = None if splits is None else (16, 64, 64, splits, gemm_mma.WARPS, 1)
+                    y = gemm_splitk(x, q.data, q.scale.view(torch.uint8), q.global_scale, bias,
+                                    torch.float32, swizzle, config=config, reg_mma=True)
+                    err = ((y.double() - ref).abs().max() / ref.abs().max()).item()
+                    worst = max(worst, err)
+                    assert err < 1e-4, (n, k, m, swizzle, splits, err)
+    print(f"correct (row-major): worst relative error {worst:.2e} (fp32 out vs float64)")
+
+
+def rows_compare() -> None:
+    """Row-major weights (what nv.linear takes): the tl.dot skinny kernel (the eager path before
+    the register-fed mainloop read this layout) against the register-fed one with plain scales
+    read a byte per K-tile (bytes) or a word per 4 (rows), swizzled scales, and the tiled layout,
+    same run; default configs."""
+    print(f"GPU: {torch.cuda.get_device_name()}, torch {torch.__version__}, triton {triton.__version__}")
+    rows_check()
+    l2 = torch.cuda.get_device_properties().L2_cache_size
+    sms = torch.cuda.get_device_properties().multi_processor_count
+    cols = ["bf16", "rows-dot", "bytes-mma", "rows-mma", "swz-mma", "tiled-mma"]
+    print(f"{'K':>6} {'N':>6} {'M':>3} " + " ".join(f"{c:>9}" for c in cols) + " | x bf16: "
+          + " ".join(f"{c:>9}" for c in cols[1:]))
+    for k, n in SHAPES:
+        copies = max(2, math.ceil(3 * l2 / (n * k * 0.5625)))
+        w_bf16 = [torch.randn(n, k, dtype=torch.bfloat16, device="cuda") for _ in range(copies)]
+        plain = [nv.quantize(w) for w in w_bf16]
+        swz = [nv.quantize(w, swizzle=True) for w in w_bf16]
+        # the same scales 1 byte off a word boundary: read a byte per K-tile, not a word per 4
+        odd = [torch.empty(q.scale.numel() + 1, dtype=torch.uint8, device="cuda")[1:].view(q.scale.shape)
+               .copy_(q.scale.view(torch.uint8)) for q in plain]
+        w_tiled = [(*ops.tile_weight(q.data, q.scale.view(torch.uint8)), q.global_scale) for q in plain]
+        for m in (1, 16):
+            x = torch.randn(m, k, dtype=torch.bfloat16, device="cuda")
+            old = gemm_configs.splitk_config(m, n, k, sms, min_steps=gemm_configs.MIN_STEPS_PER_SPLIT)
+            times = [
+                stream_us(lambda w: x @ w.T, w_bf16),
+                stream_us(lambda q: gemm_splitk(x, q.data, q.scale.view(torch.uint8), q.global_scale, None,
+                                                torch.bfloat16, False, config=old, reg_mma=False), plain),
+                stream_us(lambda qs: gemm_splitk(x, qs[0].data, qs[1], qs[0].global_scale, None,
+                                                 torch.bfloat16, False, reg_mma=True), list(zip(plain, odd))),
+                stream_us(lambda q: gemm_splitk(x, q.data, q.scale.view(torch.uint8), q.global_scale, None,
+                                                torch.bfloat16, False, reg_mma=True), plain),
+                stream_us(lambda q: gemm_splitk(x, q.data, q.scale.view(torch.uint8), q.global_scale, None,
+                                                torch.bfloat16, True, reg_mma=True), swz),
+                stream_us(lambda w: gemm_splitk(x, w[0], w[1], w[2], None, torch.bfloat16, False,
+                                                tiled_n=n, reg_mma=True), w_tiled),
+            ]
+            print(f"{k:>6} {n:>6} {m:>3} " + " ".join(f"{t:9.1f}" for t in times) + " | x bf16: "
+                  + " ".join(f"{times[0] / t:9.2f}" for t in times[1:]), flush=True)
+        del w_bf16, plain, swz, odd, w_tiled
+
+
 if __name__ == "__main__":
     import sys
 
-    min_steps_sweep() if "--min-steps" in sys.argv else main()
+    if "--rows" in sys.argv:
+        rows_compare()
+    elif "--min-steps" in sys.argv:
+        min_steps_sweep()
+    else:
+        main()

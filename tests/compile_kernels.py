@@ -70,7 +70,8 @@ SPLITK_SIGNATURE = {
     "w_scale_cols": "i32", "tiles_per_split": "i32", "stride_xm": "i32", "stride_om": "i32",
     **{name: "constexpr" for name in ("SWIZZLED", "W_G_PER_ROW", "HAS_BIAS", "SPLIT", "USE_ASM",
                                       "OPERAND", "EVEN", "TILED", "DOT_SCALED", "REG_MMA", "UNSCALE",
-                                      "BLOCK_M", "BLOCK_N", "BLOCK_K", "SUM_ROWS", "SUM_SPLITS")},
+                                      "BLOCK_M", "BLOCK_N", "BLOCK_K", "SUM_ROWS", "SUM_SPLITS",
+                                      "GROUPED")},
 }
 WGMMA = r"wgmma\.mma_async"
 MMA_SYNC_BF16 = r"mma\.sync\.aligned\.m16n8k16\.row\.col\.f32\.bf16\.bf16\.f32"
@@ -112,7 +113,7 @@ def _splitk_constexprs(**overrides):
     return {"SWIZZLED": False, "W_G_PER_ROW": False, "HAS_BIAS": True, "SPLIT": True, "USE_ASM": True,
             "OPERAND": triton.language.bfloat16, "EVEN": True, "TILED": False,
             "DOT_SCALED": False, "REG_MMA": 0, "UNSCALE": 128.0, "SUM_ROWS": 1, "SUM_SPLITS": 16,
-            **overrides}
+            "GROUPED": False, **overrides}
 
 
 def splitk_cases():
@@ -136,12 +137,20 @@ def splitk_cases():
 
 def reg_mma_cases():
     """The register-fed mainloop (gemm_mma.py): mma.sync on operands it loads into registers
-    itself, scales through the hardware e4m3 conversion; x rows 1-8 and 9-16."""
+    itself, scales through the hardware e4m3 conversion; x rows 1-8 and 9-16; W tiled, or
+    row-major with plain or swizzled scales (8-byte code loads), with and without K masks."""
     bn, bk, _, warps, stages = gemm_configs.REG_MMA_CONFIG
+    checks = [MMA_SYNC_BF16, WORD_DECODE, r"cvt\.rn\.f16x2\.e4m3x2"]
     for b_blocks in (1, 2):
         yield (f"splitk-reg-mma-{8 * b_blocks}x{bn}x{bk}", sk._splitk_kernel, SPLITK_SIGNATURE,
                _splitk_constexprs(TILED=True, REG_MMA=b_blocks, BLOCK_M=16, BLOCK_N=bn, BLOCK_K=bk),
-               warps, [MMA_SYNC_BF16, WORD_DECODE, r"cvt\.rn\.f16x2\.e4m3x2"], stages)
+               warps, checks, stages)
+        for scales, even in itertools.product(("plain", "swizzled", "grouped"), (True, False)):
+            yield (f"splitk-reg-mma-rows-{8 * b_blocks}x{bn}x{bk}-{scales}-even{int(even)}",
+                   sk._splitk_kernel, SPLITK_SIGNATURE,
+                   _splitk_constexprs(SWIZZLED=scales == "swizzled", GROUPED=scales == "grouped", EVEN=even,
+                                      REG_MMA=b_blocks, BLOCK_M=16, BLOCK_N=bn, BLOCK_K=bk),
+                   warps, checks + [r"ld\.global(\.\w+)*\.v2\.b32"], stages)
 
 
 @triton.jit

@@ -67,7 +67,7 @@ def test_gemm_per_row_weight_scale_and_output_dtypes(kernel_device):
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("m", [1, 7, 33, 257])
-@pytest.mark.parametrize("n, k", [(48, 64), (80, 160), (1024, 1056)])
+@pytest.mark.parametrize("n, k", [(48, 64), (80, 160), (96, 1344), (1024, 1056)])
 @pytest.mark.parametrize("activation", ["bf16", "nvfp4"])
 @pytest.mark.parametrize("path", gemm_configs.PATHS)
 def test_linear_on_cuda_matches_reference(m, n, k, activation, path, monkeypatch):
@@ -143,29 +143,42 @@ def test_splitk_on_tiled_weights_matches_reference(kernel_device, m, n, k):
     assert _rel(y, x.double() @ w.dequantize(torch.float32).double().T) <= 1e-5
 
 
+def _reg_mma_weights(w, layout):
+    """-> (codes, scale bits, tiled_n, swizzled, byte offset of row 1's second block scale)."""
+    if layout == "tiled":
+        data_t, scale_t = nv_tiled.tile(w.data, w.scale.view(torch.uint8))
+        return data_t, scale_t, w.shape[0], False, nv_tiled.TILE_K // 16 + 1  # tile 0, row 1, block 1
+    nan_at = 16 + 1 if w.swizzled else w.shape[1] // 16 + 1  # (SPEC §3: row r % 32 at 16 * r)
+    return w.data, w.scale.view(torch.uint8), None, w.swizzled, nan_at
+
+
 @pytest.mark.gpu
-@pytest.mark.parametrize("m, n, k", [(1, 64, 64), (3, 80, 208), (8, 192, 1040), (9, 128, 512),
-                                     (16, 1056, 4160)])
+@pytest.mark.parametrize("m, n, k", [(1, 64, 64), (3, 80, 208), (5, 96, 1344), (2, 64, 1024), (8, 192, 1040),
+                                     (9, 128, 512), (16, 1056, 4160)])
 @pytest.mark.parametrize("splits", [1, 3])
-def test_register_fed_mainloop_matches_reference(m, n, k, splits):
+@pytest.mark.parametrize("layout", ["tiled", "rows", "rows-swizzled"])
+def test_register_fed_mainloop_matches_reference(m, n, k, splits, layout):
     """gemm_mma's lane mapping, K tails (K not a multiple of the 64-wide tile), N not a tile
     multiple, both x-row blocks (M <= 8 and 9..16), NaN-free wide-range inputs and per-row
-    weight scales, split K (the last split sums the partials) and not."""
+    weight scales, split K (the last split sums the partials) and not; weights tiled or in the
+    row-major interchange layout with plain or swizzled scales (plain scales with K % 64 == 0 at
+    M <= 8 are read a word per 4 K-tiles: one and several such groups, K % 256 != 0 too)."""
     gen = torch.Generator().manual_seed(m * 7 + n + k + splits)
     x = (torch.randn(m, k, generator=gen) * torch.logspace(-3, 3, k)).to(torch.bfloat16)
-    w = nv.quantize(torch.randn(n, k, generator=gen) * torch.logspace(-2, 2, n)[:, None], per_row=True)
+    w = nv.quantize(torch.randn(n, k, generator=gen) * torch.logspace(-2, 2, n)[:, None], per_row=True,
+                    swizzle=layout == "rows-swizzled")
     bias = torch.randn(n, generator=gen)
-    data_t, scale_t = nv_tiled.tile(w.data, w.scale.view(torch.uint8))
-    y = gemm_splitk.gemm_splitk(x.cuda(), data_t.cuda(), scale_t.cuda(), w.global_scale.cuda(), bias.cuda(),
-                                torch.float32, False, config=(16, 64, 64, splits, gemm_mma.WARPS, 1),
-                                tiled_n=n, reg_mma=True)
+    data, scale, tiled_n, swizzled, nan_at = _reg_mma_weights(w, layout)
+    y = gemm_splitk.gemm_splitk(x.cuda(), data.cuda(), scale.cuda(), w.global_scale.cuda(), bias.cuda(),
+                                torch.float32, swizzled, config=(16, 64, 64, splits, gemm_mma.WARPS, 1),
+                                tiled_n=tiled_n, reg_mma=True)
     want = x.double() @ w.dequantize(torch.float32).double().T + bias.double()
     assert _rel(y, want) <= 1e-5
-    # a NaN block scale makes exactly its own weight row NaN
-    scale_nan = scale_t.clone()
-    scale_nan[5] = 0x7F  # tile 0, row 1, block 1
-    y = gemm_splitk.gemm_splitk(x.cuda(), data_t.cuda(), scale_nan.cuda(), w.global_scale.cuda(), None,
-                                torch.float32, False, tiled_n=n)
+    # a NaN block scale makes exactly its own weight row NaN (the default choice of mainloop)
+    scale_nan = scale.clone()
+    scale_nan.view(-1)[nan_at] = 0x7F
+    y = gemm_splitk.gemm_splitk(x.cuda(), data.cuda(), scale_nan.cuda(),
+                                w.global_scale.cuda(), None, torch.float32, swizzled, tiled_n=tiled_n)
     assert y[:, 1].isnan().all() and not y[:, [0] + list(range(2, n))].isnan().any()
 
 
@@ -179,6 +192,10 @@ def test_register_fed_mainloop_refuses_what_it_cannot_run():
     with pytest.raises(ValueError, match=f"runs 16 x 64 x 64 tiles on {gemm_mma.WARPS} warps"):
         gemm_splitk.gemm_splitk(x[:3], data_t, scale_t, g, None, torch.float32, False, tiled_n=64,
                                 use_asm=True, reg_mma=True, config=(16, 64, 64, 1, 2 * gemm_mma.WARPS, 4))
+    rows = torch.zeros(64 * 32 + 4, dtype=torch.uint8)[4:].view(64, 32)  # rows 4 bytes off 8-byte boundaries
+    with pytest.raises(ValueError, match="weight rows on 8-byte boundaries"):
+        gemm_splitk.gemm_splitk(x[:3], rows, torch.zeros(64, 4, dtype=torch.uint8), g, None, torch.float32,
+                                False, use_asm=True, reg_mma=True)
     huge = torch.empty(gemm_configs.REG_MMA_MAX_CODE_BYTES, dtype=torch.uint8, device="meta")  # int32 word offsets
     with pytest.raises(ValueError, match="fewer than 8589934592 code bytes"):
         gemm_splitk.gemm_splitk(x[:3], huge, scale_t, g, None, torch.float32, False, tiled_n=64,

@@ -1,6 +1,7 @@
 """Register-fed skinny NVFP4 GEMM for decode on sm_90: y = x @ W^T, x (M <= 16, K) bf16, W NVFP4
 in the tiled layout (nvfp4_inductor/tiled.py: 64 x 64 tiles, each tile's 64 rows of 32 bytes
-contiguous, plain e4m3 scale bits likewise).
+contiguous, plain e4m3 scale bits likewise; what the backend makes) or in the row-major
+interchange layout (what nv.linear takes; see Row-major weights below).
 
 Why not tl.dot: at M <= 16 the GEMM is a weight stream with ~4 instructions per weight to spend on
 an H200 (SPEC §5). Through tl.dot (gemm_splitk.py) Triton stages x^T, padded to 16 columns, in
@@ -36,6 +37,16 @@ s * 2^119 (one mul.bf16x2, exact: at most 6 significant bits): e2m1 * s * 2^-7, 
 gemm_splitk.py; the epilogue multiplies by 2^7 * g. s * 2^119 comes from the e4m3 bits through
 the hardware conversion (cvt.rn.f16x2.e4m3x2, exact, NaN kept) and fp32.
 
+Row-major weights (LAYOUT 1-3). The same lanes, values and mma; each lane keeps a pointer to each
+of its four rows, and a warp's 8-byte code load reads 8 rows x 32 bytes (8 cache lines, against 2
+in the tiled layout). Plain scales read as bytes cost as much again (8 lines a byte load), so
+with K % 64 == 0 at M <= 8 (LAYOUT 3) a lane takes, in tile r of each group of 4 K-tiles, the
+16-k block 4q + r of the group: its 4 scale bytes of the group are one word, loaded once a group
+and picked from by a byte permute. Swizzled scales (LAYOUT 2) need neither: the 8 rows of a
+warp's scale load lie in one 128-byte line. H100, M = 1, same run (benchmarks/probe_mma.py
+--rows): 4096 x 14336 27.3 us (bytes) / 23.8 (words) / 20.8 (swizzled) / 17.2 (tiled); the tl.dot
+kernel on row-major weights 37.6, bf16 cuBLAS 42.7.
+
 The mainloop returns the (64, 16) fp32 tile of gemm_splitk.splitk_mainloop's contract, so the
 eager split-K kernel and the Inductor template call either (REG_MMA): this one on CUDA for
 M <= 16, the tl.dot one for larger M and under the Triton interpreter (which runs no inline PTX).
@@ -45,6 +56,7 @@ import triton
 import triton.language as tl
 
 from ..tiled import TILE_K, TILE_N
+from ._common import TILE_BYTES as SWIZZLE_TILE_BYTES, swizzled_scale_offset
 
 _TILE_N: tl.constexpr = tl.constexpr(TILE_N)
 _TILE_K: tl.constexpr = tl.constexpr(TILE_K)
@@ -167,24 +179,83 @@ def _load_weights(ww_ptr, ws_ptr, tile):
 
 
 @triton.jit
-def _load_xs(xw_ptr, t, x_a, x_b, q, K, TWO_B: tl.constexpr, EVEN_K: tl.constexpr):
-    """A lane's x words of K-tile t (rows a, b)."""
-    k_ok = t * _TILE_K + 16 * q < K
-    xa = _load_x(xw_ptr, x_a + t * (_TILE_K // 2), k_ok, EVEN_K)
-    if TWO_B:
-        xb = _load_x(xw_ptr, x_b + t * (_TILE_K // 2), k_ok, EVEN_K)
-    else:
-        xb = xa
-    return xa, xb
+def _load_pair_rm(words, k_ok, EVEN_K: tl.constexpr):
+    """Two uint32 code words of one row (an 8-byte load), zeros past K unless EVEN_K."""
+    if EVEN_K:
+        return tl.split(tl.load(words[:, None] + tl.arange(0, 2)[None, :]))
+    return tl.split(tl.load(words[:, None] + tl.arange(0, 2)[None, :], mask=k_ok[:, None], other=0))
 
 
 @triton.jit
-def _load_tile(ww_ptr, ws_ptr, xw_ptr, tile, t, x_a, x_b, q, K, TWO_B: tl.constexpr,
-               EVEN_K: tl.constexpr):
-    """What a lane reads for K-tile t (tile index `tile` in the tiled layout)."""
-    w = _load_weights(ww_ptr, ws_ptr, tile)
-    xa, xb = _load_xs(xw_ptr, t, x_a, x_b, q, K, TWO_B, EVEN_K)
-    return w, xa, xb
+def _load_rm(ptrs, k_ok, EVEN_K: tl.constexpr):
+    if EVEN_K:
+        return tl.load(ptrs).to(tl.uint32)
+    return tl.load(ptrs, mask=k_ok, other=0).to(tl.uint32)
+
+
+@triton.jit
+def _byte_pair(a, b, r):
+    """(byte r of a, byte r of b) in the low 16 bits (r 0..3)."""
+    return tl.inline_asm_elementwise("prmt.b32 $0, $1, $2, $3;", "=r,r,r,r", [a, b, r | ((r + 4) << 4)],
+                                     dtype=tl.uint32, is_pure=True, pack=1)
+
+
+@triton.jit
+def _tile_offsets(t, LAYOUT: tl.constexpr):
+    """K-tile t of a row-major W -> (code words, x words, k) past K-tile 0 of the lane's addresses.
+    LAYOUT 3 groups 4 K-tiles (256 k): in tile t of a group lane q multiplies 16-k block
+    4q + t % 4 of it, so that its 4 scale bytes of the group are one word."""
+    if LAYOUT == 3:
+        return (t // 4) * 32 + (t % 4) * 2, (t // 4) * 128 + (t % 4) * 8, (t // 4) * 256
+    return t * _ROW_WORDS, t * (_TILE_K // 2), t * _TILE_K
+
+
+@triton.jit
+def _load_w(wp, sp, sw, first, t, k_ok, LAYOUT: tl.constexpr, EVEN_K: tl.constexpr):
+    """A lane's codes of K-tile t (rows g, g + 8, g + 16, g + 24 of its warp's 32: two words each)
+    and their four e4m3 scales as two 16-bit pairs, and the scale words sw (LAYOUT 3: the four
+    rows' words of the current group, loaded at its first tile; else unused).
+    LAYOUT 0 (tiled): wp, sp lane pointers into the tile row starting at tile `first`. Row-major
+    (1: plain scales, 2: swizzled, 3: plain grouped): wp, sp the lane's four row pointers at K-tile
+    0. Past K the row-major bytes belong to the next row or lie past the end: masked (zeros) unless
+    EVEN_K."""
+    if LAYOUT == 0:
+        w = _load_weights(wp, sp, first + t)
+    else:
+        cw, _, _ = _tile_offsets(t, LAYOUT)
+        w0, w1 = _load_pair_rm(wp[0] + cw, k_ok, EVEN_K)
+        w2, w3 = _load_pair_rm(wp[1] + cw, k_ok, EVEN_K)
+        w4, w5 = _load_pair_rm(wp[2] + cw, k_ok, EVEN_K)
+        w6, w7 = _load_pair_rm(wp[3] + cw, k_ok, EVEN_K)
+        if LAYOUT == 3:
+            r = t % 4
+            if r == 0:
+                words = t  # a group's 16 scale bytes a row are 4 words: 4 * (t // 4)
+                sw = (_load_rm(sp[0] + words, k_ok, EVEN_K), _load_rm(sp[1] + words, k_ok, EVEN_K),
+                      _load_rm(sp[2] + words, k_ok, EVEN_K), _load_rm(sp[3] + words, k_ok, EVEN_K))
+            s01 = _byte_pair(sw[0], sw[1], r)
+            s23 = _byte_pair(sw[2], sw[3], r)
+        else:
+            step: tl.constexpr = _TILE_K // 16 if LAYOUT == 1 else SWIZZLE_TILE_BYTES
+            s01 = _load_rm(sp[0] + t * step, k_ok, EVEN_K) | (_load_rm(sp[1] + t * step, k_ok, EVEN_K) << 8)
+            s23 = _load_rm(sp[2] + t * step, k_ok, EVEN_K) | (_load_rm(sp[3] + t * step, k_ok, EVEN_K) << 8)
+        w = (w0, w1, w2, w3, w4, w5, w6, w7, s01, s23)
+    return w, sw
+
+
+@triton.jit
+def _load_tile(wp, sp, sw, xw_ptr, first, t, x_a, x_b, kq, K, LAYOUT: tl.constexpr,
+               TWO_B: tl.constexpr, EVEN_K: tl.constexpr):
+    """What a lane reads for K-tile t: (weights, scale words, x row a's words, x row b's)."""
+    _, xw, k = _tile_offsets(t, LAYOUT)
+    k_ok = k + kq < K
+    w, sw = _load_w(wp, sp, sw, first, t, k_ok, LAYOUT, EVEN_K)
+    xa = _load_x(xw_ptr, x_a + xw, k_ok, EVEN_K)
+    if TWO_B:
+        xb = _load_x(xw_ptr, x_b + xw, k_ok, EVEN_K)
+    else:
+        xb = xa
+    return w, sw, xa, xb
 
 
 @triton.jit
@@ -228,17 +299,23 @@ def _mma_tile(w, xa, xb, c, TWO_B: tl.constexpr):
 
 @triton.jit
 def mma_mainloop(x_ptr, w_ptr, w_scale_ptr, M, K, stride_xm, pid_n, tile_begin, tile_end,
-                 TWO_B: tl.constexpr, EVEN_K: tl.constexpr, PDL: tl.constexpr = 0):
+                 TWO_B: tl.constexpr, EVEN_K: tl.constexpr, PDL: tl.constexpr = 0, N=0,
+                 scale_cols=0, LAYOUT: tl.constexpr = 0):
     """fp32 (TILE_N, 16) = 2^-7 * (W . x^T) over the K-tiles [tile_begin, tile_end) of tile row
     pid_n, block scales applied, global scale not: the contract of gemm_splitk.splitk_mainloop
     with BLOCK_N, BLOCK_M = 64, 16 (run with WARPS = 2 warps). x bf16 (M <= 16, K), row stride
     stride_xm (even); TWO_B: M > 8 (a second mma for x rows 8..15); EVEN_K: K % 64 == 0 (no x
-    masks). Lanes whose x row is >= M read row M - 1: its products land in columns nobody stores,
-    and the loads need no mask. Each tile's loads are issued a tile ahead (registers
-    double-buffered). Codes and scales are addressed with 32-bit offsets (the launcher checks the
-    sizes). PDL (programmatic dependent launch; the caller launches with it): 1, wait for the
-    previous kernel before any load; 2, load the first tile's codes and scales first (constants no
-    earlier kernel writes), then wait, then read x."""
+    masks; LAYOUT 3: K % 256 == 0). Lanes whose x row is >= M read row M - 1: its products land
+    in columns nobody stores, and the loads need no mask. Each tile's loads are issued a tile
+    ahead (registers double-buffered). PDL (programmatic dependent launch; the caller launches
+    with it): 1, wait for the previous kernel before any load; 2, load the first tile's codes and
+    scales first (constants no earlier kernel writes), then wait, then read x.
+    LAYOUT 0: W in the tiled layout, addressed with 32-bit offsets (the launcher checks the size).
+    Row-major W (N, K/2), rows on 8-byte boundaries (8-byte code loads), N its rows (rows past N
+    read row N - 1 again: products nobody stores), scales: 1, plain (N, K/16); 2, swizzled
+    (scale_cols: the padded scale columns); 3, plain read a word per 4 K-tiles (K % 64 == 0, the
+    scales 4-byte aligned; tile_begin a multiple of 4 and the tiles counted as 4 * cdiv(K, 256):
+    _tile_offsets)."""
     i = tl.arange(0, 32 * _WARPS)
     lane = i % 32
     g = lane // 4
@@ -246,24 +323,52 @@ def mma_mainloop(x_ptr, w_ptr, w_scale_ptr, M, K, stride_xm, pid_n, tile_begin, 
     row = (i // 32) * _WARP_ROWS + g  # the first of the lane's rows in the tile
     tiles_k = tl.cdiv(K, _TILE_K)
     xw_ptr = x_ptr.to(tl.pointer_type(tl.uint32))
-    ww_ptr = w_ptr.to(tl.pointer_type(tl.uint32)) + row * _ROW_WORDS + 2 * q
-    ws_ptr = w_scale_ptr + row * (_TILE_K // 16) + q
-    x_a = (tl.minimum(g, M - 1).to(tl.int64) * stride_xm + 16 * q) // 2  # in uint32 words
-    x_b = (tl.minimum(g + 8, M - 1).to(tl.int64) * stride_xm + 16 * q) // 2
+    kq = (64 if LAYOUT == 3 else 16) * q  # the lane's first k in a K-tile (a group for LAYOUT 3)
+    if LAYOUT == 0:
+        wp = w_ptr.to(tl.pointer_type(tl.uint32)) + row * _ROW_WORDS + 2 * q
+        sp = w_scale_ptr + row * (_TILE_K // 16) + q
+    else:
+        n0 = pid_n * _TILE_N + row
+        r0 = tl.minimum(n0, N - 1).to(tl.int64)
+        r1 = tl.minimum(n0 + 8, N - 1).to(tl.int64)
+        r2 = tl.minimum(n0 + 16, N - 1).to(tl.int64)
+        r3 = tl.minimum(n0 + 24, N - 1).to(tl.int64)
+        words = w_ptr.to(tl.pointer_type(tl.uint32)) + kq // 8
+        wp = (words + r0 * (K // 8), words + r1 * (K // 8), words + r2 * (K // 8), words + r3 * (K // 8))
+        if LAYOUT == 1:
+            sp = (w_scale_ptr + r0 * (K // 16) + q, w_scale_ptr + r1 * (K // 16) + q,
+                  w_scale_ptr + r2 * (K // 16) + q, w_scale_ptr + r3 * (K // 16) + q)
+        elif LAYOUT == 2:  # a K-tile is one column of 128 x 4 swizzle tiles (TILE_K / 16 == 4)
+            sp = (w_scale_ptr + swizzled_scale_offset(r0, q, scale_cols),
+                  w_scale_ptr + swizzled_scale_offset(r1, q, scale_cols),
+                  w_scale_ptr + swizzled_scale_offset(r2, q, scale_cols),
+                  w_scale_ptr + swizzled_scale_offset(r3, q, scale_cols))
+        else:  # uint32 words: blocks 4q .. 4q + 3 of group 0
+            scale_words = w_scale_ptr.to(tl.pointer_type(tl.uint32)) + q
+            sp = (scale_words + r0 * (K // 64), scale_words + r1 * (K // 64),
+                  scale_words + r2 * (K // 64), scale_words + r3 * (K // 64))
+    x_a = (tl.minimum(g, M - 1).to(tl.int64) * stride_xm + kq) // 2  # in uint32 words
+    x_b = (tl.minimum(g + 8, M - 1).to(tl.int64) * stride_xm + kq) // 2
     zero = tl.zeros([32 * _WARPS], tl.float32)
     c = (zero, zero, zero, zero, zero, zero, zero, zero, zero, zero, zero, zero, zero, zero, zero, zero)
-    first = pid_n * tiles_k  # + t: the tile index of K-tile t
+    sw = (zero.to(tl.uint32), zero.to(tl.uint32), zero.to(tl.uint32), zero.to(tl.uint32))
+    first = pid_n * tiles_k  # + t: the tile index of K-tile t (LAYOUT 0)
     if PDL == 1:
         tl.extra.cuda.gdc_wait()
-    w = _load_weights(ww_ptr, ws_ptr, first + tile_begin)
+    _, xw, k = _tile_offsets(tile_begin, LAYOUT)
+    w, sw = _load_w(wp, sp, sw, first, tile_begin, k + kq < K, LAYOUT, EVEN_K)
     if PDL == 2:
         tl.extra.cuda.gdc_wait()
-    xa, xb = _load_xs(xw_ptr, tile_begin, x_a, x_b, q, K, TWO_B, EVEN_K)
+    xa = _load_x(xw_ptr, x_a + xw, k + kq < K, EVEN_K)
+    if TWO_B:
+        xb = _load_x(xw_ptr, x_b + xw, k + kq < K, EVEN_K)
+    else:
+        xb = xa
     for t in range(tile_begin, tile_end):
         # the next tile's loads (the last tile's again at the end: an L1 hit, never out of bounds)
         t_next = tl.minimum(t + 1, tile_end - 1)
-        w1, xa1, xb1 = _load_tile(ww_ptr, ws_ptr, xw_ptr, first + t_next, t_next, x_a, x_b, q, K, TWO_B,
-                                  EVEN_K)
+        w1, sw, xa1, xb1 = _load_tile(wp, sp, sw, xw_ptr, first, t_next, x_a, x_b, kq, K, LAYOUT, TWO_B,
+                                      EVEN_K)
         c = _mma_tile(w, xa, xb, c, TWO_B)
         w, xa, xb = w1, xa1, xb1
     # lane (u, g, q)'s c[i + 4 * blk + 8 * h], i = 2 * r + b, is

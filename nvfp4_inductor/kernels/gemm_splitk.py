@@ -296,18 +296,23 @@ def _splitk_kernel(
     SPLIT: tl.constexpr, USE_ASM: tl.constexpr, OPERAND: tl.constexpr, EVEN: tl.constexpr,
     TILED: tl.constexpr, DOT_SCALED: tl.constexpr, REG_MMA: tl.constexpr, UNSCALE: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
-    SUM_ROWS: tl.constexpr, SUM_SPLITS: tl.constexpr,
+    SUM_ROWS: tl.constexpr, SUM_SPLITS: tl.constexpr, GROUPED: tl.constexpr = False,
 ):
     pid_n = tl.program_id(0)
     pid_k = tl.program_id(1)
     tile_begin = pid_k * tiles_per_split
-    tile_end = tl.minimum(tile_begin + tiles_per_split, tl.cdiv(K, BLOCK_K))
+    if GROUPED:  # row-major W with plain scales, K % 64 == 0: K-tiles counted by groups of 4
+        tiles = tl.cdiv(K, 4 * BLOCK_K) * 4
+    else:
+        tiles = tl.cdiv(K, BLOCK_K)
+    tile_end = tl.minimum(tile_begin + tiles_per_split, tiles)
     if DOT_SCALED:  # sm_100, W tiled and x NVFP4: the tensor core applies the block scales
         acc = dot_scaled_mainloop(x_ptr, x_scale_ptr, w_ptr, w_scale_ptr, M, N, K, stride_xm, pid_n,
                                   tile_begin, tile_end, BLOCK_M, BLOCK_N, BLOCK_K)
-    elif REG_MMA > 0:  # sm_90+, W tiled, M <= 8 * REG_MMA <= 16: mma.sync on registers (gemm_mma.py)
+    elif REG_MMA > 0:  # sm_90+, M <= 8 * REG_MMA <= 16: mma.sync on registers (gemm_mma.py)
         acc = mma_mainloop(x_ptr, w_ptr, w_scale_ptr, M, K, stride_xm, pid_n, tile_begin, tile_end,
-                           REG_MMA == 2, EVEN)
+                           REG_MMA == 2, EVEN, 0, N, w_scale_cols,
+                           0 if TILED else (2 if SWIZZLED else (3 if GROUPED else 1)))
     else:
         acc = splitk_mainloop(x_ptr, w_ptr, w_scale_ptr, M, N, K, stride_xm, w_scale_cols, pid_n,
                               tile_begin, tile_end, SWIZZLED, USE_ASM, OPERAND, EVEN, TILED,
@@ -354,9 +359,9 @@ def gemm_splitk(x, w_data, w_scale, w_g, bias, out_dtype, swizzled, config=None,
     must then use BLOCK_N, BLOCK_K = TILE_N, TILE_K). x_scale (sm_100, tiled W only): x is NVFP4
     itself, codes (M, K/2) + these plain scale bits (M, K/16), for the block-scaled MMA; g must
     then hold both global scales (w_g * x_g). Elsewhere W4A4 passes x's quantized values.
-    reg_mma: run gemm_mma's register-fed mainloop (CUDA, tiled W, M <= 16, x rows 4-byte aligned;
-    config (16, 64, 64, splits, gemm_mma.WARPS, stages)); None: wherever it applies and no config
-    is given."""
+    reg_mma: run gemm_mma's register-fed mainloop (CUDA, M <= 16, x rows 4-byte aligned, W tiled
+    or in rows on 8-byte boundaries; config (16, 64, 64, splits, gemm_mma.WARPS, stages)); None:
+    wherever it applies and no config is given."""
     m, k = x.shape[0], x.shape[1] * (2 if x_scale is not None else 1)
     n = w_data.shape[0] if tiled_n is None else tiled_n
     if m > 64:
@@ -371,14 +376,16 @@ def gemm_splitk(x, w_data, w_scale, w_g, bias, out_dtype, swizzled, config=None,
     if dot_scaled and not (tiled_n is not None and gemm_configs.block_scaled_mma(x.device)):
         raise ValueError("an NVFP4 x (x_scale) needs tiled weights on sm_100 or newer; elsewhere pass "
                          "x's quantized values (nvfp4.quantize_values)")
-    # sm_90+ (inline PTX), W tiled, M <= 16, x rows 4-byte aligned: the register-fed mainloop
-    reg_mma_applies = (use_asm and tiled_n is not None and not dot_scaled and m <= 16
+    # sm_90+ (inline PTX), M <= 16, x rows 4-byte aligned, W tiled or in rows that start on 8-byte
+    # boundaries (its 8-byte code loads): the register-fed mainloop
+    w_rows_aligned = tiled_n is not None or (w_data.data_ptr() % 8 == 0 and w_data.stride(0) % 8 == 0)
+    reg_mma_applies = (use_asm and not dot_scaled and m <= 16 and w_rows_aligned
                        and x.stride(0) % 2 == 0 and x.data_ptr() % 4 == 0)
     if reg_mma is None:
         reg_mma = reg_mma_applies and config is None
     elif reg_mma and not reg_mma_applies:
-        raise ValueError("the register-fed mainloop needs inline PTX (CUDA), tiled weights, at most 16 "
-                         "rows of x and x rows at even element offsets")
+        raise ValueError("the register-fed mainloop needs inline PTX (CUDA), at most 16 rows of x, x "
+                         "rows at even element offsets and weight rows on 8-byte boundaries")
     if config is None:
         num_sms = gemm_configs.sm_count(x.device)
         min_steps = None if reg_mma else gemm_configs.MIN_STEPS_PER_SPLIT  # (reg_mma: its own rule)
@@ -390,13 +397,22 @@ def gemm_splitk(x, w_data, w_scale, w_g, bias, out_dtype, swizzled, config=None,
         raise ValueError(f"the register-fed mainloop runs 16 x {TILE_N} x {TILE_K} tiles on "
                          f"{gemm_mma.WARPS} warps; got {config}")
     max_bytes = gemm_configs.REG_MMA_MAX_CODE_BYTES
-    if reg_mma and w_data.numel() >= max_bytes:
+    if reg_mma and tiled_n is not None and w_data.numel() >= max_bytes:
         raise ValueError(f"the register-fed mainloop takes fewer than {max_bytes} code bytes (int32 word "
                          f"offsets); got {w_data.numel()}")
     tile_group = (2 * TILE_N, 2 * TILE_K) if dot_scaled else (TILE_N, TILE_K)
     if tiled_n is not None and (block_n, block_k) != tile_group:
         raise ValueError(f"tiled weights need BLOCK_N, BLOCK_K = {tile_group}; got {block_n}, {block_k}")
-    splits, tiles_per_split = gemm_configs.split_ranges(k, block_k, splits)
+    # row-major W, plain scales, K % 64 == 0, M <= 8: the register-fed mainloop reads a scale word
+    # per 4 K-tiles (splits of whole groups of 4). H100, M = 1 (benchmarks/probe_mma.py --rows):
+    # 4096 x 14336 27.3 -> 23.8 us, 8192 x 28672 90.8 -> 76.7; at M = 16 slower (25.5 -> 31.8 us).
+    grouped = (reg_mma and tiled_n is None and not swizzled and m <= 8 and k % (4 * BLOCK_SIZE) == 0
+               and w_scale.data_ptr() % 4 == 0)
+    if grouped:
+        splits, groups_per_split = gemm_configs.split_ranges(k, 4 * block_k, splits)
+        tiles_per_split = 4 * groups_per_split
+    else:
+        splits, tiles_per_split = gemm_configs.split_ranges(k, block_k, splits)
     scale_cols_pad = w_scale.shape[1] if swizzled else k // BLOCK_SIZE
     tiles_n = triton.cdiv(n, block_n)
     if splits > 1:
@@ -412,9 +428,9 @@ def gemm_splitk(x, w_data, w_scale, w_g, bias, out_dtype, swizzled, config=None,
         x.stride(0), out.stride(0),
         SWIZZLED=swizzled, W_G_PER_ROW=w_g.dim() > 0, HAS_BIAS=bias is not None,
         SPLIT=splits > 1, USE_ASM=use_asm,
-        OPERAND=tl.bfloat16 if use_asm else tl.float16, EVEN=n % block_n == 0 and k % block_k == 0,
+        OPERAND=tl.bfloat16 if use_asm else tl.float16, EVEN=n % block_n == 0 and k % (4 * block_k if grouped else block_k) == 0,
         TILED=tiled_n is not None, DOT_SCALED=dot_scaled, REG_MMA=(2 if m > 8 else 1) if reg_mma else 0,
-        UNSCALE=1.0 if dot_scaled else 2.0**7,
+        UNSCALE=1.0 if dot_scaled else 2.0**7, GROUPED=grouped,
         BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_K=block_k, SUM_ROWS=sum_rows, SUM_SPLITS=sum_splits,
         num_warps=warps, num_stages=stages,
     )
