@@ -5,9 +5,11 @@ over weight copies beyond L2. Not a benchmark of record (bench_gemm.py is).
     python benchmarks/probe_mma.py
     python benchmarks/probe_mma.py --min-steps   # the decoder block's shapes: K-steps a split runs at least
     python benchmarks/probe_mma.py --rows        # the register-fed mainloop on row-major weights
+    python benchmarks/probe_mma.py --per-sm [P ...]  # programs per SM at M = 9..16 (two x-row blocks)
 """
 
 import math
+import sys
 
 import torch
 import triton
@@ -101,6 +103,35 @@ def min_steps_sweep() -> None:
         del w_q, w_tiled
 
 
+def per_sm_sweep() -> None:
+    """The register-fed kernel at M = 16 (two x-row blocks, 80 registers: at most 12 programs of
+    64 threads fit an SM) with P (default 8 / 10 / 12 / 16) programs per SM planned, on bench_gemm's shapes
+    and the decoder block's merged ones; M = 1 at its shipped 16 for reference."""
+    print(f"GPU: {torch.cuda.get_device_name()}, torch {torch.__version__}, triton {triton.__version__}")
+    l2 = torch.cuda.get_device_properties().L2_cache_size
+    sms = torch.cuda.get_device_properties().multi_processor_count
+    per_sm = tuple(int(a) for a in sys.argv[sys.argv.index("--per-sm") + 1:]) or (8, 10, 12, 16)
+    print(f"{'K':>6} {'N':>6} {'M':>3} {'bf16':>7} " + " ".join(f"{'per SM ' + str(p):>14}" for p in per_sm)
+          + "  (us, splits)")
+    for k, n in SHAPES[:4] + [(4096, 6144), (4096, 28672)]:
+        copies = max(2, math.ceil(3 * l2 / (n * k * 0.5625)))
+        w_bf16 = [torch.randn(n, k, dtype=torch.bfloat16, device="cuda") for _ in range(max(2, copies // 3))]
+        w_q = [nv.quantize(torch.randn(n, k, dtype=torch.bfloat16, device="cuda")) for _ in range(copies)]
+        w_tiled = [(*ops.tile_weight(q.data, q.scale.view(torch.uint8)), q.global_scale) for q in w_q]
+        for m in (9, 16):
+            x = torch.randn(m, k, dtype=torch.bfloat16, device="cuda")
+            cells = []
+            for p in per_sm:
+                config = gemm_configs._skinny_config(m, n, k, sms, 64, 64, p, gemm_mma.WARPS, 1,
+                                                     gemm_configs.REG_MMA_MIN_STEPS[1])
+                t = stream_us(lambda w: gemm_splitk(x, w[0], w[1], w[2], None, torch.bfloat16, False,
+                                                   config=config, tiled_n=n, reg_mma=True), w_tiled)
+                cells.append(f"{t:7.1f} ({config[3]:>3})")
+            bf16 = stream_us(lambda w: x @ w.T, w_bf16)
+            print(f"{k:>6} {n:>6} {m:>3} {bf16:7.1f} " + " ".join(f"{c:>14}" for c in cells), flush=True)
+        del w_bf16, w_q, w_tiled
+
+
 def rows_check() -> None:
     worst = 0.0
     for n, k in [(64, 64), (80, 176), (4096, 4096), (1000, 14336), (192, 4160)]:
@@ -165,10 +196,10 @@ def rows_compare() -> None:
 
 
 if __name__ == "__main__":
-    import sys
-
     if "--rows" in sys.argv:
         rows_compare()
+    elif "--per-sm" in sys.argv:
+        per_sm_sweep()
     elif "--min-steps" in sys.argv:
         min_steps_sweep()
     else:
