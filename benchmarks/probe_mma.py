@@ -6,6 +6,7 @@ over weight copies beyond L2. Not a benchmark of record (bench_gemm.py is).
     python benchmarks/probe_mma.py --min-steps   # the decoder block's shapes: K-steps a split runs at least
     python benchmarks/probe_mma.py --rows        # the register-fed mainloop on row-major weights
     python benchmarks/probe_mma.py --per-sm [P ...]  # programs per SM at M = 9..16 (two x-row blocks)
+    python benchmarks/probe_mma.py --m32         # four x-row blocks (M = 17..32) against what ran there
 """
 
 import math
@@ -132,6 +133,55 @@ def per_sm_sweep() -> None:
         del w_bf16, w_q, w_tiled
 
 
+def m32_compare() -> None:
+    """M = 17..32: the register-fed mainloop with four x-row blocks (142 registers) against what
+    ran there before, same run: tiled weights, the tl.dot skinny kernel (eager config); row-major
+    weights, dequantize + cuBLASLt (nv.linear above SPLITK_MAX_M = 16); bf16 cuBLAS."""
+    print(f"GPU: {torch.cuda.get_device_name()}, torch {torch.__version__}, triton {triton.__version__}")
+    for n, k, m in [(64, 64, 17), (208, 1040, 32), (4096, 4096, 24), (1000, 14336, 32)]:
+        q = nv.quantize(torch.randn(n, k, device="cuda", dtype=torch.bfloat16))
+        data, scale = ops.tile_weight(q.data, q.scale.view(torch.uint8))
+        x = torch.randn(m, k, device="cuda", dtype=torch.bfloat16)
+        ref = x.double() @ q.dequantize(torch.float32).double().T
+        for got in (gemm_splitk(x, data, scale, q.global_scale, None, torch.float32, False, tiled_n=n,
+                                reg_mma=True),
+                    gemm_splitk(x, q.data, q.scale.view(torch.uint8), q.global_scale, None, torch.float32,
+                                False, reg_mma=True)):
+            err = ((got.double() - ref).abs().max() / ref.abs().max()).item()
+            assert err < 1e-4, (n, k, m, err)
+    print("correct")
+    l2 = torch.cuda.get_device_properties().L2_cache_size
+    sms = torch.cuda.get_device_properties().multi_processor_count
+    per_sm = (4, 6, 7)
+    cols = ["bf16", "tiled-dot"] + [f"reg{p}" for p in per_sm] + ["rows-reg", "rows-deq"]
+    print(f"{'K':>6} {'N':>6} {'M':>3} " + " ".join(f"{c:>9}" for c in cols) + " | x bf16: "
+          + " ".join(f"{c:>9}" for c in cols[1:]))
+    for k, n in SHAPES[:4] + [(4096, 6144), (4096, 28672)]:
+        copies = max(2, math.ceil(3 * l2 / (n * k * 0.5625)))
+        w_bf16 = [torch.randn(n, k, dtype=torch.bfloat16, device="cuda") for _ in range(max(2, copies // 3))]
+        w_q = [nv.quantize(torch.randn(n, k, dtype=torch.bfloat16, device="cuda")) for _ in range(copies)]
+        w_tiled = [(*ops.tile_weight(q.data, q.scale.view(torch.uint8)), q.global_scale) for q in w_q]
+        for m in (17, 32):
+            x = torch.randn(m, k, dtype=torch.bfloat16, device="cuda")
+            old = gemm_configs.splitk_config(m, n, k, sms, tiled=True, min_steps=gemm_configs.MIN_STEPS_PER_SPLIT)
+            times = [stream_us(lambda w: x @ w.T, w_bf16),
+                     stream_us(lambda w: gemm_splitk(x, w[0], w[1], w[2], None, torch.bfloat16, False,
+                                                     config=old, tiled_n=n, reg_mma=False), w_tiled)]
+            for p in per_sm:
+                config = gemm_configs._skinny_config(m, n, k, sms, 64, 64, p, gemm_mma.WARPS, 1,
+                                                     gemm_configs.REG_MMA_MIN_STEPS[1])
+                times.append(stream_us(lambda w: gemm_splitk(x, w[0], w[1], w[2], None, torch.bfloat16, False,
+                                                             config=config, tiled_n=n, reg_mma=True), w_tiled))
+            times.append(stream_us(lambda q: gemm_splitk(x, q.data, q.scale.view(torch.uint8), q.global_scale,
+                                                         None, torch.bfloat16, False, reg_mma=True), w_q))
+            gemm_configs.FORCE_PATH = "dequant_cublas"
+            times.append(stream_us(lambda q: nv.linear(x, q), w_q))
+            gemm_configs.FORCE_PATH = None
+            print(f"{k:>6} {n:>6} {m:>3} " + " ".join(f"{t:9.1f}" for t in times) + " | x bf16: "
+                  + " ".join(f"{times[0] / t:9.2f}" for t in times[1:]), flush=True)
+        del w_bf16, w_q, w_tiled
+
+
 def rows_check() -> None:
     worst = 0.0
     for n, k in [(64, 64), (80, 176), (4096, 4096), (1000, 14336), (192, 4160)]:
@@ -198,6 +248,8 @@ def rows_compare() -> None:
 if __name__ == "__main__":
     if "--rows" in sys.argv:
         rows_compare()
+    elif "--m32" in sys.argv:
+        m32_compare()
     elif "--per-sm" in sys.argv:
         per_sm_sweep()
     elif "--min-steps" in sys.argv:

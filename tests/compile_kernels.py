@@ -141,15 +141,17 @@ def reg_mma_cases():
     row-major with plain or swizzled scales (8-byte code loads), with and without K masks."""
     bn, bk, _, warps, stages = gemm_configs.REG_MMA_CONFIG
     checks = [MMA_SYNC_BF16, WORD_DECODE, r"cvt\.rn\.f16x2\.e4m3x2"]
-    for b_blocks in (1, 2):
+    for b_blocks in (1, 2, 4):
         yield (f"splitk-reg-mma-{8 * b_blocks}x{bn}x{bk}", sk._splitk_kernel, SPLITK_SIGNATURE,
-               _splitk_constexprs(TILED=True, REG_MMA=b_blocks, BLOCK_M=16, BLOCK_N=bn, BLOCK_K=bk),
+               _splitk_constexprs(TILED=True, REG_MMA=b_blocks, BLOCK_M=8 * max(b_blocks, 2), BLOCK_N=bn,
+                                  BLOCK_K=bk),
                warps, checks, stages)
-        for scales, even in itertools.product(("plain", "swizzled", "grouped"), (True, False)):
+        for scales, even in itertools.product(("plain", "swizzled") + (("grouped",) if b_blocks == 1 else ()),
+                                              (True, False)):
             yield (f"splitk-reg-mma-rows-{8 * b_blocks}x{bn}x{bk}-{scales}-even{int(even)}",
                    sk._splitk_kernel, SPLITK_SIGNATURE,
                    _splitk_constexprs(SWIZZLED=scales == "swizzled", GROUPED=scales == "grouped", EVEN=even,
-                                      REG_MMA=b_blocks, BLOCK_M=16, BLOCK_N=bn, BLOCK_K=bk),
+                                      REG_MMA=b_blocks, BLOCK_M=8 * max(b_blocks, 2), BLOCK_N=bn, BLOCK_K=bk),
                    warps, checks + [r"ld\.global(\.\w+)*\.v2\.b32"], stages)
 
 
@@ -157,7 +159,7 @@ def reg_mma_cases():
 def _mma_mainloop_pdl(x_ptr, w_ptr, w_scale_ptr, out_ptr, M, K, stride_xm, PDL: tl.constexpr):
     """The template's call of the register-fed mainloop under programmatic dependent launch."""
     acc = mma_mainloop(x_ptr, w_ptr, w_scale_ptr, M, K, stride_xm, tl.program_id(0), 0,
-                       tl.cdiv(K, 64), False, True, PDL)
+                       tl.cdiv(K, 64), 1, True, PDL)
     tl.store(out_ptr + tl.arange(0, 64)[:, None] * 16 + tl.arange(0, 16)[None, :], acc)
 
 

@@ -66,7 +66,7 @@ def test_gemm_per_row_weight_scale_and_output_dtypes(kernel_device):
 # --- GPU: nvfp4_inductor.linear on CUDA ----------------------------------------------------------
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("m", [1, 7, 33, 257])
+@pytest.mark.parametrize("m", [1, 7, 24, 33, 257])
 @pytest.mark.parametrize("n, k", [(48, 64), (80, 160), (96, 1344), (1024, 1056)])
 @pytest.mark.parametrize("activation", ["bf16", "nvfp4"])
 @pytest.mark.parametrize("path", gemm_configs.PATHS)
@@ -87,11 +87,12 @@ def test_linear_on_cuda_matches_reference(m, n, k, activation, path, monkeypatch
 
 
 def test_linear_path_choice():
-    # M <= 16: the skinny split-K kernel; above, bf16 x: dequantize + cuBLAS; fp16 / fp32 x: the
-    # Triton GEMM (cuBLAS would take x as bf16). Measured in gemm_configs.
+    # M <= 32: the skinny split-K kernel; above, any x dtype: dequantize + cuBLASLt (x as bf16, as
+    # W4A16 defines). Measured in gemm_configs.
     assert gemm_configs.linear_path(1, 4096, 4096, torch.bfloat16, "bf16") == "splitk"
     assert gemm_configs.linear_path(16, 4096, 4096, torch.float32, "nvfp4") == "splitk"
-    assert gemm_configs.linear_path(17, 4096, 4096, torch.bfloat16, "bf16") == "dequant_cublas"
+    assert gemm_configs.linear_path(32, 4096, 4096, torch.float16, "bf16") == "splitk"
+    assert gemm_configs.linear_path(33, 4096, 4096, torch.bfloat16, "bf16") == "dequant_cublas"
     assert gemm_configs.linear_path(4096, 4096, 4096, torch.bfloat16, "nvfp4") == "dequant_cublas"
     assert gemm_configs.linear_path(64, 4096, 4096, torch.float32, "bf16") == "dequant_cublas"
 
@@ -154,12 +155,12 @@ def _reg_mma_weights(w, layout):
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("m, n, k", [(1, 64, 64), (3, 80, 208), (5, 96, 1344), (2, 64, 1024), (8, 192, 1040),
-                                     (9, 128, 512), (16, 1056, 4160)])
+                                     (9, 128, 512), (16, 1056, 4160), (17, 64, 320), (32, 208, 1040)])
 @pytest.mark.parametrize("splits", [1, 3])
 @pytest.mark.parametrize("layout", ["tiled", "rows", "rows-swizzled"])
 def test_register_fed_mainloop_matches_reference(m, n, k, splits, layout):
     """gemm_mma's lane mapping, K tails (K not a multiple of the 64-wide tile), N not a tile
-    multiple, both x-row blocks (M <= 8 and 9..16), NaN-free wide-range inputs and per-row
+    multiple, one, two and four x-row blocks (M <= 8, 9..16, 17..32), NaN-free wide-range inputs and per-row
     weight scales, split K (the last split sums the partials) and not; weights tiled or in the
     row-major interchange layout with plain or swizzled scales (plain scales with K % 64 == 0 at
     M <= 8 are read a word per 4 K-tiles: one and several such groups, K % 256 != 0 too)."""
@@ -170,7 +171,8 @@ def test_register_fed_mainloop_matches_reference(m, n, k, splits, layout):
     bias = torch.randn(n, generator=gen)
     data, scale, tiled_n, swizzled, nan_at = _reg_mma_weights(w, layout)
     y = gemm_splitk.gemm_splitk(x.cuda(), data.cuda(), scale.cuda(), w.global_scale.cuda(), bias.cuda(),
-                                torch.float32, swizzled, config=(16, 64, 64, splits, gemm_mma.WARPS, 1),
+                                torch.float32, swizzled,
+                                config=(16 if m <= 16 else 32, 64, 64, splits, gemm_mma.WARPS, 1),
                                 tiled_n=tiled_n, reg_mma=True)
     want = x.double() @ w.dequantize(torch.float32).double().T + bias.double()
     assert _rel(y, want) <= 1e-5
@@ -183,15 +185,18 @@ def test_register_fed_mainloop_matches_reference(m, n, k, splits, layout):
 
 
 def test_register_fed_mainloop_refuses_what_it_cannot_run():
-    x = torch.zeros(17, 64, dtype=torch.bfloat16)
+    x = torch.zeros(33, 64, dtype=torch.bfloat16)
     data_t, scale_t = nv_tiled.tile(torch.zeros(64, 32, dtype=torch.uint8), torch.zeros(64, 4, dtype=torch.uint8))
     g = torch.ones(())
     with pytest.raises(ValueError, match="register-fed mainloop needs"):
         gemm_splitk.gemm_splitk(x, data_t, scale_t, g, None, torch.float32, False, tiled_n=64,
                                 use_asm=True, reg_mma=True)
-    with pytest.raises(ValueError, match=f"runs 16 x 64 x 64 tiles on {gemm_mma.WARPS} warps"):
+    with pytest.raises(ValueError, match=f"runs 16 x 64 x 64 tiles on {gemm_mma.WARPS} warps at M = 3"):
         gemm_splitk.gemm_splitk(x[:3], data_t, scale_t, g, None, torch.float32, False, tiled_n=64,
                                 use_asm=True, reg_mma=True, config=(16, 64, 64, 1, 2 * gemm_mma.WARPS, 4))
+    with pytest.raises(ValueError, match="runs 32 x 64 x 64 tiles on .* at M = 17"):
+        gemm_splitk.gemm_splitk(x[:17], data_t, scale_t, g, None, torch.float32, False, tiled_n=64,
+                                use_asm=True, reg_mma=True, config=(16, 64, 64, 1, gemm_mma.WARPS, 1))
     rows = torch.zeros(64 * 32 + 4, dtype=torch.uint8)[4:].view(64, 32)  # rows 4 bytes off 8-byte boundaries
     with pytest.raises(ValueError, match="weight rows on 8-byte boundaries"):
         gemm_splitk.gemm_splitk(x[:3], rows, torch.zeros(64, 4, dtype=torch.uint8), g, None, torch.float32,
@@ -203,7 +208,7 @@ def test_register_fed_mainloop_refuses_what_it_cannot_run():
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("m", [1, 7, 16, 33])
+@pytest.mark.parametrize("m", [1, 7, 16, 24, 33])
 @pytest.mark.parametrize("activation", ["bf16", "nvfp4"])
 def test_linear_tiled_on_cuda_matches_reference(m, activation):
     gen = torch.Generator().manual_seed(m)
@@ -285,13 +290,18 @@ def test_splitk_config_fills_the_gpu():
     (1, 28672, 4096, 5),   # 448 tile rows: 16 programs per SM of 132 leave ~5 splits
     (16, 28672, 4096, 3),  # 8 programs per SM above M = 8
     (1, 4096, 14336, 33),  # 224 steps, 2112 programs over 64 tile rows (32 ranges of 7 steps)
+    (32, 28672, 4096, 2),  # 6 programs per SM above M = 16
 ])
 def test_register_fed_config(m, n, k, splits):
     """The register-fed mainloop's split rule, eager and template alike (min_steps None)."""
     config = gemm_configs.splitk_config(m, n, k, 132, reg_mma=True)
-    assert config == (16, 64, 64, splits, gemm_mma.WARPS, 1)
+    assert config == (16 if m <= 16 else 32, 64, 64, splits, gemm_mma.WARPS, 1)
     template = gemm_configs.template_configs(m, n, k, 132, reg_mma=True)[0]
-    assert (template.split, template.tiles_per_split) == gemm_configs.split_ranges(k, 64, splits)
+    if m <= gemm_configs.REG_MMA_MAX_M_TILED:
+        assert (template.split, template.tiles_per_split) == gemm_configs.split_ranges(k, 64, splits)
+        assert template.reg_mma == gemm_configs.reg_mma_blocks(m)
+    else:  # the tl.dot mainloop above
+        assert template.reg_mma == 0
 
 
 @pytest.mark.gpu

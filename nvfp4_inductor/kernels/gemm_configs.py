@@ -38,7 +38,11 @@ def gemm_config(m: int, n: int, k: int, mma: int) -> tuple[int, int, int, int, i
 # 16 programs per SM win on the widest weight (N = 28672).
 SPLITK_CONFIG = (64, 64, 8, 2, 4)
 SPLITK_CONFIG_WIDE_N = (64, 64, 16, 2, 4)
-SPLITK_MAX_M = 16  # above, dequantize + cuBLAS measured faster (M = 64: 0.44x vs 0.31-0.41x bf16)
+# Row-major weights up to here take the skinny kernel: the register-fed mainloop up to M = 32 at
+# 1.0-1.4x bf16 against 0.40-0.52x for dequantize + cuBLASLt at M = 17 / 32 (H100, six shapes,
+# benchmarks/probe_mma.py --m32, results/probe_mma_m32_session16_h100.txt); at M = 64 the tl.dot
+# skinny kernel measured 0.31-0.41x bf16 against 0.44x (H200, session 2), so 64 stays dequantize.
+SPLITK_MAX_M = 32
 
 
 # The same kernel on weights in the tiled layout (nvfp4_inductor/tiled.py, BLOCK_N x BLOCK_K =
@@ -55,6 +59,18 @@ TILED_CONFIG_WIDE_N = (64, 64, 16, 2, 4)
 # 51.0 vs 55.7 / 55.8); at M = 16 (80 registers) 8 per SM (20.2 vs 24.1 us; 60.4 vs 69.3).
 REG_MMA_CONFIG = (64, 64, 16, 2, 1)
 REG_MMA_PROGRAMS_PER_SM_TWO_B = 8  # M > 8
+REG_MMA_PROGRAMS_PER_SM_FOUR_B = 6  # M > 16 (142 registers: 7 programs of 64 threads fit an SM;
+# 4 / 6 / 7 each best on two of six shapes, probe_mma.py --m32)
+REG_MMA_MAX_M = 32  # x rows in 1, 2 or 4 blocks of 8 (an mma each)
+# The default for tiled weights (eager and template) up to here: at M = 17 / 32 the tl.dot skinny
+# kernel was as fast or faster on 4 of 6 shapes (H100, probe_mma.py --m32: 4096 x 14336 29.5 vs
+# 27.1 us, 14336 x 4096 29.6 vs 31.5, 8192 x 28672 89.3 vs 91.6-113), so it keeps 17..64.
+REG_MMA_MAX_M_TILED = 16
+
+
+def reg_mma_blocks(m: int) -> int:
+    """Blocks of 8 x rows the register-fed mainloop multiplies for M rows (M <= REG_MMA_MAX_M)."""
+    return 1 if m <= 8 else 2 if m <= 16 else 4
 # K-steps a split of it runs at least, M <= 8 and M > 8 (eager and template alike): same kernel,
 # splits of at least 1 / 2 / 4 / 8 steps (probe_mma.py --min-steps, results/probe_mma_session9_h100.txt):
 # 4096 x 4096, M = 1: 9.4 / 9.4 / 8.6 / 9.9 us; 6144 x 4096: 10.2 / 10.1 / 9.7 / 11.2; M = 16:
@@ -75,7 +91,7 @@ def splitk_config(m: int, n: int, k: int, num_sms: int, tiled: bool = False,
     if reg_mma:
         block_n, block_k, per_sm, warps, stages = REG_MMA_CONFIG
         if m > 8:
-            per_sm = REG_MMA_PROGRAMS_PER_SM_TWO_B
+            per_sm = REG_MMA_PROGRAMS_PER_SM_TWO_B if m <= 16 else REG_MMA_PROGRAMS_PER_SM_FOUR_B
         if min_steps is None:
             min_steps = REG_MMA_MIN_STEPS[m > 8]
     elif tiled:
@@ -205,7 +221,7 @@ class TemplateConfig(NamedTuple):
     num_stages: int
     block_n: int = TILE_N
     block_k: int = TILE_K
-    reg_mma: int = 0  # 1 or 2: the register-fed mainloop for x rows up to 8 * reg_mma (gemm_mma.py)
+    reg_mma: int = 0  # 1, 2 or 4: the register-fed mainloop for x rows up to 8 * reg_mma (gemm_mma.py)
 
 
 TEMPLATE_MAX_SPLIT_M = TILED_SPLITK_MAX_M  # up to here the template splits K like the eager kernel
@@ -236,13 +252,13 @@ def template_configs(m: int, n: int, k: int, num_sms: int, dot_scaled: bool = Fa
                      reg_mma: bool = False) -> list[TemplateConfig]:
     """The template's configs for an (M, K) x (N, K)^T product, default pick first. dot_scaled:
     sm_100 with x NVFP4 (128 x 128 weight steps; compiled for sm_100, never run here); reg_mma:
-    the register-fed mainloop may run (CUDA, M <= 16): it is the default pick, the tl.dot
-    mainloop's configs follow for max-autotune."""
-    if reg_mma and m <= 16 and not dot_scaled:
+    the register-fed mainloop may run (CUDA): up to REG_MMA_MAX_M_TILED it is the default pick,
+    the tl.dot mainloop's configs follow for max-autotune."""
+    if reg_mma and m <= REG_MMA_MAX_M_TILED and not dot_scaled:
         block_m, block_n, block_k, splits, warps, stages = splitk_config(m, n, k, num_sms, reg_mma=True)
         splits, per_split = split_ranges(k, block_k, splits)
         first = TemplateConfig(block_m, splits, per_split, warps, stages, block_n, block_k,
-                               reg_mma=2 if m > 8 else 1)
+                               reg_mma=reg_mma_blocks(m))
         # every choice must store the same (split, M, N) partials
         return [first] + [c._replace(split=splits, tiles_per_split=per_split)
                           for c in template_configs(m, n, k, num_sms)]

@@ -1,4 +1,4 @@
-"""Register-fed skinny NVFP4 GEMM for decode on sm_90: y = x @ W^T, x (M <= 16, K) bf16, W NVFP4
+"""Register-fed skinny NVFP4 GEMM for decode on sm_90: y = x @ W^T, x (M <= 32, K) bf16, W NVFP4
 in the tiled layout (nvfp4_inductor/tiled.py: 64 x 64 tiles, each tile's 64 rows of 32 bytes
 contiguous, plain e4m3 scale bits likewise; what the backend makes) or in the row-major
 interchange layout (what nv.linear takes; see Row-major weights below).
@@ -47,9 +47,14 @@ warp's scale load lie in one 128-byte line. H100, M = 1, same run (benchmarks/pr
 --rows): 4096 x 14336 27.3 us (bytes) / 23.8 (words) / 20.8 (swizzled) / 17.2 (tiled); the tl.dot
 kernel on row-major weights 37.6, bf16 cuBLAS 42.7.
 
-The mainloop returns the (64, 16) fp32 tile of gemm_splitk.splitk_mainloop's contract, so the
-eager split-K kernel and the Inductor template call either (REG_MMA): this one on CUDA for
-M <= 16, the tl.dot one for larger M and under the Triton interpreter (which runs no inline PTX).
+More x rows (NB blocks of 8: M <= 8, 16, 32): each block's x words feed an mma per weight row
+block, the weights decoded once. Four blocks hold 32 sums and two tiles of x words a lane (142
+registers, 7 programs an SM): on tiled weights no faster than the tl.dot kernel at M = 17..32,
+so only row-major weights use it there (gemm_configs.REG_MMA_MAX_M_TILED).
+
+The mainloop returns the (64, BLOCK_M) fp32 tile of gemm_splitk.splitk_mainloop's contract, so the
+eager split-K kernel and the Inductor template call either (REG_MMA): this one on CUDA for small
+M, the tl.dot one for larger M and under the Triton interpreter (which runs no inline PTX).
 """
 
 import triton
@@ -244,18 +249,22 @@ def _load_w(wp, sp, sw, first, t, k_ok, LAYOUT: tl.constexpr, EVEN_K: tl.constex
 
 
 @triton.jit
-def _load_tile(wp, sp, sw, xw_ptr, first, t, x_a, x_b, kq, K, LAYOUT: tl.constexpr,
-               TWO_B: tl.constexpr, EVEN_K: tl.constexpr):
-    """What a lane reads for K-tile t: (weights, scale words, x row a's words, x row b's)."""
+def _load_xs(xw_ptr, x_rows, xw, k_ok, NB: tl.constexpr, EVEN_K: tl.constexpr):
+    """A lane's x words of its NB rows (x_rows: their word offsets at K-tile 0), xw words further."""
+    xs = ()
+    for h in tl.static_range(NB):
+        xs = xs + (_load_x(xw_ptr, x_rows[h] + xw, k_ok, EVEN_K),)
+    return xs
+
+
+@triton.jit
+def _load_tile(wp, sp, sw, xw_ptr, first, t, x_rows, kq, K, LAYOUT: tl.constexpr,
+               NB: tl.constexpr, EVEN_K: tl.constexpr):
+    """What a lane reads for K-tile t: (weights, scale words, x words of each x-row block)."""
     _, xw, k = _tile_offsets(t, LAYOUT)
     k_ok = k + kq < K
     w, sw = _load_w(wp, sp, sw, first, t, k_ok, LAYOUT, EVEN_K)
-    xa = _load_x(xw_ptr, x_a + xw, k_ok, EVEN_K)
-    if TWO_B:
-        xb = _load_x(xw_ptr, x_b + xw, k_ok, EVEN_K)
-    else:
-        xb = xa
-    return w, sw, xa, xb
+    return w, sw, _load_xs(xw_ptr, x_rows, xw, k_ok, NB, EVEN_K)
 
 
 @triton.jit
@@ -282,29 +291,35 @@ def _mma_rows(wg0, wg1, wh0, wh1, s_pair, b, c0, c1, c2, c3):
 
 
 @triton.jit
-def _mma_tile(w, xa, xb, c, TWO_B: tl.constexpr):
-    """One K-tile's 8 (16 with TWO_B) mma sub-steps on a lane's loaded words; c: the 16 sums,
-    c[4 * (2 * h + blk) + i]: x rows 8h.., weight rows 16 blk.. of the warp's 32."""
-    ba = _x_pairs(xa)
-    c0, c1, c2, c3 = _mma_rows(w[0], w[1], w[2], w[3], w[8], ba, c[0], c[1], c[2], c[3])
-    c4, c5, c6, c7 = _mma_rows(w[4], w[5], w[6], w[7], w[9], ba, c[4], c[5], c[6], c[7])
-    c8, c9, c10, c11 = c[8], c[9], c[10], c[11]
-    c12, c13, c14, c15 = c[12], c[13], c[14], c[15]
-    if TWO_B:
-        bb = _x_pairs(xb)
-        c8, c9, c10, c11 = _mma_rows(w[0], w[1], w[2], w[3], w[8], bb, c8, c9, c10, c11)
-        c12, c13, c14, c15 = _mma_rows(w[4], w[5], w[6], w[7], w[9], bb, c12, c13, c14, c15)
-    return c0, c1, c2, c3, c4, c5, c6, c7, c8, c9, c10, c11, c12, c13, c14, c15
+def _mma_tile(w, xs, c, NB: tl.constexpr):
+    """One K-tile's 8 * NB mma sub-steps on a lane's loaded words (xs: NB x-row blocks' words); c:
+    the 8 * NB sums, c[8h + 4 blk + i]: x rows 8h.., weight rows 16 blk.. of the warp's 32. The
+    weights' decode is the same for every h (pure inline asm: computed once)."""
+    for h in tl.static_range(NB):
+        b = _x_pairs(xs[h])
+        c0, c1, c2, c3 = _mma_rows(w[0], w[1], w[2], w[3], w[8], b, c[8 * h], c[8 * h + 1], c[8 * h + 2],
+                                   c[8 * h + 3])
+        c4, c5, c6, c7 = _mma_rows(w[4], w[5], w[6], w[7], w[9], b, c[8 * h + 4], c[8 * h + 5],
+                                   c[8 * h + 6], c[8 * h + 7])
+        c = c[:8 * h] + (c0, c1, c2, c3, c4, c5, c6, c7) + c[8 * h + 8:]
+    return c
+
+
+@triton.jit
+def _join8(c):
+    """8 (BLOCK,) tensors -> (BLOCK, 2, 2, 2), c[i] at [i & 1, (i >> 1) & 1, i >> 2]."""
+    return tl.join(tl.join(tl.join(c[0], c[1]), tl.join(c[2], c[3])),
+                   tl.join(tl.join(c[4], c[5]), tl.join(c[6], c[7])))
 
 
 @triton.jit
 def mma_mainloop(x_ptr, w_ptr, w_scale_ptr, M, K, stride_xm, pid_n, tile_begin, tile_end,
-                 TWO_B: tl.constexpr, EVEN_K: tl.constexpr, PDL: tl.constexpr = 0, N=0,
+                 NB: tl.constexpr, EVEN_K: tl.constexpr, PDL: tl.constexpr = 0, N=0,
                  scale_cols=0, LAYOUT: tl.constexpr = 0):
-    """fp32 (TILE_N, 16) = 2^-7 * (W . x^T) over the K-tiles [tile_begin, tile_end) of tile row
+    """fp32 (TILE_N, BLOCK_M) = 2^-7 * (W . x^T) over the K-tiles [tile_begin, tile_end) of tile row
     pid_n, block scales applied, global scale not: the contract of gemm_splitk.splitk_mainloop
-    with BLOCK_N, BLOCK_M = 64, 16 (run with WARPS = 2 warps). x bf16 (M <= 16, K), row stride
-    stride_xm (even); TWO_B: M > 8 (a second mma for x rows 8..15); EVEN_K: K % 64 == 0 (no x
+    with BLOCK_N = 64, BLOCK_M = 8 * max(NB, 2) (run with WARPS = 2 warps). x bf16 (M <= 8 * NB,
+    K), row stride stride_xm (even); NB: 1, 2 or 4 blocks of 8 x rows (an mma each); EVEN_K: K % 64 == 0 (no x
     masks; LAYOUT 3: K % 256 == 0). Lanes whose x row is >= M read row M - 1: its products land
     in columns nobody stores, and the loads need no mask. Each tile's loads are issued a tile
     ahead (registers double-buffered). PDL (programmatic dependent launch; the caller launches
@@ -347,10 +362,11 @@ def mma_mainloop(x_ptr, w_ptr, w_scale_ptr, M, K, stride_xm, pid_n, tile_begin, 
             scale_words = w_scale_ptr.to(tl.pointer_type(tl.uint32)) + q
             sp = (scale_words + r0 * (K // 64), scale_words + r1 * (K // 64),
                   scale_words + r2 * (K // 64), scale_words + r3 * (K // 64))
-    x_a = (tl.minimum(g, M - 1).to(tl.int64) * stride_xm + kq) // 2  # in uint32 words
-    x_b = (tl.minimum(g + 8, M - 1).to(tl.int64) * stride_xm + kq) // 2
+    x_rows = ()  # uint32 word offsets of the lane's x rows g + 8h
+    for h in tl.static_range(NB):
+        x_rows = x_rows + ((tl.minimum(g + 8 * h, M - 1).to(tl.int64) * stride_xm + kq) // 2,)
     zero = tl.zeros([32 * _WARPS], tl.float32)
-    c = (zero, zero, zero, zero, zero, zero, zero, zero, zero, zero, zero, zero, zero, zero, zero, zero)
+    c = (zero, zero, zero, zero, zero, zero, zero, zero) * NB
     sw = (zero.to(tl.uint32), zero.to(tl.uint32), zero.to(tl.uint32), zero.to(tl.uint32))
     first = pid_n * tiles_k  # + t: the tile index of K-tile t (LAYOUT 0)
     if PDL == 1:
@@ -359,23 +375,23 @@ def mma_mainloop(x_ptr, w_ptr, w_scale_ptr, M, K, stride_xm, pid_n, tile_begin, 
     w, sw = _load_w(wp, sp, sw, first, tile_begin, k + kq < K, LAYOUT, EVEN_K)
     if PDL == 2:
         tl.extra.cuda.gdc_wait()
-    xa = _load_x(xw_ptr, x_a + xw, k + kq < K, EVEN_K)
-    if TWO_B:
-        xb = _load_x(xw_ptr, x_b + xw, k + kq < K, EVEN_K)
-    else:
-        xb = xa
+    xs = _load_xs(xw_ptr, x_rows, xw, k + kq < K, NB, EVEN_K)
     for t in range(tile_begin, tile_end):
         # the next tile's loads (the last tile's again at the end: an L1 hit, never out of bounds)
         t_next = tl.minimum(t + 1, tile_end - 1)
-        w1, sw, xa1, xb1 = _load_tile(wp, sp, sw, xw_ptr, first, t_next, x_a, x_b, kq, K, LAYOUT, TWO_B,
-                                      EVEN_K)
-        c = _mma_tile(w, xa, xb, c, TWO_B)
-        w, xa, xb = w1, xa1, xb1
+        w1, sw, xs1 = _load_tile(wp, sp, sw, xw_ptr, first, t_next, x_rows, kq, K, LAYOUT, NB, EVEN_K)
+        c = _mma_tile(w, xs, c, NB)
+        w, xs = w1, xs1
     # lane (u, g, q)'s c[i + 4 * blk + 8 * h], i = 2 * r + b, is
     # out[n = 32u + 16 blk + 8r + g, m = 8h + 2q + b]
-    acc = tl.join(tl.join(tl.join(tl.join(c[0], c[1]), tl.join(c[2], c[3])),
-                          tl.join(tl.join(c[4], c[5]), tl.join(c[6], c[7]))),
-                  tl.join(tl.join(tl.join(c[8], c[9]), tl.join(c[10], c[11])),
-                          tl.join(tl.join(c[12], c[13]), tl.join(c[14], c[15]))))
-    acc = tl.reshape(acc, (_WARPS, 8, 4, 2, 2, 2, 2))  # (u, g, q, b, r, blk, h)
-    return tl.reshape(tl.permute(acc, (0, 5, 4, 1, 6, 2, 3)), (_TILE_N, 16))
+    if NB == 4:
+        acc = tl.join(tl.join(_join8(c[0:8]), _join8(c[8:16])), tl.join(_join8(c[16:24]), _join8(c[24:32])))
+        acc = tl.reshape(acc, (_WARPS, 8, 4, 2, 2, 2, 2, 2))  # (u, g, q, b, r, blk, h % 2, h // 2)
+        acc = tl.reshape(tl.permute(acc, (0, 5, 4, 1, 7, 6, 2, 3)), (_TILE_N, 32))
+    else:
+        if NB == 1:
+            c = c + (zero, zero, zero, zero, zero, zero, zero, zero)
+        acc = tl.join(_join8(c[0:8]), _join8(c[8:16]))
+        acc = tl.reshape(acc, (_WARPS, 8, 4, 2, 2, 2, 2))  # (u, g, q, b, r, blk, h)
+        acc = tl.reshape(tl.permute(acc, (0, 5, 4, 1, 6, 2, 3)), (_TILE_N, 16))
+    return acc

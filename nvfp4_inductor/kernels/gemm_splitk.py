@@ -309,9 +309,9 @@ def _splitk_kernel(
     if DOT_SCALED:  # sm_100, W tiled and x NVFP4: the tensor core applies the block scales
         acc = dot_scaled_mainloop(x_ptr, x_scale_ptr, w_ptr, w_scale_ptr, M, N, K, stride_xm, pid_n,
                                   tile_begin, tile_end, BLOCK_M, BLOCK_N, BLOCK_K)
-    elif REG_MMA > 0:  # sm_90+, M <= 8 * REG_MMA <= 16: mma.sync on registers (gemm_mma.py)
+    elif REG_MMA > 0:  # sm_90+, M <= 8 * REG_MMA <= 32: mma.sync on registers (gemm_mma.py)
         acc = mma_mainloop(x_ptr, w_ptr, w_scale_ptr, M, K, stride_xm, pid_n, tile_begin, tile_end,
-                           REG_MMA == 2, EVEN, 0, N, w_scale_cols,
+                           REG_MMA, EVEN, 0, N, w_scale_cols,
                            0 if TILED else (2 if SWIZZLED else (3 if GROUPED else 1)))
     else:
         acc = splitk_mainloop(x_ptr, w_ptr, w_scale_ptr, M, N, K, stride_xm, w_scale_cols, pid_n,
@@ -359,9 +359,9 @@ def gemm_splitk(x, w_data, w_scale, w_g, bias, out_dtype, swizzled, config=None,
     must then use BLOCK_N, BLOCK_K = TILE_N, TILE_K). x_scale (sm_100, tiled W only): x is NVFP4
     itself, codes (M, K/2) + these plain scale bits (M, K/16), for the block-scaled MMA; g must
     then hold both global scales (w_g * x_g). Elsewhere W4A4 passes x's quantized values.
-    reg_mma: run gemm_mma's register-fed mainloop (CUDA, M <= 16, x rows 4-byte aligned, W tiled
-    or in rows on 8-byte boundaries; config (16, 64, 64, splits, gemm_mma.WARPS, stages)); None:
-    wherever it applies and no config is given."""
+    reg_mma: run gemm_mma's register-fed mainloop (CUDA, M <= 32, x rows 4-byte aligned, W tiled
+    or in rows on 8-byte boundaries; config (16 or 32 for M > 16, 64, 64, splits, gemm_mma.WARPS,
+    stages)); None: wherever it applies and no config is given."""
     m, k = x.shape[0], x.shape[1] * (2 if x_scale is not None else 1)
     n = w_data.shape[0] if tiled_n is None else tiled_n
     if m > 64:
@@ -376,13 +376,14 @@ def gemm_splitk(x, w_data, w_scale, w_g, bias, out_dtype, swizzled, config=None,
     if dot_scaled and not (tiled_n is not None and gemm_configs.block_scaled_mma(x.device)):
         raise ValueError("an NVFP4 x (x_scale) needs tiled weights on sm_100 or newer; elsewhere pass "
                          "x's quantized values (nvfp4.quantize_values)")
-    # sm_90+ (inline PTX), M <= 16, x rows 4-byte aligned, W tiled or in rows that start on 8-byte
+    # sm_90+ (inline PTX), M <= 32, x rows 4-byte aligned, W tiled or in rows that start on 8-byte
     # boundaries (its 8-byte code loads): the register-fed mainloop
     w_rows_aligned = tiled_n is not None or (w_data.data_ptr() % 8 == 0 and w_data.stride(0) % 8 == 0)
-    reg_mma_applies = (use_asm and not dot_scaled and m <= 16 and w_rows_aligned
+    reg_mma_applies = (use_asm and not dot_scaled and m <= gemm_configs.REG_MMA_MAX_M and w_rows_aligned
                        and x.stride(0) % 2 == 0 and x.data_ptr() % 4 == 0)
-    if reg_mma is None:
-        reg_mma = reg_mma_applies and config is None
+    if reg_mma is None:  # the default: tiled weights only up to REG_MMA_MAX_M_TILED (measured)
+        reg_mma = (reg_mma_applies and config is None
+                   and (tiled_n is None or m <= gemm_configs.REG_MMA_MAX_M_TILED))
     elif reg_mma and not reg_mma_applies:
         raise ValueError("the register-fed mainloop needs inline PTX (CUDA), at most 16 rows of x, x "
                          "rows at even element offsets and weight rows on 8-byte boundaries")
@@ -393,9 +394,10 @@ def gemm_splitk(x, w_data, w_scale, w_g, bias, out_dtype, swizzled, config=None,
                   else gemm_configs.splitk_config(m, n, k, num_sms, tiled=tiled_n is not None,
                                                   min_steps=min_steps, reg_mma=reg_mma))
     block_m, block_n, block_k, splits, warps, stages = config
-    if reg_mma and (block_m, block_n, block_k, warps) != (16, TILE_N, TILE_K, gemm_mma.WARPS):
-        raise ValueError(f"the register-fed mainloop runs 16 x {TILE_N} x {TILE_K} tiles on "
-                         f"{gemm_mma.WARPS} warps; got {config}")
+    reg_block_m = 8 * max(2, gemm_configs.reg_mma_blocks(m))
+    if reg_mma and (block_m, block_n, block_k, warps) != (reg_block_m, TILE_N, TILE_K, gemm_mma.WARPS):
+        raise ValueError(f"the register-fed mainloop runs {reg_block_m} x {TILE_N} x {TILE_K} tiles on "
+                         f"{gemm_mma.WARPS} warps at M = {m}; got {config}")
     max_bytes = gemm_configs.REG_MMA_MAX_CODE_BYTES
     if reg_mma and tiled_n is not None and w_data.numel() >= max_bytes:
         raise ValueError(f"the register-fed mainloop takes fewer than {max_bytes} code bytes (int32 word "
@@ -429,7 +431,7 @@ def gemm_splitk(x, w_data, w_scale, w_g, bias, out_dtype, swizzled, config=None,
         SWIZZLED=swizzled, W_G_PER_ROW=w_g.dim() > 0, HAS_BIAS=bias is not None,
         SPLIT=splits > 1, USE_ASM=use_asm,
         OPERAND=tl.bfloat16 if use_asm else tl.float16, EVEN=n % block_n == 0 and k % (4 * block_k if grouped else block_k) == 0,
-        TILED=tiled_n is not None, DOT_SCALED=dot_scaled, REG_MMA=(2 if m > 8 else 1) if reg_mma else 0,
+        TILED=tiled_n is not None, DOT_SCALED=dot_scaled, REG_MMA=gemm_configs.reg_mma_blocks(m) if reg_mma else 0,
         UNSCALE=1.0 if dot_scaled else 2.0**7, GROUPED=grouped,
         BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_K=block_k, SUM_ROWS=sum_rows, SUM_SPLITS=sum_splits,
         num_warps=warps, num_stages=stages,
