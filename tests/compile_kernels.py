@@ -123,7 +123,7 @@ def splitk_cases():
     # the configs differ in programs per SM only (a launch choice): one compiled kernel
     for bn, bk, warps, stages in {(bn, bk, w, st) for bn, bk, _, w, st in (gemm_configs.SPLITK_CONFIG,
                                                                           gemm_configs.SPLITK_CONFIG_WIDE_N)}:
-        for bm, even, swizzled in itertools.product((16,), (False, True), (False, True)):
+        for bm, even, swizzled in itertools.product((16, 32), (False, True), (False, True)):
             yield (f"splitk-{bm}x{bn}x{bk}-w{warps}-even{int(even)}-swizzle{int(swizzled)}",
                    sk._splitk_kernel, SPLITK_SIGNATURE,
                    _splitk_constexprs(SWIZZLED=swizzled, EVEN=even, BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk),
