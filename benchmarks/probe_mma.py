@@ -25,25 +25,42 @@ ops = torch.ops.nvfp4
 PER_SM = (8, 16, 24)  # programs per SM of the register-fed kernel
 
 
-def check() -> None:
+def check(layouts=("tiled",)) -> None:
+    """The register-fed kernel against float64 at M <= 16 on each weight layout: "tiled",
+    "rows" (row-major, plain scales), "rows-swizzled"."""
     worst = 0.0
-    for n, k in [(64, 64), (80, 176), (4096, 4096), (1024, 14336), (192, 4160)]:
+    for n, k in [(64, 64), (80, 176), (4096, 4096), (1000, 14336), (192, 4160)]:
         w = torch.randn(n, k, device="cuda", dtype=torch.bfloat16)
-        q = nv.quantize(w)
-        data, scale = ops.tile_weight(q.data, q.scale.view(torch.uint8))
-        w_ref = q.dequantize(torch.float32).double()
-        for m in (1, 3, 8, 9, 16):
-            x = torch.randn(m, k, device="cuda", dtype=torch.bfloat16)
-            bias = torch.randn(n, device="cuda", dtype=torch.bfloat16)
-            ref = x.double() @ w_ref.T + bias.double()
-            for splits in (None, 1, 3):
-                config = None if splits is None else (16, 64, 64, splits, gemm_mma.WARPS, 1)
-                y = gemm_splitk(x, data, scale, q.global_scale, bias, torch.float32, False, config=config,
-                                tiled_n=n, reg_mma=True)
-                err = ((y.double() - ref).abs().max() / ref.abs().max()).item()
-                worst = max(worst, err)
-                assert err < 1e-4, (n, k, m, splits, err)
-    print(f"correct: worst relative error {worst:.2e} (fp32 out vs float64)")
+        for layout in layouts:
+            q = nv.quantize(w, swizzle=layout == "rows-swizzled")
+            if layout == "tiled":
+                data, scale, tiled_n = *ops.tile_weight(q.data, q.scale.view(torch.uint8)), n
+            else:
+                data, scale, tiled_n = q.data, q.scale.view(torch.uint8), None
+            w_ref = q.dequantize(torch.float32).double()
+            for m in (1, 3, 8, 9, 16):
+                x = torch.randn(m, k, device="cuda", dtype=torch.bfloat16)
+                bias = torch.randn(n, device="cuda", dtype=torch.bfloat16)
+                ref = x.double() @ w_ref.T + bias.double()
+                for splits in (None, 1, 3):
+                    config = None if splits is None else (16, 64, 64, splits, gemm_mma.WARPS, 1)
+                    y = gemm_splitk(x, data, scale, q.global_scale, bias, torch.float32, q.swizzled,
+                                    config=config, tiled_n=tiled_n, reg_mma=True)
+                    err = ((y.double() - ref).abs().max() / ref.abs().max()).item()
+                    worst = max(worst, err)
+                    assert err < 1e-4, (n, k, m, layout, splits, err)
+    print(f"correct ({', '.join(layouts)}): worst relative error {worst:.2e} (fp32 out vs float64)")
+
+
+def _print_header(cols, width: int) -> None:
+    """Times in the given columns, then each one's speed-up over the first (bf16 cuBLAS)."""
+    print(f"{'K':>6} {'N':>6} {'M':>3} " + " ".join(f"{c:>{width}}" for c in cols) + " | x bf16: "
+          + " ".join(f"{c:>{width}}" for c in cols[1:]))
+
+
+def _print_row(k: int, n: int, m: int, times, width: int) -> None:
+    print(f"{k:>6} {n:>6} {m:>3} " + " ".join(f"{t:{width}.1f}" for t in times) + " | x bf16: "
+          + " ".join(f"{times[0] / t:{width}.2f}" for t in times[1:]), flush=True)
 
 
 def main() -> None:
@@ -55,8 +72,7 @@ def main() -> None:
     print(f"device copy: {copy:.0f} GB/s")
     cols = ["bf16", "tiled"] + [f"mma{p}" for p in PER_SM] + ["floor"]
     sms = torch.cuda.get_device_properties().multi_processor_count
-    print(f"{'K':>6} {'N':>6} {'M':>3} " + " ".join(f"{c:>7}" for c in cols) + " | x bf16: "
-          + " ".join(f"{c:>6}" for c in cols[1:]))
+    _print_header(cols, 7)
     for k, n in SHAPES:
         copies = max(2, math.ceil(3 * l2 / (n * k * 2)))
         w_bf16 = [torch.randn(n, k, dtype=torch.bfloat16, device="cuda") for _ in range(copies)]
@@ -74,8 +90,7 @@ def main() -> None:
                 times.append(stream_us(lambda w: gemm_splitk(x, w[0], w[1], w[2], None, torch.bfloat16, False,
                                                              config=config, tiled_n=n, reg_mma=True), w_tiled))
             times.append((n * k * 0.5625 + 2 * m * k + 2 * m * n) / copy / 1e3)
-            print(f"{k:>6} {n:>6} {m:>3} " + " ".join(f"{t:7.1f}" for t in times) + " | x bf16: "
-                  + " ".join(f"{times[0] / t:6.2f}" for t in times[1:]), flush=True)
+            _print_row(k, n, m, times, 7)
         del w_bf16, w_q, w_tiled
 
 
@@ -104,6 +119,25 @@ def min_steps_sweep() -> None:
         del w_q, w_tiled
 
 
+BLOCK_SHAPES = SHAPES[:4] + [(4096, 6144), (4096, 28672)]  # and the decoder block's merged q / k / v, gate / up
+
+
+def _weights(k: int, n: int, l2: int):
+    """-> (bf16 copies, NVFP4 copies, their tiled parts + global scale), each set beyond L2."""
+    copies = max(2, math.ceil(3 * l2 / (n * k * 0.5625)))
+    w_bf16 = [torch.randn(n, k, dtype=torch.bfloat16, device="cuda") for _ in range(max(2, copies // 3))]
+    w_q = [nv.quantize(torch.randn(n, k, dtype=torch.bfloat16, device="cuda")) for _ in range(copies)]
+    return w_bf16, w_q, [(*ops.tile_weight(q.data, q.scale.view(torch.uint8)), q.global_scale) for q in w_q]
+
+
+def _reg_mma_us(x, n: int, k: int, sms: int, per_sm: int, w_tiled) -> tuple[float, int]:
+    """-> (us, splits) of the register-fed kernel above M = 8 with per_sm programs per SM planned."""
+    config = gemm_configs._skinny_config(x.shape[0], n, k, sms, 64, 64, per_sm, gemm_mma.WARPS, 1,
+                                         gemm_configs.REG_MMA_MIN_STEPS[1])
+    return stream_us(lambda w: gemm_splitk(x, w[0], w[1], w[2], None, torch.bfloat16, False, config=config,
+                                           tiled_n=n, reg_mma=True), w_tiled), config[3]
+
+
 def per_sm_sweep() -> None:
     """The register-fed kernel at M = 16 (two x-row blocks, 80 registers: at most 12 programs of
     64 threads fit an SM) with P (default 8 / 10 / 12 / 16) programs per SM planned, on bench_gemm's shapes
@@ -114,20 +148,14 @@ def per_sm_sweep() -> None:
     per_sm = tuple(int(a) for a in sys.argv[sys.argv.index("--per-sm") + 1:]) or (8, 10, 12, 16)
     print(f"{'K':>6} {'N':>6} {'M':>3} {'bf16':>7} " + " ".join(f"{'per SM ' + str(p):>14}" for p in per_sm)
           + "  (us, splits)")
-    for k, n in SHAPES[:4] + [(4096, 6144), (4096, 28672)]:
-        copies = max(2, math.ceil(3 * l2 / (n * k * 0.5625)))
-        w_bf16 = [torch.randn(n, k, dtype=torch.bfloat16, device="cuda") for _ in range(max(2, copies // 3))]
-        w_q = [nv.quantize(torch.randn(n, k, dtype=torch.bfloat16, device="cuda")) for _ in range(copies)]
-        w_tiled = [(*ops.tile_weight(q.data, q.scale.view(torch.uint8)), q.global_scale) for q in w_q]
+    for k, n in BLOCK_SHAPES:
+        w_bf16, w_q, w_tiled = _weights(k, n, l2)
         for m in (9, 16):
             x = torch.randn(m, k, dtype=torch.bfloat16, device="cuda")
             cells = []
             for p in per_sm:
-                config = gemm_configs._skinny_config(m, n, k, sms, 64, 64, p, gemm_mma.WARPS, 1,
-                                                     gemm_configs.REG_MMA_MIN_STEPS[1])
-                t = stream_us(lambda w: gemm_splitk(x, w[0], w[1], w[2], None, torch.bfloat16, False,
-                                                   config=config, tiled_n=n, reg_mma=True), w_tiled)
-                cells.append(f"{t:7.1f} ({config[3]:>3})")
+                t, splits = _reg_mma_us(x, n, k, sms, p, w_tiled)
+                cells.append(f"{t:7.1f} ({splits:>3})")
             bf16 = stream_us(lambda w: x @ w.T, w_bf16)
             print(f"{k:>6} {n:>6} {m:>3} {bf16:7.1f} " + " ".join(f"{c:>14}" for c in cells), flush=True)
         del w_bf16, w_q, w_tiled
@@ -154,53 +182,23 @@ def m32_compare() -> None:
     sms = torch.cuda.get_device_properties().multi_processor_count
     per_sm = (4, 6, 7)
     cols = ["bf16", "tiled-dot"] + [f"reg{p}" for p in per_sm] + ["rows-reg", "rows-deq"]
-    print(f"{'K':>6} {'N':>6} {'M':>3} " + " ".join(f"{c:>9}" for c in cols) + " | x bf16: "
-          + " ".join(f"{c:>9}" for c in cols[1:]))
-    for k, n in SHAPES[:4] + [(4096, 6144), (4096, 28672)]:
-        copies = max(2, math.ceil(3 * l2 / (n * k * 0.5625)))
-        w_bf16 = [torch.randn(n, k, dtype=torch.bfloat16, device="cuda") for _ in range(max(2, copies // 3))]
-        w_q = [nv.quantize(torch.randn(n, k, dtype=torch.bfloat16, device="cuda")) for _ in range(copies)]
-        w_tiled = [(*ops.tile_weight(q.data, q.scale.view(torch.uint8)), q.global_scale) for q in w_q]
+    _print_header(cols, 9)
+    for k, n in BLOCK_SHAPES:
+        w_bf16, w_q, w_tiled = _weights(k, n, l2)
         for m in (17, 32):
             x = torch.randn(m, k, dtype=torch.bfloat16, device="cuda")
             old = gemm_configs.splitk_config(m, n, k, sms, tiled=True, min_steps=gemm_configs.MIN_STEPS_PER_SPLIT)
             times = [stream_us(lambda w: x @ w.T, w_bf16),
                      stream_us(lambda w: gemm_splitk(x, w[0], w[1], w[2], None, torch.bfloat16, False,
                                                      config=old, tiled_n=n, reg_mma=False), w_tiled)]
-            for p in per_sm:
-                config = gemm_configs._skinny_config(m, n, k, sms, 64, 64, p, gemm_mma.WARPS, 1,
-                                                     gemm_configs.REG_MMA_MIN_STEPS[1])
-                times.append(stream_us(lambda w: gemm_splitk(x, w[0], w[1], w[2], None, torch.bfloat16, False,
-                                                             config=config, tiled_n=n, reg_mma=True), w_tiled))
+            times += [_reg_mma_us(x, n, k, sms, p, w_tiled)[0] for p in per_sm]
             times.append(stream_us(lambda q: gemm_splitk(x, q.data, q.scale.view(torch.uint8), q.global_scale,
                                                          None, torch.bfloat16, False, reg_mma=True), w_q))
             gemm_configs.FORCE_PATH = "dequant_cublas"
             times.append(stream_us(lambda q: nv.linear(x, q), w_q))
             gemm_configs.FORCE_PATH = None
-            print(f"{k:>6} {n:>6} {m:>3} " + " ".join(f"{t:9.1f}" for t in times) + " | x bf16: "
-                  + " ".join(f"{times[0] / t:9.2f}" for t in times[1:]), flush=True)
+            _print_row(k, n, m, times, 9)
         del w_bf16, w_q, w_tiled
-
-
-def rows_check() -> None:
-    worst = 0.0
-    for n, k in [(64, 64), (80, 176), (4096, 4096), (1000, 14336), (192, 4160)]:
-        w = torch.randn(n, k, device="cuda", dtype=torch.bfloat16)
-        for swizzle in (False, True):
-            q = nv.quantize(w, swizzle=swizzle)
-            w_ref = q.dequantize(torch.float32).double()
-            for m in (1, 3, 8, 9, 16):
-                x = torch.randn(m, k, device="cuda", dtype=torch.bfloat16)
-                bias = torch.randn(n, device="cuda", dtype=torch.bfloat16)
-                ref = x.double() @ w_ref.T + bias.double()
-                for splits in (None, 1, 3):
-                    config = None if splits is None else (16, 64, 64, splits, gemm_mma.WARPS, 1)
-                    y = gemm_splitk(x, q.data, q.scale.view(torch.uint8), q.global_scale, bias,
-                                    torch.float32, swizzle, config=config, reg_mma=True)
-                    err = ((y.double() - ref).abs().max() / ref.abs().max()).item()
-                    worst = max(worst, err)
-                    assert err < 1e-4, (n, k, m, swizzle, splits, err)
-    print(f"correct (row-major): worst relative error {worst:.2e} (fp32 out vs float64)")
 
 
 def rows_compare() -> None:
@@ -209,12 +207,11 @@ def rows_compare() -> None:
     read a byte per K-tile (bytes) or a word per 4 (rows), swizzled scales, and the tiled layout,
     same run; default configs."""
     print(f"GPU: {torch.cuda.get_device_name()}, torch {torch.__version__}, triton {triton.__version__}")
-    rows_check()
+    check(("rows", "rows-swizzled"))
     l2 = torch.cuda.get_device_properties().L2_cache_size
     sms = torch.cuda.get_device_properties().multi_processor_count
     cols = ["bf16", "rows-dot", "bytes-mma", "rows-mma", "swz-mma", "tiled-mma"]
-    print(f"{'K':>6} {'N':>6} {'M':>3} " + " ".join(f"{c:>9}" for c in cols) + " | x bf16: "
-          + " ".join(f"{c:>9}" for c in cols[1:]))
+    _print_header(cols, 9)
     for k, n in SHAPES:
         copies = max(2, math.ceil(3 * l2 / (n * k * 0.5625)))
         w_bf16 = [torch.randn(n, k, dtype=torch.bfloat16, device="cuda") for _ in range(copies)]
@@ -240,8 +237,7 @@ def rows_compare() -> None:
                 stream_us(lambda w: gemm_splitk(x, w[0], w[1], w[2], None, torch.bfloat16, False,
                                                 tiled_n=n, reg_mma=True), w_tiled),
             ]
-            print(f"{k:>6} {n:>6} {m:>3} " + " ".join(f"{t:9.1f}" for t in times) + " | x bf16: "
-                  + " ".join(f"{times[0] / t:9.2f}" for t in times[1:]), flush=True)
+            _print_row(k, n, m, times, 9)
         del w_bf16, plain, swz, odd, w_tiled
 
 
