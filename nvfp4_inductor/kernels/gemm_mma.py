@@ -193,6 +193,7 @@ def _load_pair_rm(words, k_ok, EVEN_K: tl.constexpr):
 
 @triton.jit
 def _load_rm(ptrs, k_ok, EVEN_K: tl.constexpr):
+    """A scale byte or word per lane, as uint32; zero past K unless EVEN_K."""
     if EVEN_K:
         return tl.load(ptrs).to(tl.uint32)
     return tl.load(ptrs, mask=k_ok, other=0).to(tl.uint32)
@@ -207,7 +208,7 @@ def _byte_pair(a, b, r):
 
 @triton.jit
 def _tile_offsets(t, LAYOUT: tl.constexpr):
-    """K-tile t of a row-major W -> (code words, x words, k) past K-tile 0 of the lane's addresses.
+    """K-tile t -> (code words (row-major W), x words, k) past K-tile 0 of the lane's addresses.
     LAYOUT 3 groups 4 K-tiles (256 k): in tile t of a group lane q multiplies 16-k block
     4q + t % 4 of it, so that its 4 scale bytes of the group are one word."""
     if LAYOUT == 3:
@@ -235,9 +236,9 @@ def _load_w(wp, sp, sw, first, t, k_ok, LAYOUT: tl.constexpr, EVEN_K: tl.constex
         if LAYOUT == 3:
             r = t % 4
             if r == 0:
-                words = t  # a group's 16 scale bytes a row are 4 words: 4 * (t // 4)
-                sw = (_load_rm(sp[0] + words, k_ok, EVEN_K), _load_rm(sp[1] + words, k_ok, EVEN_K),
-                      _load_rm(sp[2] + words, k_ok, EVEN_K), _load_rm(sp[3] + words, k_ok, EVEN_K))
+                at = t  # 16 scale bytes (4 words) a row per group of 4 tiles: word 4 * (t // 4) == t
+                sw = (_load_rm(sp[0] + at, k_ok, EVEN_K), _load_rm(sp[1] + at, k_ok, EVEN_K),
+                      _load_rm(sp[2] + at, k_ok, EVEN_K), _load_rm(sp[3] + at, k_ok, EVEN_K))
             s01 = _byte_pair(sw[0], sw[1], r)
             s23 = _byte_pair(sw[2], sw[3], r)
         else:
