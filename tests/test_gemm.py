@@ -304,6 +304,53 @@ def test_register_fed_config(m, n, k, splits):
         assert template.reg_mma == 0
 
 
+class _LaunchRecorder:
+    """Stands in for gemm_splitk._splitk_kernel: records a launch's grid and arguments."""
+
+    def __init__(self):
+        self.launches = []
+
+    def __getitem__(self, grid):
+        return lambda *args, **kwargs: self.launches.append((grid, args, kwargs))
+
+
+@pytest.mark.parametrize("case, m, k, expect", [
+    ("plain", 1, 1024, dict(REG_MMA=1, GROUPED=True, EVEN=True)),     # a scale word per 4 K-tiles
+    ("plain", 5, 1040, dict(REG_MMA=1, GROUPED=False, EVEN=False)),   # K % 64 != 0: scale bytes
+    ("plain", 12, 1024, dict(REG_MMA=2, GROUPED=False)),               # grouped only at M <= 8
+    ("plain", 24, 1024, dict(REG_MMA=4, BLOCK_M=32)),                  # four x-row blocks
+    ("swizzled", 1, 1024, dict(REG_MMA=1, GROUPED=False, SWIZZLED=True)),
+    ("odd-scales", 1, 1024, dict(REG_MMA=1, GROUPED=False)),          # scales 1 byte off a word
+    ("odd-rows", 1, 1024, dict(REG_MMA=0)),                            # code rows off 8 bytes: tl.dot
+    ("tiled", 16, 1024, dict(REG_MMA=2, TILED=True)),
+    ("tiled", 24, 1024, dict(REG_MMA=0, TILED=True, BLOCK_M=32)),      # tiled M > 16: tl.dot
+])
+def test_skinny_launcher_picks_the_mainloop(case, m, k, expect, monkeypatch):
+    """Which mainloop and scale reads the skinny launcher picks by default, per layout and M
+    (launch arguments recorded on the CPU; the GPU tests run each choice)."""
+    recorder = _LaunchRecorder()
+    monkeypatch.setattr(gemm_splitk, "_splitk_kernel", recorder)
+    n = 128
+    w = nv.quantize(torch.randn(n, k), swizzle=case == "swizzled")
+    data, scale, tiled_n = w.data, w.scale.view(torch.uint8), None
+    if case == "tiled":
+        (data, scale), tiled_n = nv_tiled.tile(data, scale), n
+    elif case == "odd-scales":
+        scale = torch.empty(scale.numel() + 1, dtype=torch.uint8)[1:].view(scale.shape).copy_(scale)
+    elif case == "odd-rows":
+        data = torch.empty(data.numel() + 4, dtype=torch.uint8)[4:].view(data.shape).copy_(data)
+    x = torch.randn(m, k).to(torch.bfloat16)
+    gemm_splitk.gemm_splitk(x, data, scale, w.global_scale, None, torch.bfloat16, case == "swizzled",
+                            use_asm=True, tiled_n=tiled_n)
+    (grid, args, kwargs), = recorder.launches
+    assert {key: kwargs[key] for key in expect} == expect
+    tiles_per_split = args[13]
+    if kwargs["GROUPED"]:  # splits cover whole groups of 4 K-tiles, counted as 4 * cdiv(K, 256)
+        assert tiles_per_split % 4 == 0 and grid[1] == -(-(-(-k // 256) * 4) // tiles_per_split)
+    else:
+        assert grid[1] == -(-(-(-k // 64)) // tiles_per_split)
+
+
 @pytest.mark.gpu
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16, torch.float32])
 @pytest.mark.parametrize("rows", [5, 130])  # the skinny kernel; dequantize + cuBLASLt
