@@ -52,7 +52,7 @@ TILED_CONFIG = (64, 64, 8, 2, 4)
 TILED_CONFIG_WIDE_N = (64, 64, 16, 2, 4)
 
 
-# The register-fed mainloop (gemm_mma.py, tiled weights, M <= 16): a warp per 32 rows of the 64 x 64
+# The register-fed mainloop (gemm_mma.py, M <= 32, tiled or row-major weights): a warp per 32 rows of the 64 x 64
 # tile, so 2 warps; it prefetches in registers itself (no Triton pipelining: num_stages 1).
 # Measured on an H100 (benchmarks/probe_mma.py, eager, results/probe_mma_session9_h100.txt): at
 # M <= 8, 16 programs per SM (4096 x 14336, M = 1: 17.2 us vs 18.3 / 17.4 with 8 / 24; 8192 x 28672:
@@ -67,17 +67,19 @@ REG_MMA_MAX_M = 32  # x rows in 1, 2 or 4 blocks of 8 (an mma each)
 # 27.1 us, 14336 x 4096 29.6 vs 31.5, 8192 x 28672 89.3 vs 91.6-113), so it keeps 17..64.
 REG_MMA_MAX_M_TILED = 16
 
-
-def reg_mma_blocks(m: int) -> int:
-    """Blocks of 8 x rows the register-fed mainloop multiplies for M rows (M <= REG_MMA_MAX_M)."""
-    return 1 if m <= 8 else 2 if m <= 16 else 4
 # K-steps a split of it runs at least, M <= 8 and M > 8 (eager and template alike): same kernel,
 # splits of at least 1 / 2 / 4 / 8 steps (probe_mma.py --min-steps, results/probe_mma_session9_h100.txt):
 # 4096 x 4096, M = 1: 9.4 / 9.4 / 8.6 / 9.9 us; 6144 x 4096: 10.2 / 10.1 / 9.7 / 11.2; M = 16:
 # 12.6 / 12.7 / 12.6 / 11.5 and 13.0 / 13.1 / 13.2 / 12.9; longer K or wider N: no change.
 REG_MMA_MIN_STEPS = (4, 8)
-# It addresses the codes with int32 offsets in uint32 words: fewer than 2^31 words of 4 bytes.
+# It addresses tiled codes with int32 offsets in uint32 words: fewer than 2^31 words of 4 bytes
+# (row-major codes through a 64-bit pointer per row).
 REG_MMA_MAX_CODE_BYTES = 2**33
+
+
+def reg_mma_blocks(m: int) -> int:
+    """Blocks of 8 x rows the register-fed mainloop multiplies for M rows (M <= REG_MMA_MAX_M)."""
+    return 1 if m <= 8 else 2 if m <= 16 else 4
 
 
 def splitk_config(m: int, n: int, k: int, num_sms: int, tiled: bool = False,

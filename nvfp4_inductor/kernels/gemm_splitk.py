@@ -385,8 +385,9 @@ def gemm_splitk(x, w_data, w_scale, w_g, bias, out_dtype, swizzled, config=None,
         reg_mma = (reg_mma_applies and config is None
                    and (tiled_n is None or m <= gemm_configs.REG_MMA_MAX_M_TILED))
     elif reg_mma and not reg_mma_applies:
-        raise ValueError("the register-fed mainloop needs inline PTX (CUDA), at most 16 rows of x, x "
-                         "rows at even element offsets and weight rows on 8-byte boundaries")
+        raise ValueError(f"the register-fed mainloop needs inline PTX (CUDA), at most "
+                         f"{gemm_configs.REG_MMA_MAX_M} rows of x, x rows at even element offsets and "
+                         f"weight rows on 8-byte boundaries")
     if config is None:
         num_sms = gemm_configs.sm_count(x.device)
         min_steps = None if reg_mma else gemm_configs.MIN_STEPS_PER_SPLIT  # (reg_mma: its own rule)
