@@ -52,8 +52,8 @@ TILED_CONFIG = (64, 64, 8, 2, 4)
 TILED_CONFIG_WIDE_N = (64, 64, 16, 2, 4)
 
 
-# The register-fed mainloop (gemm_mma.py, M <= 32, tiled or row-major weights): a warp per 32 rows of the 64 x 64
-# tile, so 2 warps; it prefetches in registers itself (no Triton pipelining: num_stages 1).
+# The register-fed mainloop (gemm_mma.py, M <= 32, tiled or row-major weights): a warp per 32 rows
+# of the 64 x 64 tile, so 2 warps; it prefetches in registers itself (no Triton pipelining: num_stages 1).
 # Measured on an H100 (benchmarks/probe_mma.py, eager, results/probe_mma_session9_h100.txt): at
 # M <= 8, 16 programs per SM (4096 x 14336, M = 1: 17.2 us vs 18.3 / 17.4 with 8 / 24; 8192 x 28672:
 # 51.0 vs 55.7 / 55.8); at M = 16 (80 registers) 8 per SM (20.2 vs 24.1 us; 60.4 vs 69.3).
