@@ -60,18 +60,21 @@ M, the tl.dot one for larger M and under the Triton interpreter (which runs no i
 import triton
 import triton.language as tl
 
+from ..format import BLOCK_SIZE
 from ..tiled import TILE_K, TILE_N
 from ._common import TILE_BYTES as SWIZZLE_TILE_BYTES, swizzled_scale_offset
 
 _TILE_N: tl.constexpr = tl.constexpr(TILE_N)
 _TILE_K: tl.constexpr = tl.constexpr(TILE_K)
 _TILE_WORDS: tl.constexpr = tl.constexpr(TILE_N * TILE_K // 8)  # uint32 words of codes a tile
-_TILE_SCALES: tl.constexpr = tl.constexpr(TILE_N * TILE_K // 16)  # scale bytes a tile
+_TILE_SCALES: tl.constexpr = tl.constexpr(TILE_N * TILE_K // BLOCK_SIZE)  # scale bytes a tile
 _ROW_WORDS: tl.constexpr = tl.constexpr(TILE_K // 8)  # uint32 words a tile row (8)
 WARP_ROWS = 32  # weight rows a warp multiplies: two mma row blocks sharing each x fragment
 WARPS = TILE_N // WARP_ROWS  # warps a program (a 64-row tile)
 _WARP_ROWS: tl.constexpr = tl.constexpr(WARP_ROWS)
 _WARPS: tl.constexpr = tl.constexpr(WARPS)
+_BLOCK: tl.constexpr = tl.constexpr(BLOCK_SIZE)  # k of a block scale (16)
+_GROUP: tl.constexpr = tl.constexpr(4)  # LAYOUT 3: K-tiles whose plain scales a lane reads as one word
 
 # $4: 8 codes (natural order), $5: bf16x2 s * 2^119; $0..$3: bf16x2 pairs (i, i + 4), i = 0..3,
 # each e2m1 * s * 2^-7: magnitude bits to 6..8 (+16), sign to 15 (+16).
@@ -176,7 +179,7 @@ def _load_weights(ww_ptr, ws_ptr, tile):
     w4, w5 = tl.split(tl.load(words[:, None] + (16 * _ROW_WORDS + tl.arange(0, 2))[None, :]))
     w6, w7 = tl.split(tl.load(words[:, None] + (24 * _ROW_WORDS + tl.arange(0, 2))[None, :]))
     scales = ws_ptr + tile * _TILE_SCALES
-    row_scales: tl.constexpr = _TILE_K // 16
+    row_scales: tl.constexpr = _TILE_K // _BLOCK
     s01 = tl.load(scales).to(tl.uint32) | (tl.load(scales + 8 * row_scales).to(tl.uint32) << 8)
     s23 = (tl.load(scales + 16 * row_scales).to(tl.uint32)
            | (tl.load(scales + 24 * row_scales).to(tl.uint32) << 8))
@@ -212,7 +215,10 @@ def _tile_offsets(t, LAYOUT: tl.constexpr):
     LAYOUT 3 groups 4 K-tiles (256 k): in tile t of a group lane q multiplies 16-k block
     4q + t % 4 of it, so that its 4 scale bytes of the group are one word."""
     if LAYOUT == 3:
-        return (t // 4) * 32 + (t % 4) * 2, (t // 4) * 128 + (t % 4) * 8, (t // 4) * 256
+        group, r = t // _GROUP, t % _GROUP
+        return (group * (_GROUP * _ROW_WORDS) + r * (_BLOCK // 8),  # 8 codes a word
+                group * (_GROUP * _TILE_K // 2) + r * (_BLOCK // 2),  # 2 bf16 a word
+                group * (_GROUP * _TILE_K))
     return t * _ROW_WORDS, t * (_TILE_K // 2), t * _TILE_K
 
 
@@ -234,15 +240,15 @@ def _load_w(wp, sp, sw, first, t, k_ok, LAYOUT: tl.constexpr, EVEN_K: tl.constex
         w4, w5 = _load_pair_rm(wp[2] + cw, k_ok, EVEN_K)
         w6, w7 = _load_pair_rm(wp[3] + cw, k_ok, EVEN_K)
         if LAYOUT == 3:
-            r = t % 4
+            r = t % _GROUP
             if r == 0:
-                at = t  # 16 scale bytes (4 words) a row per group of 4 tiles: word 4 * (t // 4) == t
+                at = t  # a row's scale bytes of a group of 4 tiles are 4 words: word 4 * (t // 4) == t
                 sw = (_load_rm(sp[0] + at, k_ok, EVEN_K), _load_rm(sp[1] + at, k_ok, EVEN_K),
                       _load_rm(sp[2] + at, k_ok, EVEN_K), _load_rm(sp[3] + at, k_ok, EVEN_K))
             s01 = _byte_pair(sw[0], sw[1], r)
             s23 = _byte_pair(sw[2], sw[3], r)
         else:
-            step: tl.constexpr = _TILE_K // 16 if LAYOUT == 1 else SWIZZLE_TILE_BYTES
+            step: tl.constexpr = _TILE_K // _BLOCK if LAYOUT == 1 else SWIZZLE_TILE_BYTES
             s01 = _load_rm(sp[0] + t * step, k_ok, EVEN_K) | (_load_rm(sp[1] + t * step, k_ok, EVEN_K) << 8)
             s23 = _load_rm(sp[2] + t * step, k_ok, EVEN_K) | (_load_rm(sp[3] + t * step, k_ok, EVEN_K) << 8)
         w = (w0, w1, w2, w3, w4, w5, w6, w7, s01, s23)
@@ -339,10 +345,11 @@ def mma_mainloop(x_ptr, w_ptr, w_scale_ptr, M, K, stride_xm, pid_n, tile_begin, 
     row = (i // 32) * _WARP_ROWS + g  # the first of the lane's rows in the tile
     tiles_k = tl.cdiv(K, _TILE_K)
     xw_ptr = x_ptr.to(tl.pointer_type(tl.uint32))
-    kq = (64 if LAYOUT == 3 else 16) * q  # the lane's first k in a K-tile (a group for LAYOUT 3)
+    # the lane's first k in a K-tile (in a group of K-tiles for LAYOUT 3)
+    kq = (_GROUP * _BLOCK if LAYOUT == 3 else _BLOCK) * q
     if LAYOUT == 0:
         wp = w_ptr.to(tl.pointer_type(tl.uint32)) + row * _ROW_WORDS + 2 * q
-        sp = w_scale_ptr + row * (_TILE_K // 16) + q
+        sp = w_scale_ptr + row * (_TILE_K // _BLOCK) + q
     else:
         n0 = pid_n * _TILE_N + row
         r0 = tl.minimum(n0, N - 1).to(tl.int64)
@@ -352,8 +359,8 @@ def mma_mainloop(x_ptr, w_ptr, w_scale_ptr, M, K, stride_xm, pid_n, tile_begin, 
         words = w_ptr.to(tl.pointer_type(tl.uint32)) + kq // 8
         wp = (words + r0 * (K // 8), words + r1 * (K // 8), words + r2 * (K // 8), words + r3 * (K // 8))
         if LAYOUT == 1:
-            sp = (w_scale_ptr + r0 * (K // 16) + q, w_scale_ptr + r1 * (K // 16) + q,
-                  w_scale_ptr + r2 * (K // 16) + q, w_scale_ptr + r3 * (K // 16) + q)
+            sp = (w_scale_ptr + r0 * (K // _BLOCK) + q, w_scale_ptr + r1 * (K // _BLOCK) + q,
+                  w_scale_ptr + r2 * (K // _BLOCK) + q, w_scale_ptr + r3 * (K // _BLOCK) + q)
         elif LAYOUT == 2:  # a K-tile is one column of 128 x 4 swizzle tiles (TILE_K / 16 == 4)
             sp = (w_scale_ptr + swizzled_scale_offset(r0, q, scale_cols),
                   w_scale_ptr + swizzled_scale_offset(r1, q, scale_cols),
@@ -361,8 +368,9 @@ def mma_mainloop(x_ptr, w_ptr, w_scale_ptr, M, K, stride_xm, pid_n, tile_begin, 
                   w_scale_ptr + swizzled_scale_offset(r3, q, scale_cols))
         else:  # uint32 words: blocks 4q .. 4q + 3 of group 0
             scale_words = w_scale_ptr.to(tl.pointer_type(tl.uint32)) + q
-            sp = (scale_words + r0 * (K // 64), scale_words + r1 * (K // 64),
-                  scale_words + r2 * (K // 64), scale_words + r3 * (K // 64))
+            scale_row = K // (4 * _BLOCK)  # words: 4 scale bytes a word
+            sp = (scale_words + r0 * scale_row, scale_words + r1 * scale_row,
+                  scale_words + r2 * scale_row, scale_words + r3 * scale_row)
     x_rows = ()  # uint32 word offsets of the lane's x rows g + 8h
     for h in tl.static_range(NB):
         x_rows = x_rows + ((tl.minimum(g + 8 * h, M - 1).to(tl.int64) * stride_xm + kq) // 2,)
