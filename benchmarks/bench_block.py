@@ -13,12 +13,15 @@ with a KV cache.
 
 Variants: bf16 `torch.compile(block, mode=...)`; NVFP4 `nvfp4_inductor.compile(block, Config(...),
 mode=...)` (backend="nvfp4") with W4A16 and W4A4 activations, programmatic dependent launch off
-unless --pdl (it overlaps kernels, and the kernel sums below would count the overlap twice). Each is compiled per M with static
+unless --pdl (then on for every variant, bf16 through Inductor's own option: it overlaps kernels,
+and the kernel sums below count the overlap twice; "GPU span" does not). Each is compiled per M with static
 shapes (compile time = the first three calls: compiling, recording the CUDA graph), checked
 against bf16 eager (and W4A16 against its eager NVFP4 counterpart), then timed over 100
 back-to-back calls (median of 5: "us per call", the host's launch work included where it is the
 longer part) and per kernel with torch.profiler ("kernel us": the sum of the kernels' GPU times per
-call, gaps excluded; "kernels": distinct kernels).
+call, gaps excluded; "kernels": distinct kernels; "GPU span": first kernel start to last kernel end
+of a call, median over calls each followed by a synchronize: the GPU's time for a call when the
+host keeps up, gaps and PDL overlap included).
 Floor at small M: the weights read once (bf16 2 bytes a weight, NVFP4 0.5625) at the copy bandwidth
 measured here.
 """
@@ -35,6 +38,7 @@ import torch.nn.functional as F
 import triton
 from bench_quantize import copy_bandwidth_gbs
 from probe_template import kernel_times
+from torch.profiler import ProfilerActivity, profile
 from torch import nn
 
 import nvfp4_inductor as nv
@@ -84,13 +88,18 @@ def build_block(seed=0):
 
 
 def compile_variant(block, config, mode, pdl=False):
-    """pdl: leave the backend's programmatic dependent launch on. Off by default here: with it a
-    kernel's profiled time includes its wait for the one before it, so the "kernel us" sums would
-    count the overlap twice (bench_decode and probe_decode measure PDL per decode step)."""
+    """pdl: leave the backend's programmatic dependent launch on (bf16: Inductor's option on too).
+    Off by default here: with it a kernel's profiled time includes its wait for the one before it,
+    so the "kernel us" sums would count the overlap twice (bench_decode and probe_decode measure
+    PDL per decode step)."""
     if config is not None:
         options = None if pdl else {"triton.enable_pdl": False}
         return nv.compile(block, config, mode=mode, options=options, dynamic=False)
-    compiled = torch.compile(block, mode=mode, dynamic=False)
+    if pdl:  # torch.compile takes a mode or options, not both
+        options = {**torch._inductor.list_mode_options(mode), "triton.enable_pdl": True}
+        compiled = torch.compile(block, options=options, dynamic=False)
+    else:
+        compiled = torch.compile(block, mode=mode, dynamic=False)
 
     def run(x):
         with torch.no_grad():
@@ -123,6 +132,41 @@ def per_call_us(step, x, calls=100, repeats=5) -> float:
     return statistics.median(times)
 
 
+# Kernels of one call are less than this apart on the GPU; consecutive calls, each waited for by
+# the host before the next is launched, are further apart (the host's call takes longer).
+CALL_GAP_US = 25.0
+
+
+def call_spans(kernels, gap_us: float = CALL_GAP_US) -> list[float]:
+    """(start, end) us of kernels -> the span of each group of kernels less than gap_us apart."""
+    spans, begin, end = [], None, None
+    for start, stop in sorted(kernels):
+        if begin is not None and start > end + gap_us:
+            spans.append(end - begin)
+            begin = None
+        if begin is None:
+            begin, end = start, stop
+        end = max(end, stop)
+    return spans + ([end - begin] if begin is not None else [])
+
+
+def gpu_span_us(step, x, calls=20) -> float:
+    """First kernel start to last kernel end of one call, median over `calls` calls (a synchronize
+    after each, so calls never overlap), from torch.profiler's kernel records."""
+    for _ in range(5):
+        call(step, x)
+    torch.cuda.synchronize()
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        for _ in range(calls):
+            call(step, x)
+            torch.cuda.synchronize()
+    spans = call_spans([(e.time_range.start, e.time_range.end) for e in prof.events()
+                        if e.device_type == torch.autograd.DeviceType.CUDA])
+    if len(spans) != calls:
+        print(f"    (GPU span: {len(spans)} groups of kernels for {calls} calls)")
+    return statistics.median(spans)
+
+
 def eager_reference(block, config, x):
     """The block with its linears converted eagerly (NVFP4Linear: the eager nvfp4 ops)."""
     if config is None:
@@ -145,19 +189,19 @@ def main():
     parser.add_argument("--mode", default="reduce-overhead")
     parser.add_argument("--kernels", action="store_true", help="also print each variant's kernels")
     parser.add_argument("--pdl", action="store_true",
-                        help="NVFP4 with the backend's programmatic dependent launch (kernel us then "
-                             "counts overlapping kernels twice)")
+                        help="programmatic dependent launch on (NVFP4: the backend's default; bf16: "
+                             "Inductor's option); kernel us then counts overlapping kernels twice")
     args = parser.parse_args()
     props = torch.cuda.get_device_properties(0)
     print(f"# {props.name}, torch {torch.__version__}, triton {triton.__version__}, mode={args.mode}"
-          f"{', NVFP4 with PDL' if args.pdl else ''}")
+          f"{', with PDL' if args.pdl else ''}")
     bandwidth = copy_bandwidth_gbs() * 1e9
     block = build_block()
     rows = []
     for m in args.m:
         x = torch.randn(1, m, CFG.hidden, device="cuda", dtype=torch.bfloat16)
         bf16_eager = eager_reference(block, None, x).float()
-        base_us = base_kernel_us = None
+        base_us = base_kernel_us = base_span_us = None
         for name, config in VARIANTS.items():
             torch._dynamo.reset()
             step = compile_variant(block, config, args.mode, args.pdl)
@@ -176,26 +220,31 @@ def main():
             us = per_call_us(step, x)
             kernels = kernel_times(lambda step=step, x=x: call(step, x), calls=20)
             kernel_us = sum(kernels.values())
+            span_us = gpu_span_us(step, x)
             base_us, base_kernel_us = base_us or us, base_kernel_us or kernel_us
+            base_span_us = base_span_us or span_us
             floor_us = weight_bytes(block, config is not None) / bandwidth * 1e6
-            rows.append((m, name, us, base_us / us, kernel_us, base_kernel_us / kernel_us, len(kernels),
-                         floor_us, compile_s, err_bf16, err_eager))
+            rows.append((m, name, us, base_us / us, kernel_us, base_kernel_us / kernel_us, span_us,
+                         base_span_us / span_us, len(kernels), floor_us, compile_s, err_bf16, err_eager))
             print(f"M={m:5d} {name:12s} {us:9.1f} us  x{base_us / us:5.2f}  kernels {kernel_us:8.1f} us "
-                  f"x{base_kernel_us / kernel_us:5.2f}  compile {compile_s:5.1f} s"
+                  f"x{base_kernel_us / kernel_us:5.2f}  GPU span {span_us:8.1f} us "
+                  f"x{base_span_us / span_us:5.2f}"
+                  f"  compile {compile_s:5.1f} s"
                   f"  rel err vs bf16 eager {err_bf16:.1e}, vs NVFP4 eager {err_eager:.1e}", flush=True)
             if args.kernels:
                 for kernel, k_us in sorted(kernels.items(), key=lambda item: -item[1]):
                     print(f"    {k_us:8.1f} us  {kernel}")
             del step
     print()
-    print("| M | variant | us per call | x bf16 | kernel us per call | x bf16 | kernels | target "
-          "| weight-read floor us | compile s | rel. err vs bf16 eager | vs NVFP4 eager |")
-    print("|---|---|---|---|---|---|---|---|---|---|---|---|")
-    for (m, name, us, speedup, kernel_us, kernel_speedup, n_kernels, floor_us, compile_s, err_bf16,
-         err_eager) in rows:
+    print("| M | variant | us per call | x bf16 | kernel us per call | x bf16 | GPU span us | x bf16 "
+          "| kernels | target | weight-read floor us | compile s | rel. err vs bf16 eager | vs NVFP4 eager |")
+    print("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|")
+    for (m, name, us, speedup, kernel_us, kernel_speedup, span_us, span_speedup, n_kernels, floor_us,
+         compile_s, err_bf16, err_eager) in rows:
         target = "" if name == "bf16" else f">= {TARGETS.get(m, '')}"
         print(f"| {m} | {name} | {us:.1f} | {speedup:.2f} | {kernel_us:.1f} | {kernel_speedup:.2f} "
-              f"| {n_kernels} | {target} | {floor_us:.1f} | {compile_s:.1f} | {err_bf16:.1e} | {err_eager:.1e} |")
+              f"| {span_us:.1f} | {span_speedup:.2f} | {n_kernels} | {target} | {floor_us:.1f} "
+              f"| {compile_s:.1f} | {err_bf16:.1e} | {err_eager:.1e} |")
 
 if __name__ == "__main__":
     main()
