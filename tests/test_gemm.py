@@ -184,6 +184,68 @@ def test_register_fed_mainloop_matches_reference(m, n, k, splits, layout):
     assert y[:, 1].isnan().all() and not y[:, [0] + list(range(2, n))].isnan().any()
 
 
+@triton.jit
+def _row_major_reads(w_ptr, s_ptr, codes_ptr, scales_ptr, N, K, scale_cols, TILES: tl.constexpr,
+                     LAYOUT: tl.constexpr):
+    """What each lane of the register-fed mainloop reads from a row-major W for K-tiles
+    0 .. TILES - 1 of tile row program_id(0), through its addressing helpers: codes (tile rows,
+    TILES, 64 lanes, 4 rows, 2 words) and scale bytes (tile rows, TILES, 64 lanes, 4 rows). The
+    grouped scale word is split by shifts here (the kernel's byte permute is inline PTX)."""
+    pid_n = tl.program_id(0)
+    i = tl.arange(0, 64)
+    lane = i % 32
+    q = lane % 4
+    wp, sp = gemm_mma.row_major_pointers(w_ptr, s_ptr, pid_n * 64 + (i // 32) * 32 + lane // 4, q, N, K,
+                                         scale_cols, LAYOUT)
+    kq = (64 if LAYOUT == 3 else 16) * q
+    for step in tl.static_range(TILES):
+        t = pid_n * 0 + step  # a tensor, as the kernel's loop index is
+        cw, _, k = gemm_mma._tile_offsets(t, LAYOUT)
+        k_ok = k + kq < K
+        at = (pid_n * TILES + step) * 64 + i
+        for j in tl.static_range(4):
+            w0, w1 = gemm_mma._load_pair_rm(wp[j] + cw, k_ok, False)
+            tl.store(codes_ptr + at * 8 + 2 * j, w0.to(tl.int32, bitcast=True))
+            tl.store(codes_ptr + at * 8 + 2 * j + 1, w1.to(tl.int32, bitcast=True))
+            if LAYOUT == 3:  # the group's word, loaded at its first tile (t - t % 4 words in)
+                byte = (gemm_mma._load_rm(sp[j] + (t - t % 4), k_ok, False) >> (8 * (t % 4))) & 0xFF
+            else:
+                byte = gemm_mma._load_rm(sp[j] + t * (4 if LAYOUT == 1 else 512), k_ok, False)
+            tl.store(scales_ptr + at * 4 + j, byte.to(tl.int32))
+
+
+@pytest.mark.parametrize("layout, n, k", [(1, 80, 208), (2, 80, 208), (2, 200, 1024), (3, 80, 1344),
+                                          (3, 64, 512)])
+def test_row_major_addressing(kernel_device, layout, n, k):
+    """The register-fed mainloop's row-major addressing (row_major_pointers, _tile_offsets, the
+    loads), run on CPU tensors in CI: every lane reads, for each K-tile, the codes and block scale
+    of its four rows (clamped to N - 1) at the 16-k block its layout assigns (block 4t + q; grouped:
+    4q + t % 4 of group t // 4), zeros past K; swizzled scales at their swizzled offsets."""
+    if kernel_device == "cuda":
+        pytest.skip("the GPU tests run the whole kernel on these layouts")
+    gen = torch.Generator().manual_seed(layout * 1000 + n + k)
+    w = nv.quantize(torch.randn(n, k, generator=gen), swizzle=layout == 2)
+    plain = (nv.unswizzle_scales(w.scale, n, k // 16) if layout == 2 else w.scale).view(torch.uint8)
+    tiles = 4 * -(-k // 256) if layout == 3 else -(-k // 64)
+    rows_n = -(-n // 64)
+    codes = torch.full((rows_n, tiles, 64, 4, 2), -1, dtype=torch.int32)
+    scales = torch.full((rows_n, tiles, 64, 4), -1, dtype=torch.int32)
+    scale_bits = w.scale.view(torch.uint8)
+    _row_major_reads[(rows_n,)](w.data, scale_bits, codes, scales, n, k, scale_bits.shape[1], tiles, layout)
+    words = w.data.view(torch.int32)  # (N, K / 8): 8 codes a word, little-endian
+    for pid_n in range(rows_n):
+        for t in range(tiles):
+            for i in range(64):
+                g, q = (i % 32) // 4, i % 4
+                block = 16 * (t // 4) + 4 * q + t % 4 if layout == 3 else 4 * t + q
+                for j in range(4):
+                    row = min(pid_n * 64 + 32 * (i // 32) + g + 8 * j, n - 1)
+                    inside = block * 16 < k
+                    want = words[row, 2 * block:2 * block + 2] if inside else torch.zeros(2, dtype=torch.int32)
+                    assert torch.equal(codes[pid_n, t, i, j], want), (pid_n, t, i, j)
+                    assert scales[pid_n, t, i, j] == (int(plain[row, block]) if inside else 0), (pid_n, t, i, j)
+
+
 def test_register_fed_mainloop_refuses_what_it_cannot_run():
     x = torch.zeros(33, 64, dtype=torch.bfloat16)
     data_t, scale_t = nv_tiled.tile(torch.zeros(64, 32, dtype=torch.uint8), torch.zeros(64, 4, dtype=torch.uint8))

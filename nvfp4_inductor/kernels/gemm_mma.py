@@ -223,6 +223,34 @@ def _tile_offsets(t, LAYOUT: tl.constexpr):
 
 
 @triton.jit
+def row_major_pointers(w_ptr, w_scale_ptr, n0, q, N, K, scale_cols, LAYOUT: tl.constexpr):
+    """Row-major W (LAYOUT 1-3): a lane's pointers at K-tile 0 -> (four uint32 code pointers, four
+    scale pointers) for its rows n0, n0 + 8, n0 + 16, n0 + 24 (each at most N - 1) and its k-slice
+    q; _load_w adds K-tile t's offsets (_tile_offsets). Scale pointers: bytes (LAYOUT 1, plain; 2,
+    swizzled, scale_cols the padded columns) or uint32 words (3: blocks 4q .. 4q + 3 of group 0)."""
+    r0 = tl.minimum(n0, N - 1).to(tl.int64)
+    r1 = tl.minimum(n0 + 8, N - 1).to(tl.int64)
+    r2 = tl.minimum(n0 + 16, N - 1).to(tl.int64)
+    r3 = tl.minimum(n0 + 24, N - 1).to(tl.int64)
+    words = w_ptr.to(tl.pointer_type(tl.uint32)) + (_GROUP * _BLOCK if LAYOUT == 3 else _BLOCK) * q // 8
+    wp = (words + r0 * (K // 8), words + r1 * (K // 8), words + r2 * (K // 8), words + r3 * (K // 8))
+    if LAYOUT == 1:
+        sp = (w_scale_ptr + r0 * (K // _BLOCK) + q, w_scale_ptr + r1 * (K // _BLOCK) + q,
+              w_scale_ptr + r2 * (K // _BLOCK) + q, w_scale_ptr + r3 * (K // _BLOCK) + q)
+    elif LAYOUT == 2:  # a K-tile is one column of 128 x 4 swizzle tiles (TILE_K / 16 == 4)
+        sp = (w_scale_ptr + swizzled_scale_offset(r0, q, scale_cols),
+              w_scale_ptr + swizzled_scale_offset(r1, q, scale_cols),
+              w_scale_ptr + swizzled_scale_offset(r2, q, scale_cols),
+              w_scale_ptr + swizzled_scale_offset(r3, q, scale_cols))
+    else:
+        scale_words = w_scale_ptr.to(tl.pointer_type(tl.uint32)) + q
+        scale_row = K // (4 * _BLOCK)  # words: 4 scale bytes a word
+        sp = (scale_words + r0 * scale_row, scale_words + r1 * scale_row,
+              scale_words + r2 * scale_row, scale_words + r3 * scale_row)
+    return wp, sp
+
+
+@triton.jit
 def _load_w(wp, sp, sw, first, t, k_ok, LAYOUT: tl.constexpr, EVEN_K: tl.constexpr):
     """A lane's codes of K-tile t (rows g, g + 8, g + 16, g + 24 of its warp's 32: two words each)
     and their four e4m3 scales as two 16-bit pairs, and the scale words sw (LAYOUT 3: the four
@@ -351,26 +379,7 @@ def mma_mainloop(x_ptr, w_ptr, w_scale_ptr, M, K, stride_xm, pid_n, tile_begin, 
         wp = w_ptr.to(tl.pointer_type(tl.uint32)) + row * _ROW_WORDS + 2 * q
         sp = w_scale_ptr + row * (_TILE_K // _BLOCK) + q
     else:
-        n0 = pid_n * _TILE_N + row
-        r0 = tl.minimum(n0, N - 1).to(tl.int64)
-        r1 = tl.minimum(n0 + 8, N - 1).to(tl.int64)
-        r2 = tl.minimum(n0 + 16, N - 1).to(tl.int64)
-        r3 = tl.minimum(n0 + 24, N - 1).to(tl.int64)
-        words = w_ptr.to(tl.pointer_type(tl.uint32)) + kq // 8
-        wp = (words + r0 * (K // 8), words + r1 * (K // 8), words + r2 * (K // 8), words + r3 * (K // 8))
-        if LAYOUT == 1:
-            sp = (w_scale_ptr + r0 * (K // _BLOCK) + q, w_scale_ptr + r1 * (K // _BLOCK) + q,
-                  w_scale_ptr + r2 * (K // _BLOCK) + q, w_scale_ptr + r3 * (K // _BLOCK) + q)
-        elif LAYOUT == 2:  # a K-tile is one column of 128 x 4 swizzle tiles (TILE_K / 16 == 4)
-            sp = (w_scale_ptr + swizzled_scale_offset(r0, q, scale_cols),
-                  w_scale_ptr + swizzled_scale_offset(r1, q, scale_cols),
-                  w_scale_ptr + swizzled_scale_offset(r2, q, scale_cols),
-                  w_scale_ptr + swizzled_scale_offset(r3, q, scale_cols))
-        else:  # uint32 words: blocks 4q .. 4q + 3 of group 0
-            scale_words = w_scale_ptr.to(tl.pointer_type(tl.uint32)) + q
-            scale_row = K // (4 * _BLOCK)  # words: 4 scale bytes a word
-            sp = (scale_words + r0 * scale_row, scale_words + r1 * scale_row,
-                  scale_words + r2 * scale_row, scale_words + r3 * scale_row)
+        wp, sp = row_major_pointers(w_ptr, w_scale_ptr, pid_n * _TILE_N + row, q, N, K, scale_cols, LAYOUT)
     x_rows = ()  # uint32 word offsets of the lane's x rows g + 8h
     for h in tl.static_range(NB):
         x_rows = x_rows + ((tl.minimum(g + 8 * h, M - 1).to(tl.int64) * stride_xm + kq) // 2,)
