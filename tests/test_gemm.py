@@ -185,12 +185,13 @@ def test_register_fed_mainloop_matches_reference(m, n, k, splits, layout):
 
 
 @triton.jit
-def _row_major_reads(w_ptr, s_ptr, codes_ptr, scales_ptr, N, K, scale_cols, TILES: tl.constexpr,
-                     LAYOUT: tl.constexpr):
-    """What each lane of the register-fed mainloop reads from a row-major W for K-tiles
-    0 .. TILES - 1 of tile row program_id(0), through its addressing helpers: codes (tile rows,
-    TILES, 64 lanes, 4 rows, 2 words) and scale bytes (tile rows, TILES, 64 lanes, 4 rows). The
-    grouped scale word is split by shifts here (the kernel's byte permute is inline PTX)."""
+def _row_major_reads(w_ptr, s_ptr, x_ptr, codes_ptr, scales_ptr, xs_ptr, M, N, K, scale_cols, stride_xm,
+                     TILES: tl.constexpr, LAYOUT: tl.constexpr):
+    """What each lane of the register-fed mainloop reads from a row-major W and x (two x-row
+    blocks) for K-tiles 0 .. TILES - 1 of tile row program_id(0), through its addressing helpers:
+    codes (tile rows, TILES, 64 lanes, 4 rows, 2 words), scale bytes (tile rows, TILES, 64 lanes,
+    4 rows), x words (tile rows, TILES, 64 lanes, 2 x rows, 8 words). The grouped scale word is
+    split by shifts here (the kernel's byte permute is inline PTX)."""
     pid_n = tl.program_id(0)
     i = tl.arange(0, 64)
     lane = i % 32
@@ -198,11 +199,16 @@ def _row_major_reads(w_ptr, s_ptr, codes_ptr, scales_ptr, N, K, scale_cols, TILE
     wp, sp = gemm_mma.row_major_pointers(w_ptr, s_ptr, pid_n * 64 + (i // 32) * 32 + lane // 4, q, N, K,
                                          scale_cols, LAYOUT)
     kq = (64 if LAYOUT == 3 else 16) * q
+    x_rows = gemm_mma.lane_x_rows(lane // 4, kq, M, stride_xm, 2)
     for step in tl.static_range(TILES):
         t = pid_n * 0 + step  # a tensor, as the kernel's loop index is
-        cw, _, k = gemm_mma._tile_offsets(t, LAYOUT)
+        cw, xw, k = gemm_mma._tile_offsets(t, LAYOUT)
         k_ok = k + kq < K
         at = (pid_n * TILES + step) * 64 + i
+        xs = gemm_mma._load_xs(x_ptr.to(tl.pointer_type(tl.uint32)), x_rows, xw, k_ok, 2, False)
+        for h in tl.static_range(2):
+            for v in tl.static_range(8):
+                tl.store(xs_ptr + (at * 2 + h) * 8 + v, xs[h][v].to(tl.int32, bitcast=True))
         for j in tl.static_range(4):
             w0, w1 = gemm_mma._load_pair_rm(wp[j] + cw, k_ok, False)
             tl.store(codes_ptr + at * 8 + 2 * j, w0.to(tl.int32, bitcast=True))
@@ -220,7 +226,8 @@ def test_row_major_addressing(kernel_device, layout, n, k):
     """The register-fed mainloop's row-major addressing (row_major_pointers, _tile_offsets, the
     loads), run on CPU tensors in CI: every lane reads, for each K-tile, the codes and block scale
     of its four rows (clamped to N - 1) at the 16-k block its layout assigns (block 4t + q; grouped:
-    4q + t % 4 of group t // 4), zeros past K; swizzled scales at their swizzled offsets."""
+    4q + t % 4 of group t // 4), zeros past K; swizzled scales at their swizzled offsets; and x's
+    rows g, g + 8 (at most M - 1) at the same block."""
     if kernel_device == "cuda":
         pytest.skip("the GPU tests run the whole kernel on these layouts")
     gen = torch.Generator().manual_seed(layout * 1000 + n + k)
@@ -230,9 +237,14 @@ def test_row_major_addressing(kernel_device, layout, n, k):
     rows_n = -(-n // 64)
     codes = torch.full((rows_n, tiles, 64, 4, 2), -1, dtype=torch.int32)
     scales = torch.full((rows_n, tiles, 64, 4), -1, dtype=torch.int32)
+    xs = torch.full((rows_n, tiles, 64, 2, 8), -1, dtype=torch.int32)
+    m = 11
+    x = torch.randn(m, k + 32, generator=gen).to(torch.bfloat16)[:, 32:]  # a row stride past K
     scale_bits = w.scale.view(torch.uint8)
-    _row_major_reads[(rows_n,)](w.data, scale_bits, codes, scales, n, k, scale_bits.shape[1], tiles, layout)
+    _row_major_reads[(rows_n,)](w.data, scale_bits, x, codes, scales, xs, m, n, k, scale_bits.shape[1],
+                                x.stride(0), tiles, layout)
     words = w.data.view(torch.int32)  # (N, K / 8): 8 codes a word, little-endian
+    x_words = x.contiguous().view(torch.int32)  # (M, K / 2): 2 bf16 a word
     for pid_n in range(rows_n):
         for t in range(tiles):
             for i in range(64):
@@ -246,6 +258,12 @@ def test_row_major_addressing(kernel_device, layout, n, k):
                         assert scales[at] == int(plain[row, block]), at
                     else:  # past K: zeros
                         assert not codes[at].any() and scales[at] == 0, at
+                for h in range(2):
+                    at, x_row = (pid_n, t, i, h), min(g + 8 * h, m - 1)
+                    if block * 16 < k:
+                        assert torch.equal(xs[at], x_words[x_row, 8 * block:8 * block + 8]), at
+                    else:
+                        assert not xs[at].any(), at
 
 
 def test_register_fed_mainloop_refuses_what_it_cannot_run():

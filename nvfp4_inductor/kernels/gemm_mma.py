@@ -284,6 +284,16 @@ def _load_w(wp, sp, sw, first, t, k_ok, LAYOUT: tl.constexpr, EVEN_K: tl.constex
 
 
 @triton.jit
+def lane_x_rows(g, kq, M, stride_xm, NB: tl.constexpr):
+    """uint32 word offsets of a lane's x rows g + 8h, h < NB (each at most M - 1), at its first k
+    (kq) of K-tile 0; _load_xs adds K-tile t's (_tile_offsets)."""
+    x_rows = ()
+    for h in tl.static_range(NB):
+        x_rows = x_rows + ((tl.minimum(g + 8 * h, M - 1).to(tl.int64) * stride_xm + kq) // 2,)
+    return x_rows
+
+
+@triton.jit
 def _load_xs(xw_ptr, x_rows, xw, k_ok, NB: tl.constexpr, EVEN_K: tl.constexpr):
     """A lane's x words of its NB rows (x_rows: their word offsets at K-tile 0), xw words further."""
     xs = ()
@@ -380,9 +390,7 @@ def mma_mainloop(x_ptr, w_ptr, w_scale_ptr, M, K, stride_xm, pid_n, tile_begin, 
         sp = w_scale_ptr + row * (_TILE_K // _BLOCK) + q
     else:
         wp, sp = row_major_pointers(w_ptr, w_scale_ptr, pid_n * _TILE_N + row, q, N, K, scale_cols, LAYOUT)
-    x_rows = ()  # uint32 word offsets of the lane's x rows g + 8h
-    for h in tl.static_range(NB):
-        x_rows = x_rows + ((tl.minimum(g + 8 * h, M - 1).to(tl.int64) * stride_xm + kq) // 2,)
+    x_rows = lane_x_rows(g, kq, M, stride_xm, NB)
     zero = tl.zeros([32 * _WARPS], tl.float32)
     c = (zero, zero, zero, zero, zero, zero, zero, zero) * NB
     sw = (zero.to(tl.uint32), zero.to(tl.uint32), zero.to(tl.uint32), zero.to(tl.uint32))
