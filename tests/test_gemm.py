@@ -198,7 +198,7 @@ def _row_major_reads(w_ptr, s_ptr, x_ptr, codes_ptr, scales_ptr, xs_ptr, M, N, K
     q = lane % 4
     wp, sp = gemm_mma.row_major_pointers(w_ptr, s_ptr, pid_n * 64 + (i // 32) * 32 + lane // 4, q, N, K,
                                          scale_cols, LAYOUT)
-    kq = (64 if LAYOUT == 3 else 16) * q
+    kq = gemm_mma.lane_k(q, LAYOUT)
     x_rows = gemm_mma.lane_x_rows(lane // 4, kq, M, stride_xm, 2)
     for step in tl.static_range(TILES):
         t = pid_n * 0 + step  # a tensor, as the kernel's loop index is

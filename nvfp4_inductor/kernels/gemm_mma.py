@@ -74,7 +74,8 @@ WARPS = TILE_N // WARP_ROWS  # warps a program (a 64-row tile)
 _WARP_ROWS: tl.constexpr = tl.constexpr(WARP_ROWS)
 _WARPS: tl.constexpr = tl.constexpr(WARPS)
 _BLOCK: tl.constexpr = tl.constexpr(BLOCK_SIZE)  # k of a block scale (16)
-_GROUP: tl.constexpr = tl.constexpr(4)  # LAYOUT 3: K-tiles whose plain scales a lane reads as one word
+GROUP = 4  # LAYOUT 3: K-tiles whose plain scales a lane reads as one word
+_GROUP: tl.constexpr = tl.constexpr(GROUP)
 
 # $4: 8 codes (natural order), $5: bf16x2 s * 2^119; $0..$3: bf16x2 pairs (i, i + 4), i = 0..3,
 # each e2m1 * s * 2^-7: magnitude bits to 6..8 (+16), sign to 15 (+16).
@@ -223,6 +224,12 @@ def _tile_offsets(t, LAYOUT: tl.constexpr):
 
 
 @triton.jit
+def lane_k(q, LAYOUT: tl.constexpr):
+    """The first k of lane slice q in K-tile 0 (LAYOUT 3: in group 0, blocks 4q .. 4q + 3)."""
+    return (_GROUP * _BLOCK if LAYOUT == 3 else _BLOCK) * q
+
+
+@triton.jit
 def row_major_pointers(w_ptr, w_scale_ptr, n0, q, N, K, scale_cols, LAYOUT: tl.constexpr):
     """Row-major W (LAYOUT 1-3): a lane's pointers at K-tile 0 -> (four uint32 code pointers, four
     scale pointers) for its rows n0, n0 + 8, n0 + 16, n0 + 24 (each at most N - 1) and its k-slice
@@ -232,7 +239,7 @@ def row_major_pointers(w_ptr, w_scale_ptr, n0, q, N, K, scale_cols, LAYOUT: tl.c
     r1 = tl.minimum(n0 + 8, N - 1).to(tl.int64)
     r2 = tl.minimum(n0 + 16, N - 1).to(tl.int64)
     r3 = tl.minimum(n0 + 24, N - 1).to(tl.int64)
-    words = w_ptr.to(tl.pointer_type(tl.uint32)) + (_GROUP * _BLOCK if LAYOUT == 3 else _BLOCK) * q // 8
+    words = w_ptr.to(tl.pointer_type(tl.uint32)) + lane_k(q, LAYOUT) // 8  # 8 codes a word
     wp = (words + r0 * (K // 8), words + r1 * (K // 8), words + r2 * (K // 8), words + r3 * (K // 8))
     if LAYOUT == 1:
         sp = (w_scale_ptr + r0 * (K // _BLOCK) + q, w_scale_ptr + r1 * (K // _BLOCK) + q,
@@ -383,8 +390,7 @@ def mma_mainloop(x_ptr, w_ptr, w_scale_ptr, M, K, stride_xm, pid_n, tile_begin, 
     row = (i // 32) * _WARP_ROWS + g  # the first of the lane's rows in the tile
     tiles_k = tl.cdiv(K, _TILE_K)
     xw_ptr = x_ptr.to(tl.pointer_type(tl.uint32))
-    # the lane's first k in a K-tile (in a group of K-tiles for LAYOUT 3)
-    kq = (_GROUP * _BLOCK if LAYOUT == 3 else _BLOCK) * q
+    kq = lane_k(q, LAYOUT)
     if LAYOUT == 0:
         wp = w_ptr.to(tl.pointer_type(tl.uint32)) + row * _ROW_WORDS + 2 * q
         sp = w_scale_ptr + row * (_TILE_K // _BLOCK) + q

@@ -66,6 +66,7 @@ or.b32 m, m, s; mul.rn.bf16x2 $3, m, $6;
 
 _TILE_N: tl.constexpr = tl.constexpr(TILE_N)
 _TILE_K: tl.constexpr = tl.constexpr(TILE_K)
+_GROUP: tl.constexpr = tl.constexpr(gemm_mma.GROUP)  # K-tiles a grouped scale word covers
 _SCALE_BIAS: tl.constexpr = tl.constexpr(2.0**127)  # s * 2^-8 -> s * 2^119; codes carry 2^-126
 
 
@@ -301,8 +302,8 @@ def _splitk_kernel(
     pid_n = tl.program_id(0)
     pid_k = tl.program_id(1)
     tile_begin = pid_k * tiles_per_split
-    if GROUPED:  # row-major W with plain scales, K % 64 == 0: K-tiles counted by groups of 4
-        tiles = tl.cdiv(K, 4 * BLOCK_K) * 4
+    if GROUPED:  # row-major W with plain scales, K % 64 == 0: K-tiles counted by whole groups
+        tiles = tl.cdiv(K, _GROUP * BLOCK_K) * _GROUP
     else:
         tiles = tl.cdiv(K, BLOCK_K)
     tile_end = tl.minimum(tile_begin + tiles_per_split, tiles)
@@ -412,8 +413,8 @@ def gemm_splitk(x, w_data, w_scale, w_g, bias, out_dtype, swizzled, config=None,
     grouped = (reg_mma and tiled_n is None and not swizzled and m <= 8 and k % (4 * BLOCK_SIZE) == 0
                and w_scale.data_ptr() % 4 == 0)
     if grouped:
-        splits, groups_per_split = gemm_configs.split_ranges(k, 4 * block_k, splits)
-        tiles_per_split = 4 * groups_per_split
+        splits, groups_per_split = gemm_configs.split_ranges(k, gemm_mma.GROUP * block_k, splits)
+        tiles_per_split = gemm_mma.GROUP * groups_per_split
     else:
         splits, tiles_per_split = gemm_configs.split_ranges(k, block_k, splits)
     scale_cols_pad = w_scale.shape[1] if swizzled else k // BLOCK_SIZE
@@ -432,7 +433,7 @@ def gemm_splitk(x, w_data, w_scale, w_g, bias, out_dtype, swizzled, config=None,
         SWIZZLED=swizzled, W_G_PER_ROW=w_g.dim() > 0, HAS_BIAS=bias is not None,
         SPLIT=splits > 1, USE_ASM=use_asm,
         OPERAND=tl.bfloat16 if use_asm else tl.float16,
-        EVEN=n % block_n == 0 and k % (4 * block_k if grouped else block_k) == 0,
+        EVEN=n % block_n == 0 and k % ((gemm_mma.GROUP if grouped else 1) * block_k) == 0,
         TILED=tiled_n is not None, DOT_SCALED=dot_scaled,
         REG_MMA=gemm_configs.reg_mma_blocks(m) if reg_mma else 0,
         UNSCALE=1.0 if dot_scaled else 2.0**7, GROUPED=grouped,
