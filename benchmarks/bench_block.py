@@ -14,14 +14,15 @@ with a KV cache.
 Variants: bf16 `torch.compile(block, mode=...)`; NVFP4 `nvfp4_inductor.compile(block, Config(...),
 mode=...)` (backend="nvfp4") with W4A16 and W4A4 activations, programmatic dependent launch off
 unless --pdl (then on for every variant, bf16 through Inductor's own option: it overlaps kernels,
-and the kernel sums below count the overlap twice; "GPU span" does not). Each is compiled per M with static
-shapes (compile time = the first three calls: compiling, recording the CUDA graph), checked
-against bf16 eager (and W4A16 against its eager NVFP4 counterpart), then timed over 100
+and the kernel sums below count the overlap twice; "GPU busy" does not). Each is compiled per M
+with static shapes (compile time = the first three calls: compiling, recording the CUDA graph),
+checked against bf16 eager (and W4A16 against its eager NVFP4 counterpart), then timed over 100
 back-to-back calls (median of 5: "us per call", the host's launch work included where it is the
 longer part) and per kernel with torch.profiler ("kernel us": the sum of the kernels' GPU times per
-call, gaps excluded; "kernels": distinct kernels; "GPU span": first kernel start to last kernel end
-of a call, median over calls each followed by a synchronize: the GPU's time for a call when the
-host keeps up, gaps and PDL overlap included).
+call, gaps excluded; "kernels": distinct kernels; "GPU busy": per call, each followed by a
+synchronize, first start to last end of each run of kernels less than HOST_GAP_US apart, summed:
+the graph's own gaps and PDL overlap in, the waits for the host out; --timeline prints a call's
+graph kernel by kernel).
 Floor at small M: the weights read once (bf16 2 bytes a weight, NVFP4 0.5625) at the copy bandwidth
 measured here.
 """
@@ -132,27 +133,33 @@ def per_call_us(step, x, calls=100, repeats=5) -> float:
     return statistics.median(times)
 
 
-# Kernels of one call are less than this apart on the GPU; consecutive calls, each waited for by
-# the host before the next is launched, are further apart (the host's call takes longer).
-CALL_GAP_US = 25.0
+# Kernels of one CUDA graph are less than this apart on the GPU (0.1-0.7 us measured on the H100
+# with and without PDL); where the GPU waits for the host (between calls, and inside a call
+# between the CUDA-graph tree's input copy kernel and the graph's replay: 20-47 us) more.
+HOST_GAP_US = 10.0
 
 
-def call_spans(kernels, gap_us: float = CALL_GAP_US) -> list[float]:
-    """(start, end) us of kernels -> the span of each group of kernels less than gap_us apart."""
-    spans, begin, end = [], None, None
-    for start, stop in sorted(kernels):
-        if begin is not None and start > end + gap_us:
-            spans.append(end - begin)
-            begin = None
-        if begin is None:
-            begin, end = start, stop
-        end = max(end, stop)
-    return spans + ([end - begin] if begin is not None else [])
+def busy_runs(kernels, gap_us: float = HOST_GAP_US) -> list[list]:
+    """(start, end, ...) us of kernels -> runs of kernels each starting less than gap_us after the
+    latest end before it."""
+    runs = []
+    for kernel in sorted(kernels):
+        if runs and kernel[0] - max(k[1] for k in runs[-1]) < gap_us:
+            runs[-1].append(kernel)
+        else:
+            runs.append([kernel])
+    return runs
 
 
-def gpu_span_us(step, x, calls=20) -> float:
-    """First kernel start to last kernel end of one call, median over `calls` calls (a synchronize
-    after each, so calls never overlap), from torch.profiler's kernel records."""
+def span(kernels) -> float:
+    return max(k[1] for k in kernels) - kernels[0][0]
+
+
+def gpu_busy_us(step, x, calls=20, timeline=False) -> float:
+    """GPU time per call with the host's gaps left out: over `calls` calls (a synchronize after
+    each), the runs of kernels (busy_runs: PDL overlap counted once) first start to last end,
+    summed, per call; from torch.profiler's kernel records. timeline: print the median run of the
+    graph (start, time, gap before, name)."""
     for _ in range(5):
         call(step, x)
     torch.cuda.synchronize()
@@ -160,11 +167,20 @@ def gpu_span_us(step, x, calls=20) -> float:
         for _ in range(calls):
             call(step, x)
             torch.cuda.synchronize()
-    spans = call_spans([(e.time_range.start, e.time_range.end) for e in prof.events()
-                        if e.device_type == torch.autograd.DeviceType.CUDA])
-    if len(spans) != calls:
-        print(f"    (GPU span: {len(spans)} groups of kernels for {calls} calls)")
-    return statistics.median(spans)
+    kernels = [(e.time_range.start, e.time_range.end, e.name) for e in prof.events()
+               if e.device_type == torch.autograd.DeviceType.CUDA]
+    runs = busy_runs(kernels)
+    if len(kernels) % calls:
+        print(f"    (GPU busy: {len(kernels)} kernels for {calls} calls)")
+    if timeline:
+        longest = max(len(run) for run in runs)
+        graphs = sorted((run for run in runs if len(run) == longest), key=span)
+        run = graphs[len(graphs) // 2]
+        latest = run[0][0]
+        for start, end, name in run:
+            print(f"    {start - run[0][0]:7.1f} {end - start:6.1f} us (gap {start - latest:5.1f})  {name[:60]}")
+            latest = max(latest, end)
+    return sum(span(run) for run in runs) / calls
 
 
 def eager_reference(block, config, x):
@@ -188,6 +204,7 @@ def main():
     parser.add_argument("--m", type=int, nargs="+", default=[1, 16, 4096])
     parser.add_argument("--mode", default="reduce-overhead")
     parser.add_argument("--kernels", action="store_true", help="also print each variant's kernels")
+    parser.add_argument("--timeline", action="store_true", help="print a call's kernels on the GPU's clock")
     parser.add_argument("--pdl", action="store_true",
                         help="programmatic dependent launch on (NVFP4: the backend's default; bf16: "
                              "Inductor's option); kernel us then counts overlapping kernels twice")
@@ -201,7 +218,7 @@ def main():
     for m in args.m:
         x = torch.randn(1, m, CFG.hidden, device="cuda", dtype=torch.bfloat16)
         bf16_eager = eager_reference(block, None, x).float()
-        base_us = base_kernel_us = base_span_us = None
+        base_us = base_kernel_us = base_busy_us = None
         for name, config in VARIANTS.items():
             torch._dynamo.reset()
             step = compile_variant(block, config, args.mode, args.pdl)
@@ -220,15 +237,15 @@ def main():
             us = per_call_us(step, x)
             kernels = kernel_times(lambda step=step, x=x: call(step, x), calls=20)
             kernel_us = sum(kernels.values())
-            span_us = gpu_span_us(step, x)
+            busy_us = gpu_busy_us(step, x, timeline=args.timeline)
             base_us, base_kernel_us = base_us or us, base_kernel_us or kernel_us
-            base_span_us = base_span_us or span_us
+            base_busy_us = base_busy_us or busy_us
             floor_us = weight_bytes(block, config is not None) / bandwidth * 1e6
-            rows.append((m, name, us, base_us / us, kernel_us, base_kernel_us / kernel_us, span_us,
-                         base_span_us / span_us, len(kernels), floor_us, compile_s, err_bf16, err_eager))
+            rows.append((m, name, us, base_us / us, kernel_us, base_kernel_us / kernel_us, busy_us,
+                         base_busy_us / busy_us, len(kernels), floor_us, compile_s, err_bf16, err_eager))
             print(f"M={m:5d} {name:12s} {us:9.1f} us  x{base_us / us:5.2f}  kernels {kernel_us:8.1f} us "
-                  f"x{base_kernel_us / kernel_us:5.2f}  GPU span {span_us:8.1f} us "
-                  f"x{base_span_us / span_us:5.2f}"
+                  f"x{base_kernel_us / kernel_us:5.2f}  GPU busy {busy_us:8.1f} us "
+                  f"x{base_busy_us / busy_us:5.2f}"
                   f"  compile {compile_s:5.1f} s"
                   f"  rel err vs bf16 eager {err_bf16:.1e}, vs NVFP4 eager {err_eager:.1e}", flush=True)
             if args.kernels:
@@ -236,14 +253,14 @@ def main():
                     print(f"    {k_us:8.1f} us  {kernel}")
             del step
     print()
-    print("| M | variant | us per call | x bf16 | kernel us per call | x bf16 | GPU span us | x bf16 "
+    print("| M | variant | us per call | x bf16 | kernel us per call | x bf16 | GPU busy us | x bf16 "
           "| kernels | target | weight-read floor us | compile s | rel. err vs bf16 eager | vs NVFP4 eager |")
     print("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|")
-    for (m, name, us, speedup, kernel_us, kernel_speedup, span_us, span_speedup, n_kernels, floor_us,
+    for (m, name, us, speedup, kernel_us, kernel_speedup, busy_us, busy_speedup, n_kernels, floor_us,
          compile_s, err_bf16, err_eager) in rows:
         target = "" if name == "bf16" else f">= {TARGETS.get(m, '')}"
         print(f"| {m} | {name} | {us:.1f} | {speedup:.2f} | {kernel_us:.1f} | {kernel_speedup:.2f} "
-              f"| {span_us:.1f} | {span_speedup:.2f} | {n_kernels} | {target} | {floor_us:.1f} "
+              f"| {busy_us:.1f} | {busy_speedup:.2f} | {n_kernels} | {target} | {floor_us:.1f} "
               f"| {compile_s:.1f} | {err_bf16:.1e} | {err_eager:.1e} |")
 
 if __name__ == "__main__":
