@@ -135,10 +135,16 @@ def splitk_cases():
                warps, [WORD_DECODE, MMA_SYNC_BF16], stages)
 
 
+# the grouped row-major mainloop: x's two 16-byte loads and the four rows' codes, before the loop
+# and in it (x alone has 4)
+CODES_16B_EVERY_OTHER_TILE = r"(?s)(ld\.global(\.\w+)*\.v4\.b32.*){12}"
+
+
 def reg_mma_cases():
     """The register-fed mainloop (gemm_mma.py): mma.sync on operands it loads into registers
     itself, scales through the hardware e4m3 conversion; x rows 1-8 and 9-16; W tiled, or
-    row-major with plain or swizzled scales (8-byte code loads), with and without K masks."""
+    row-major with plain or swizzled scales (8-byte code loads) or plain scales grouped (16-byte
+    code loads every other K-tile, no 8-byte ones), with and without K masks."""
     bn, bk, _, warps, stages = gemm_configs.REG_MMA_CONFIG
     checks = [MMA_SYNC_BF16, WORD_DECODE, r"cvt\.rn\.f16x2\.e4m3x2"]
     for b_blocks in (1, 2, 4):
@@ -152,7 +158,8 @@ def reg_mma_cases():
                    sk._splitk_kernel, SPLITK_SIGNATURE,
                    _splitk_constexprs(SWIZZLED=scales == "swizzled", GROUPED=scales == "grouped", EVEN=even,
                                       REG_MMA=b_blocks, BLOCK_M=8 * max(b_blocks, 2), BLOCK_N=bn, BLOCK_K=bk),
-                   warps, checks + [r"ld\.global(\.\w+)*\.v2\.b32"], stages)
+                   warps, checks + ([CODES_16B_EVERY_OTHER_TILE, r"!ld\.global(\.\w+)*\.v2\.b32"]
+                                    if scales == "grouped" else [r"ld\.global(\.\w+)*\.v2\.b32"]), stages)
 
 
 @triton.jit

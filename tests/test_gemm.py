@@ -200,19 +200,20 @@ def _row_major_reads(w_ptr, s_ptr, x_ptr, codes_ptr, scales_ptr, xs_ptr, M, N, K
                                          scale_cols, LAYOUT)
     kq = gemm_mma.lane_k(q, LAYOUT)
     x_rows = gemm_mma.lane_x_rows(lane // 4, kq, M, stride_xm, 2)
+    held = (tl.zeros([64], tl.uint32),) * 8  # LAYOUT 3: codes of the next tile, from a 16-byte load
     for step in tl.static_range(TILES):
         t = pid_n * 0 + step  # a tensor, as the kernel's loop index is
-        cw, xw, k = gemm_mma._tile_offsets(t, LAYOUT)
+        _, xw, k = gemm_mma._tile_offsets(t, LAYOUT)
         k_ok = k + kq < K
         at = (pid_n * TILES + step) * 64 + i
         xs = gemm_mma._load_xs(x_ptr.to(tl.pointer_type(tl.uint32)), x_rows, xw, k_ok, 2, False)
         for h in tl.static_range(2):
             for v in tl.static_range(8):
                 tl.store(xs_ptr + (at * 2 + h) * 8 + v, xs[h][v].to(tl.int32, bitcast=True))
+        w, held = gemm_mma.load_codes_rm(wp, t, held, k_ok, LAYOUT, False)
+        for v in tl.static_range(8):
+            tl.store(codes_ptr + at * 8 + v, w[v].to(tl.int32, bitcast=True))
         for j in tl.static_range(4):
-            w0, w1 = gemm_mma._load_pair_rm(wp[j] + cw, k_ok, False)
-            tl.store(codes_ptr + at * 8 + 2 * j, w0.to(tl.int32, bitcast=True))
-            tl.store(codes_ptr + at * 8 + 2 * j + 1, w1.to(tl.int32, bitcast=True))
             if LAYOUT == 3:  # the group's word, loaded at its first tile (t - t % 4 words in)
                 byte = (gemm_mma._load_rm(sp[j] + (t - t % 4), k_ok, False) >> (8 * (t % 4))) & 0xFF
             else:

@@ -42,10 +42,13 @@ of its four rows, and a warp's 8-byte code load reads 8 rows x 32 bytes (8 cache
 in the tiled layout). Plain scales read as bytes cost as much again (8 lines a byte load), so
 with K % 64 == 0 at M <= 8 (LAYOUT 3) a lane takes, in tile r of each group of 4 K-tiles, the
 16-k block 4q + r of the group: its 4 scale bytes of the group are one word, loaded once a group
-and picked from by a byte permute. Swizzled scales (LAYOUT 2) need neither: the 8 rows of a
-warp's scale load lie in one 128-byte line. H100, M = 1, same run (benchmarks/probe_mma.py
---rows): 4096 x 14336 27.3 us (bytes) / 23.8 (words) / 20.8 (swizzled) / 17.2 (tiled); the tl.dot
-kernel on row-major weights 37.6, bf16 cuBLAS 42.7.
+and picked from by a byte permute; its codes of a group are then 32 contiguous bytes of each row,
+read as two 16-byte loads (tiles 0 and 2 of the group; the second half of each held in registers
+for the next tile). Swizzled scales (LAYOUT 2) need neither: the 8 rows of a warp's scale load
+lie in one 128-byte line. H100, M = 1, same run (benchmarks/probe_mma.py --rows, session 16):
+4096 x 14336 27.3 us (bytes) / 23.8 (words) / 20.8 (swizzled) / 17.2 (tiled); the tl.dot kernel
+on row-major weights 37.6, bf16 cuBLAS 42.7. The 16-byte code loads (session 17, 82 registers
+against 72): 8192 x 28672 76.5 -> 69.6 us, 14336 x 4096 24.7 -> 23.8, 4096 x 14336 23.7 -> 23.2.
 
 More x rows (NB blocks of 8: M <= 8, 16, 32): each block's x words feed an mma per weight row
 block, the weights decoded once. Four blocks hold 32 sums and two tiles of x words a lane (142
@@ -196,6 +199,42 @@ def _load_pair_rm(words, k_ok, EVEN_K: tl.constexpr):
 
 
 @triton.jit
+def _load_quad_rm(words, k_ok, EVEN_K: tl.constexpr):
+    """Four uint32 code words of one row (a 16-byte load), zeros past K unless EVEN_K."""
+    if EVEN_K:
+        return _split4(tl.load(words[:, None] + tl.arange(0, 4)[None, :]))
+    return _split4(tl.load(words[:, None] + tl.arange(0, 4)[None, :], mask=k_ok[:, None], other=0))
+
+
+@triton.jit
+def load_codes_rm(wp, t, held, k_ok, LAYOUT: tl.constexpr, EVEN_K: tl.constexpr):
+    """Row-major W: a lane's codes of K-tile t (LAYOUT 1-3; wp its four row pointers at K-tile 0)
+    -> (8 words: two a row, rows g, g + 8, g + 16, g + 24), held. LAYOUT 3: a lane's blocks of a
+    group are 32 contiguous bytes of each row, read as two 16-byte loads, at the group's tiles 0 and
+    2; the second half of each (tiles 1 and 3) is held (8 words) until the next tile. Else 8-byte
+    loads every tile, held unused."""
+    if LAYOUT == 3:
+        if t % 2 == 0:  # tiles 0 and 2 of a group: blocks r, r + 1
+            cw, _, _ = _tile_offsets(t, LAYOUT)
+            a0, a1, a2, a3 = _load_quad_rm(wp[0] + cw, k_ok, EVEN_K)
+            b0, b1, b2, b3 = _load_quad_rm(wp[1] + cw, k_ok, EVEN_K)
+            c0, c1, c2, c3 = _load_quad_rm(wp[2] + cw, k_ok, EVEN_K)
+            d0, d1, d2, d3 = _load_quad_rm(wp[3] + cw, k_ok, EVEN_K)
+            w = (a0, a1, b0, b1, c0, c1, d0, d1)
+            held = (a2, a3, b2, b3, c2, c3, d2, d3)
+        else:
+            w = held
+    else:
+        cw, _, _ = _tile_offsets(t, LAYOUT)
+        w0, w1 = _load_pair_rm(wp[0] + cw, k_ok, EVEN_K)
+        w2, w3 = _load_pair_rm(wp[1] + cw, k_ok, EVEN_K)
+        w4, w5 = _load_pair_rm(wp[2] + cw, k_ok, EVEN_K)
+        w6, w7 = _load_pair_rm(wp[3] + cw, k_ok, EVEN_K)
+        w = (w0, w1, w2, w3, w4, w5, w6, w7)
+    return w, held
+
+
+@triton.jit
 def _load_rm(ptrs, k_ok, EVEN_K: tl.constexpr):
     """A scale byte or word per lane, as uint32; zero past K unless EVEN_K."""
     if EVEN_K:
@@ -214,10 +253,12 @@ def _byte_pair(a, b, r):
 def _tile_offsets(t, LAYOUT: tl.constexpr):
     """K-tile t -> (code words (row-major W), x words, k) past K-tile 0 of the lane's addresses.
     LAYOUT 3 groups 4 K-tiles (256 k): in tile t of a group lane q multiplies 16-k block
-    4q + t % 4 of it, so that its 4 scale bytes of the group are one word."""
+    4q + t % 4 of it, so that its 4 scale bytes of the group are one word; its code words are
+    those of the 16-byte pair of blocks the tile's codes are loaded with (load_codes_rm: tiles 0
+    and 1 of a group, 2 and 3), on 16 bytes."""
     if LAYOUT == 3:
         group, r = t // _GROUP, t % _GROUP
-        return (group * (_GROUP * _ROW_WORDS) + r * (_BLOCK // 8),  # 8 codes a word
+        return (group * (_GROUP * _ROW_WORDS) + (r // 2) * (2 * _BLOCK // 8),  # 8 codes a word
                 group * (_GROUP * _TILE_K // 2) + r * (_BLOCK // 2),  # 2 bf16 a word
                 group * (_GROUP * _TILE_K))
     return t * _ROW_WORDS, t * (_TILE_K // 2), t * _TILE_K
@@ -240,7 +281,10 @@ def row_major_pointers(w_ptr, w_scale_ptr, n0, q, N, K, scale_cols, LAYOUT: tl.c
     r2 = tl.minimum(n0 + 16, N - 1).to(tl.int64)
     r3 = tl.minimum(n0 + 24, N - 1).to(tl.int64)
     words = w_ptr.to(tl.pointer_type(tl.uint32)) + lane_k(q, LAYOUT) // 8  # 8 codes a word
-    wp = (words + r0 * (K // 8), words + r1 * (K // 8), words + r2 * (K // 8), words + r3 * (K // 8))
+    row_words = K // 8
+    if LAYOUT == 3:  # K % 64 == 0: rows of whole 32-byte blocks (its 16-byte loads)
+        row_words = tl.multiple_of(row_words, 8)
+    wp = (words + r0 * row_words, words + r1 * row_words, words + r2 * row_words, words + r3 * row_words)
     if LAYOUT == 1:
         sp = (w_scale_ptr + r0 * (K // _BLOCK) + q, w_scale_ptr + r1 * (K // _BLOCK) + q,
               w_scale_ptr + r2 * (K // _BLOCK) + q, w_scale_ptr + r3 * (K // _BLOCK) + q)
@@ -260,8 +304,9 @@ def row_major_pointers(w_ptr, w_scale_ptr, n0, q, N, K, scale_cols, LAYOUT: tl.c
 @triton.jit
 def _load_w(wp, sp, sw, first, t, k_ok, LAYOUT: tl.constexpr, EVEN_K: tl.constexpr):
     """A lane's codes of K-tile t (rows g, g + 8, g + 16, g + 24 of its warp's 32: two words each)
-    and their four e4m3 scales as two 16-bit pairs, and the scale words sw (LAYOUT 3: the four
-    rows' words of the current group, loaded at its first tile; else unused).
+    and their four e4m3 scales as two 16-bit pairs, and sw (LAYOUT 3: the four rows' scale words
+    of the current group, loaded at its first tile, then load_codes_rm's 8 held code words; else
+    unused).
     LAYOUT 0 (tiled): wp, sp lane pointers into the tile row starting at tile `first`. Row-major
     (1: plain scales, 2: swizzled, 3: plain grouped): wp, sp the lane's four row pointers at K-tile
     0. Past K the row-major bytes belong to the next row or lie past the end: masked (zeros) unless
@@ -269,24 +314,22 @@ def _load_w(wp, sp, sw, first, t, k_ok, LAYOUT: tl.constexpr, EVEN_K: tl.constex
     if LAYOUT == 0:
         w = _load_weights(wp, sp, first + t)
     else:
-        cw, _, _ = _tile_offsets(t, LAYOUT)
-        w0, w1 = _load_pair_rm(wp[0] + cw, k_ok, EVEN_K)
-        w2, w3 = _load_pair_rm(wp[1] + cw, k_ok, EVEN_K)
-        w4, w5 = _load_pair_rm(wp[2] + cw, k_ok, EVEN_K)
-        w6, w7 = _load_pair_rm(wp[3] + cw, k_ok, EVEN_K)
+        codes, held = load_codes_rm(wp, t, sw[4:], k_ok, LAYOUT, EVEN_K)
+        words = sw[:4]
         if LAYOUT == 3:
             r = t % _GROUP
             if r == 0:
                 at = t  # a row's scale bytes of a group of 4 tiles are 4 words: word 4 * (t // 4) == t
-                sw = (_load_rm(sp[0] + at, k_ok, EVEN_K), _load_rm(sp[1] + at, k_ok, EVEN_K),
-                      _load_rm(sp[2] + at, k_ok, EVEN_K), _load_rm(sp[3] + at, k_ok, EVEN_K))
-            s01 = _byte_pair(sw[0], sw[1], r)
-            s23 = _byte_pair(sw[2], sw[3], r)
+                words = (_load_rm(sp[0] + at, k_ok, EVEN_K), _load_rm(sp[1] + at, k_ok, EVEN_K),
+                         _load_rm(sp[2] + at, k_ok, EVEN_K), _load_rm(sp[3] + at, k_ok, EVEN_K))
+            s01 = _byte_pair(words[0], words[1], r)
+            s23 = _byte_pair(words[2], words[3], r)
         else:
             step: tl.constexpr = _TILE_K // _BLOCK if LAYOUT == 1 else SWIZZLE_TILE_BYTES
             s01 = _load_rm(sp[0] + t * step, k_ok, EVEN_K) | (_load_rm(sp[1] + t * step, k_ok, EVEN_K) << 8)
             s23 = _load_rm(sp[2] + t * step, k_ok, EVEN_K) | (_load_rm(sp[3] + t * step, k_ok, EVEN_K) << 8)
-        w = (w0, w1, w2, w3, w4, w5, w6, w7, s01, s23)
+        w = codes + (s01, s23)
+        sw = words + held
     return w, sw
 
 
@@ -378,7 +421,8 @@ def mma_mainloop(x_ptr, w_ptr, w_scale_ptr, M, K, stride_xm, pid_n, tile_begin, 
     with it): 1, wait for the previous kernel before any load; 2, load the first tile's codes and
     scales first (constants no earlier kernel writes), then wait, then read x.
     LAYOUT 0: W in the tiled layout, addressed with 32-bit offsets (the launcher checks the size).
-    Row-major W (N, K/2), rows on 8-byte boundaries (8-byte code loads), N its rows (rows past N
+    Row-major W (N, K/2), rows on 8-byte boundaries (8-byte code loads; LAYOUT 3 16-byte ones where
+    W starts on 16 bytes, as Triton specializes the pointer), N its rows (rows past N
     read row N - 1 again: products nobody stores), scales: 1, plain (N, K/16); 2, swizzled
     (scale_cols: the padded scale columns); 3, plain read a word per 4 K-tiles (K % 64 == 0, the
     scales 4-byte aligned; tile_begin a multiple of 4 and the tiles counted as 4 * cdiv(K, 256):
@@ -399,7 +443,7 @@ def mma_mainloop(x_ptr, w_ptr, w_scale_ptr, M, K, stride_xm, pid_n, tile_begin, 
     x_rows = lane_x_rows(g, kq, M, stride_xm, NB)
     zero = tl.zeros([32 * _WARPS], tl.float32)
     c = (zero, zero, zero, zero, zero, zero, zero, zero) * NB
-    sw = (zero.to(tl.uint32), zero.to(tl.uint32), zero.to(tl.uint32), zero.to(tl.uint32))
+    sw = (zero.to(tl.uint32),) * 12  # LAYOUT 3: the group's 4 scale words, 8 held code words
     first = pid_n * tiles_k  # + t: the tile index of K-tile t (LAYOUT 0)
     if PDL == 1:
         tl.extra.cuda.gdc_wait()
