@@ -7,7 +7,7 @@ over weight copies beyond L2. Not a benchmark of record (bench_gemm.py is).
     python benchmarks/probe_mma.py --rows        # the register-fed mainloop on row-major weights
     python benchmarks/probe_mma.py --per-sm [P ...]  # programs per SM at M = 9..16 (two x-row blocks)
     python benchmarks/probe_mma.py --m32         # four x-row blocks (M = 17..32) against what ran there
-    python benchmarks/probe_mma.py --splits      # K-steps a split at M = 1 and 16 (the default marked *)
+    python benchmarks/probe_mma.py --splits [--rows]  # K-steps a split at M = 1 and 16 (the default marked *)
 """
 
 import math
@@ -242,38 +242,43 @@ def rows_compare() -> None:
         del w_bf16, plain, swz, odd, w_tiled
 
 
-def splits_sweep() -> None:
-    """The register-fed kernel on tiled weights at M = 1 and 16 with K-steps per split P from 2 to
-    the whole K (splits cdiv(steps, P)), against the shipped choice (marked *); programs per
-    resident slot (16 an SM at M <= 8, 8 above) show where a grid takes a second wave."""
+def splits_sweep(rows: bool = False) -> None:
+    """The register-fed kernel at M = 1 and 16 with P K-steps per split from 2 to the whole K
+    (splits cdiv(steps, P)), against the shipped choice (marked *); programs per resident slot (16
+    an SM at M <= 8, 8 above) show where a grid takes a second wave. rows: on row-major weights
+    with plain scales (nv.linear's), where a split's K range is also the length of the contiguous
+    piece of each row a program reads; at M = 1 the grouped mapping counts steps in groups of 4
+    K-tiles (256 k)."""
     print(f"GPU: {torch.cuda.get_device_name()}, torch {torch.__version__}, triton {triton.__version__}")
     l2 = torch.cuda.get_device_properties().L2_cache_size
     sms = torch.cuda.get_device_properties().multi_processor_count
     for k, n in BLOCK_SHAPES:
-        _, _, w_tiled = _weights(k, n, l2)
-        steps = -(-k // 64)
+        _, w_q, w_tiled = _weights(k, n, l2)
+        weights = [(q.data, q.scale.view(torch.uint8), q.global_scale) for q in w_q] if rows else w_tiled
         for m in (1, 16):
             x = torch.randn(m, k, dtype=torch.bfloat16, device="cuda")
+            step_k = 64 * (gemm_mma.GROUP if rows and m <= 8 else 1)
+            steps = -(-k // step_k)
             default = gemm_configs.splitk_config(m, n, k, sms, reg_mma=True)
-            shipped = gemm_configs.split_ranges(k, 64, default[3])[1]
+            shipped = gemm_configs.split_ranges(k, step_k, default[3])[1]
             slots = sms * (gemm_configs.REG_MMA_CONFIG[2] if m <= 8 else gemm_configs.REG_MMA_PROGRAMS_PER_SM_TWO_B)
             cells = []
-            for per_split in sorted({2, 3, 4, 5, 6, 7, 8, 10, 12, 14, 16, 20, 24, 28, 32, steps, shipped}):
-                if per_split > steps:
+            for per_split in sorted({1, 2, 3, 4, 5, 6, 7, 8, 10, 12, 14, 16, 20, 24, 28, 32, steps, shipped}):
+                if per_split > steps or (per_split == 1 and step_k == 64):
                     continue
                 splits = -(-steps // per_split)
                 config = (16, 64, 64, splits, gemm_mma.WARPS, 1)
-                t = stream_us(lambda w: gemm_splitk(x, w[0], w[1], w[2], None, torch.bfloat16, False,
-                                                   config=config, tiled_n=n, reg_mma=True), w_tiled)
+                t = stream_us(lambda w: gemm_splitk(x, w[0], w[1], w[2], None, torch.bfloat16, False, config=config,
+                                                   tiled_n=None if rows else n, reg_mma=True), weights)
                 mark = "*" if per_split == shipped else " "
                 cells.append(f"{per_split:>3}{mark}{t:6.1f} ({splits * -(-n // 64) / slots:4.2f})")
-            print(f"{k:>6} {n:>6} {m:>3}  P us (programs / slots): " + "  ".join(cells), flush=True)
-        del w_tiled
+            print(f"{k:>6} {n:>6} {m:>3}  P ({step_k} k) us (programs / slots): " + "  ".join(cells), flush=True)
+        del w_q, w_tiled, weights
 
 
 if __name__ == "__main__":
     if "--splits" in sys.argv:
-        splits_sweep()
+        splits_sweep(rows="--rows" in sys.argv)
     elif "--rows" in sys.argv:
         rows_compare()
     elif "--m32" in sys.argv:

@@ -387,6 +387,18 @@ def test_register_fed_config(m, n, k, splits):
         assert template.reg_mma == 0
 
 
+@pytest.mark.parametrize("m, n, k, splits", [
+    (1, 4096, 4096, 8),    # 64 steps, at least 8 a split
+    (1, 14336, 4096, 5),   # 224 tile rows: 8 programs per SM of 132 leave 5 splits
+    (8, 4096, 14336, 17),  # 1056 programs over 64 tile rows
+])
+def test_register_fed_grouped_config(m, n, k, splits):
+    """Row-major weights with plain scales at M <= 8 (the grouped k-mapping): fewer, longer splits
+    (REG_MMA_GROUPED_PER_SM programs per SM, at least REG_MMA_GROUPED_MIN_STEPS K-steps a split)."""
+    config = gemm_configs.splitk_config(m, n, k, 132, reg_mma=True, grouped=True)
+    assert config == (16, 64, 64, splits, gemm_mma.WARPS, 1)
+
+
 class _LaunchRecorder:
     """Stands in for gemm_splitk._splitk_kernel: records a launch's grid and arguments."""
 
@@ -430,6 +442,7 @@ def test_skinny_launcher_picks_the_mainloop(case, m, k, expect, monkeypatch):
     tiles_per_split = args[13]
     if kwargs["GROUPED"]:  # splits cover whole groups of 4 K-tiles, counted as 4 * cdiv(K, 256)
         assert tiles_per_split % 4 == 0 and grid[1] == -(-(-(-k // 256) * 4) // tiles_per_split)
+        assert tiles_per_split >= gemm_configs.REG_MMA_GROUPED_MIN_STEPS  # the grouped split rule
     else:
         assert grid[1] == -(-(-(-k // 64)) // tiles_per_split)
 

@@ -72,6 +72,14 @@ REG_MMA_MAX_M_TILED = 16
 # 4096 x 4096, M = 1: 9.4 / 9.4 / 8.6 / 9.9 us; 6144 x 4096: 10.2 / 10.1 / 9.7 / 11.2; M = 16:
 # 12.6 / 12.7 / 12.6 / 11.5 and 13.0 / 13.1 / 13.2 / 12.9; longer K or wider N: no change.
 REG_MMA_MIN_STEPS = (4, 8)
+# Row-major weights with plain scales at M <= 8 (the grouped k-mapping, gemm_mma LAYOUT 3): a
+# split's K range is also the contiguous piece of each of its 64 rows a program reads, and longer
+# pieces measured faster than more programs (H100, M = 1, benchmarks/probe_mma.py --splits --rows,
+# results/probe_mma_splits_rows_session17_h100.txt; 16 programs per SM and 4 K-steps -> this:
+# 4096^2 10.1 -> 9.9 us, 4096 x 6144 13.5 -> 12.1, 4096 x 14336 22.8 -> 21.9, 14336 x 4096 23.8 ->
+# 21.8, 4096 x 28672 39.3 -> 36.8, 8192 x 28672 68.6 -> ~65.5 (12 steps a split 65.5, 10 74.7)).
+REG_MMA_GROUPED_PER_SM = 8
+REG_MMA_GROUPED_MIN_STEPS = 8  # two groups of 4 K-tiles
 # It addresses tiled codes with int32 offsets in uint32 words: fewer than 2^31 words of 4 bytes
 # (row-major codes through a 64-bit pointer per row).
 REG_MMA_MAX_CODE_BYTES = 2**33
@@ -83,19 +91,22 @@ def reg_mma_blocks(m: int) -> int:
 
 
 def splitk_config(m: int, n: int, k: int, num_sms: int, tiled: bool = False,
-                  min_steps: int | None = None, reg_mma: bool = False
+                  min_steps: int | None = None, reg_mma: bool = False, grouped: bool = False
                   ) -> tuple[int, int, int, int, int, int]:
     """-> (BLOCK_M, BLOCK_N, BLOCK_K, num_splits, num_warps, num_stages) of the skinny kernel;
     min_steps: K-steps a split runs at least (the eager launcher: MIN_STEPS_PER_SPLIT; None: 1, or
     REG_MMA_MIN_STEPS for the register-fed mainloop); reg_mma: the register-fed mainloop (tiled
-    weights, M <= 16)."""
+    weights, M <= 16; row-major, M <= 32); grouped: its grouped k-mapping (row-major weights, plain
+    scales, M <= 8: REG_MMA_GROUPED_*)."""
     wide = n >= 16384
     if reg_mma:
         block_n, block_k, per_sm, warps, stages = REG_MMA_CONFIG
         if m > 8:
             per_sm = REG_MMA_PROGRAMS_PER_SM_TWO_B if m <= 16 else REG_MMA_PROGRAMS_PER_SM_FOUR_B
+        elif grouped:
+            per_sm = REG_MMA_GROUPED_PER_SM
         if min_steps is None:
-            min_steps = REG_MMA_MIN_STEPS[m > 8]
+            min_steps = REG_MMA_GROUPED_MIN_STEPS if grouped else REG_MMA_MIN_STEPS[m > 8]
     elif tiled:
         block_n, block_k, per_sm, warps, stages = TILED_CONFIG_WIDE_N if wide else TILED_CONFIG
     else:

@@ -389,12 +389,17 @@ def gemm_splitk(x, w_data, w_scale, w_g, bias, out_dtype, swizzled, config=None,
         raise ValueError(f"the register-fed mainloop needs inline PTX (CUDA), at most "
                          f"{gemm_configs.REG_MMA_MAX_M} rows of x, x rows at even element offsets and "
                          f"weight rows on 8-byte boundaries")
+    # row-major W, plain scales, K % 64 == 0, M <= 8: the register-fed mainloop reads a scale word
+    # per 4 K-tiles (splits of whole groups of 4). H100, M = 1 (benchmarks/probe_mma.py --rows):
+    # 4096 x 14336 27.3 -> 23.8 us, 8192 x 28672 90.8 -> 76.7; at M = 16 slower (25.5 -> 31.8 us).
+    grouped = bool(reg_mma and tiled_n is None and not swizzled and m <= 8 and k % (4 * BLOCK_SIZE) == 0
+                   and w_scale.data_ptr() % 4 == 0)
     if config is None:
         num_sms = gemm_configs.sm_count(x.device)
         min_steps = None if reg_mma else gemm_configs.MIN_STEPS_PER_SPLIT  # (reg_mma: its own rule)
         config = (gemm_configs.dot_scaled_splitk_config(m, n, k, num_sms, min_steps) if dot_scaled
                   else gemm_configs.splitk_config(m, n, k, num_sms, tiled=tiled_n is not None,
-                                                  min_steps=min_steps, reg_mma=reg_mma))
+                                                  min_steps=min_steps, reg_mma=reg_mma, grouped=grouped))
     block_m, block_n, block_k, splits, warps, stages = config
     reg_block_m = 8 * max(2, gemm_configs.reg_mma_blocks(m))
     if reg_mma and (block_m, block_n, block_k, warps) != (reg_block_m, TILE_N, TILE_K, gemm_mma.WARPS):
@@ -407,11 +412,6 @@ def gemm_splitk(x, w_data, w_scale, w_g, bias, out_dtype, swizzled, config=None,
     tile_group = (2 * TILE_N, 2 * TILE_K) if dot_scaled else (TILE_N, TILE_K)
     if tiled_n is not None and (block_n, block_k) != tile_group:
         raise ValueError(f"tiled weights need BLOCK_N, BLOCK_K = {tile_group}; got {block_n}, {block_k}")
-    # row-major W, plain scales, K % 64 == 0, M <= 8: the register-fed mainloop reads a scale word
-    # per 4 K-tiles (splits of whole groups of 4). H100, M = 1 (benchmarks/probe_mma.py --rows):
-    # 4096 x 14336 27.3 -> 23.8 us, 8192 x 28672 90.8 -> 76.7; at M = 16 slower (25.5 -> 31.8 us).
-    grouped = (reg_mma and tiled_n is None and not swizzled and m <= 8 and k % (4 * BLOCK_SIZE) == 0
-               and w_scale.data_ptr() % 4 == 0)
     if grouped:
         splits, groups_per_split = gemm_configs.split_ranges(k, gemm_mma.GROUP * block_k, splits)
         tiles_per_split = gemm_mma.GROUP * groups_per_split
