@@ -77,7 +77,9 @@ REG_MMA_MIN_STEPS = (4, 8)
 # pieces measured faster than more programs (H100, M = 1, benchmarks/probe_mma.py --splits --rows,
 # results/probe_mma_splits_rows_session17_h100.txt; 16 programs per SM and 4 K-steps -> this:
 # 4096^2 10.1 -> 9.9 us, 4096 x 6144 13.5 -> 12.1, 4096 x 14336 22.8 -> 21.9, 14336 x 4096 23.8 ->
-# 21.8, 4096 x 28672 39.3 -> 36.8, 8192 x 28672 68.6 -> ~65.5 (12 steps a split 65.5, 10 74.7)).
+# 21.8, 4096 x 28672 39.3 -> 36.8; 8192 x 28672 68.6, against 65.5 at 12 groups a split, this
+# rule's 11 not probed; bench_gemm, alternating runs: 14336 x 4096 25.2 -> 23.1, 8192 x 28672
+# 70.1 / 69.4 -> 66.3 / 67.5).
 REG_MMA_GROUPED_PER_SM = 8
 REG_MMA_GROUPED_MIN_STEPS = 8  # two groups of 4 K-tiles
 # It addresses tiled codes with int32 offsets in uint32 words: fewer than 2^31 words of 4 bytes
