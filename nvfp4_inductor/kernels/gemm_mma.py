@@ -158,18 +158,20 @@ def _split4(v):
 
 
 @triton.jit
-def _load_x4(words, k_ok, EVEN_K: tl.constexpr):
+def _load4(words, k_ok, EVEN_K: tl.constexpr):
+    """Four consecutive uint32 words from each lane's pointer `words` (a 16-byte load): its 4
+    columns, zeros where k_ok is false unless EVEN_K."""
     if EVEN_K:
-        return _split4(tl.load(words))
-    return _split4(tl.load(words, mask=k_ok[:, None], other=0))
+        return _split4(tl.load(words[:, None] + tl.arange(0, 4)[None, :]))
+    return _split4(tl.load(words[:, None] + tl.arange(0, 4)[None, :], mask=k_ok[:, None], other=0))
 
 
 @triton.jit
 def _load_x(x_ptr, x_word, k_ok, EVEN_K: tl.constexpr):
     """A lane's 16 bf16 of x (32 bytes from uint32 word x_word) -> 8 words, (x[2p], x[2p + 1]);
     zeros past K (k_ok false) unless EVEN_K."""
-    x0, x1, x2, x3 = _load_x4(x_ptr + x_word[:, None] + tl.arange(0, 4)[None, :], k_ok, EVEN_K)
-    x4, x5, x6, x7 = _load_x4(x_ptr + x_word[:, None] + (4 + tl.arange(0, 4))[None, :], k_ok, EVEN_K)
+    x0, x1, x2, x3 = _load4(x_ptr + x_word, k_ok, EVEN_K)
+    x4, x5, x6, x7 = _load4(x_ptr + x_word + 4, k_ok, EVEN_K)
     return x0, x1, x2, x3, x4, x5, x6, x7
 
 
@@ -199,14 +201,6 @@ def _load_pair_rm(words, k_ok, EVEN_K: tl.constexpr):
 
 
 @triton.jit
-def _load_quad_rm(words, k_ok, EVEN_K: tl.constexpr):
-    """Four uint32 code words of one row (a 16-byte load), zeros past K unless EVEN_K."""
-    if EVEN_K:
-        return _split4(tl.load(words[:, None] + tl.arange(0, 4)[None, :]))
-    return _split4(tl.load(words[:, None] + tl.arange(0, 4)[None, :], mask=k_ok[:, None], other=0))
-
-
-@triton.jit
 def load_codes_rm(wp, t, held, k_ok, LAYOUT: tl.constexpr, EVEN_K: tl.constexpr):
     """Row-major W: a lane's codes of K-tile t (LAYOUT 1-3; wp its four row pointers at K-tile 0)
     -> (8 words: two a row, rows g, g + 8, g + 16, g + 24), held. LAYOUT 3: a lane's blocks of a
@@ -216,10 +210,10 @@ def load_codes_rm(wp, t, held, k_ok, LAYOUT: tl.constexpr, EVEN_K: tl.constexpr)
     if LAYOUT == 3:
         if t % 2 == 0:  # tiles 0 and 2 of a group: blocks r, r + 1
             cw, _, _ = _tile_offsets(t, LAYOUT)
-            a0, a1, a2, a3 = _load_quad_rm(wp[0] + cw, k_ok, EVEN_K)
-            b0, b1, b2, b3 = _load_quad_rm(wp[1] + cw, k_ok, EVEN_K)
-            c0, c1, c2, c3 = _load_quad_rm(wp[2] + cw, k_ok, EVEN_K)
-            d0, d1, d2, d3 = _load_quad_rm(wp[3] + cw, k_ok, EVEN_K)
+            a0, a1, a2, a3 = _load4(wp[0] + cw, k_ok, EVEN_K)
+            b0, b1, b2, b3 = _load4(wp[1] + cw, k_ok, EVEN_K)
+            c0, c1, c2, c3 = _load4(wp[2] + cw, k_ok, EVEN_K)
+            d0, d1, d2, d3 = _load4(wp[3] + cw, k_ok, EVEN_K)
             w = (a0, a1, b0, b1, c0, c1, d0, d1)
             held = (a2, a3, b2, b3, c2, c3, d2, d3)
         else:
