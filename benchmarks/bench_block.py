@@ -142,12 +142,14 @@ HOST_GAP_US = 10.0
 def busy_runs(kernels, gap_us: float = HOST_GAP_US) -> list[list]:
     """(start, end, ...) us of kernels -> runs of kernels each starting less than gap_us after the
     latest end before it."""
-    runs = []
+    runs, latest = [], None
     for kernel in sorted(kernels):
-        if runs and kernel[0] - max(k[1] for k in runs[-1]) < gap_us:
+        if runs and kernel[0] - latest < gap_us:
             runs[-1].append(kernel)
+            latest = max(latest, kernel[1])
         else:
             runs.append([kernel])
+            latest = kernel[1]
     return runs
 
 
