@@ -8,6 +8,7 @@ over weight copies beyond L2. Not a benchmark of record (bench_gemm.py is).
     python benchmarks/probe_mma.py --per-sm [P ...]  # programs per SM at M = 9..16 (two x-row blocks)
     python benchmarks/probe_mma.py --m32         # four x-row blocks (M = 17..32) against what ran there
     python benchmarks/probe_mma.py --splits [--rows]  # K-steps a split at M = 1 and 16 (the default marked *)
+    python benchmarks/probe_mma.py --sum         # partials the split sum loads at once: 8 a thread vs the table
 """
 
 import math
@@ -276,8 +277,44 @@ def splits_sweep(rows: bool = False) -> None:
         del w_q, w_tiled, weights
 
 
+SUM_VARIANTS = {"8": {}, "16": {1: 16, 8: 16, 16: 32}, "32": {1: 32, 8: 16, 16: 32}}  # SPLIT_SUM_PER_THREAD_BY_ROWS
+
+
+def sum_compare() -> None:
+    """The last split's sum of the partials with SUM_VARIANTS' partials a thread a load ("8": the
+    rule before gemm_configs.SPLIT_SUM_PER_THREAD_BY_ROWS, 8 splits at once at M = 1, 1 at M = 8
+    and 16; "16": 16, 2, 2; "32": 32, 2, 2), alternating twice in one process, eager register-fed
+    kernel at M = 1, 8, 16 on tiled and row-major (plain) weights, default configs. Run with an older
+    tree on PYTHONPATH, every variant is that tree's own rule."""
+    print(f"GPU: {torch.cuda.get_device_name()}, torch {torch.__version__}, triton {triton.__version__}")
+    l2 = torch.cuda.get_device_properties().L2_cache_size
+    shipped = getattr(gemm_configs, "SPLIT_SUM_PER_THREAD_BY_ROWS", {})
+    print("us, run 1 / run 2 of each variant (" + ", ".join(SUM_VARIANTS) + ")")
+    for k, n in BLOCK_SHAPES:
+        w_bf16, w_q, w_tiled = _weights(k, n, l2)
+        layouts = {"tiled": (w_tiled, n), "rows": ([(q.data, q.scale.view(torch.uint8), q.global_scale) for q in w_q], None)}
+        for m in (1, 8, 16):
+            x = torch.randn(m, k, dtype=torch.bfloat16, device="cuda")
+            bf16 = stream_us(lambda w: x @ w.T, w_bf16)
+            cells = []
+            for name, (weights, tiled_n) in layouts.items():
+                times = {}
+                for rep in range(2):
+                    for rule, by_rows in SUM_VARIANTS.items():
+                        gemm_configs.SPLIT_SUM_PER_THREAD_BY_ROWS = by_rows
+                        times.setdefault(rule, []).append(stream_us(
+                            lambda w: gemm_splitk(x, w[0], w[1], w[2], None, torch.bfloat16, False, tiled_n=tiled_n),
+                            weights))
+                gemm_configs.SPLIT_SUM_PER_THREAD_BY_ROWS = shipped
+                cells.append(f"{name} " + " | ".join(f"{t[0]:5.1f} / {t[1]:5.1f}" for t in times.values()))
+            print(f"{k:>6} {n:>6} {m:>3}  bf16 {bf16:6.1f}  " + "   ".join(cells), flush=True)
+        del w_bf16, w_q, w_tiled, layouts
+
+
 if __name__ == "__main__":
-    if "--splits" in sys.argv:
+    if "--sum" in sys.argv:
+        sum_compare()
+    elif "--splits" in sys.argv:
         splits_sweep(rows="--rows" in sys.argv)
     elif "--rows" in sys.argv:
         rows_compare()

@@ -155,8 +155,9 @@ def _reg_mma_weights(w, layout):
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("m, n, k", [(1, 64, 64), (3, 80, 208), (5, 96, 1344), (2, 64, 1024), (8, 192, 1040),
-                                     (9, 128, 512), (16, 1056, 4160), (17, 64, 320), (32, 208, 1040)])
-@pytest.mark.parametrize("splits", [1, 3])
+                                     (9, 128, 512), (16, 1056, 4160), (17, 64, 320), (32, 208, 1040),
+                                     (1, 128, 4160)])
+@pytest.mark.parametrize("splits", [1, 3, 33])
 @pytest.mark.parametrize("layout", ["tiled", "rows", "rows-swizzled"])
 def test_register_fed_mainloop_matches_reference(m, n, k, splits, layout):
     """gemm_mma's lane mapping, K tails (K not a multiple of the 64-wide tile), N not a tile
@@ -385,6 +386,42 @@ def test_register_fed_config(m, n, k, splits):
         assert template.reg_mma == gemm_configs.reg_mma_blocks(m)
     else:  # the tl.dot mainloop above
         assert template.reg_mma == 0
+
+
+@triton.jit
+def _sum_splits_kernel(partial_ptr, out_ptr, num_splits, M, N, ROWS: tl.constexpr, SPLITS: tl.constexpr):
+    cols_n = tl.program_id(0) * 64 + tl.arange(0, 64)
+    total = gemm_splitk.sum_splits(partial_ptr, num_splits, M, N, cols_n, 64, ROWS, SPLITS)
+    ms = tl.arange(0, ROWS)
+    tl.store(out_ptr + ms[None, :] * N + cols_n[:, None], total, mask=(cols_n < N)[:, None] & (ms < M)[None, :])
+
+
+@pytest.mark.parametrize("m, n, splits", [(1, 64, 33), (1, 80, 5), (3, 96, 9), (16, 64, 7), (16, 70, 1)])
+def test_sum_splits_in_split_order(kernel_device, m, n, splits):
+    """The last split's sum (several rounds of the shipped loads at once, a partial last round, N
+    and M tails) equals the partials summed in split order."""
+    rows, at_once = gemm_configs.split_sum_tile(m, splits, 64, gemm_mma.WARPS)
+    partial = torch.randn(splits, m, n, device=kernel_device)
+    want = partial[0].clone()
+    for s in range(1, splits):
+        want += partial[s]
+    for splits_a_round in sorted({at_once, 2, 4}):
+        out = torch.full((m, n), float("nan"), device=kernel_device)
+        _sum_splits_kernel[(triton.cdiv(n, 64),)](partial, out, splits, m, n, ROWS=rows, SPLITS=splits_a_round,
+                                                  num_warps=gemm_mma.WARPS)
+        assert torch.equal(out, want), (splits_a_round, (out - want).abs().max())
+
+
+def test_split_sum_tile():
+    """Partials a round of the split sum: 32 at M = 1, 2 at M = 9..16, 8 a thread elsewhere (one
+    at M = 8), never more than the splits rounded up to a power of two."""
+    assert gemm_configs.split_sum_tile(1, 32, 64, 2) == (1, 32)
+    assert gemm_configs.split_sum_tile(1, 10, 64, 2) == (1, 16)
+    assert gemm_configs.split_sum_tile(1, 3, 64, 2) == (1, 4)
+    assert gemm_configs.split_sum_tile(4, 32, 64, 2) == (4, 2)
+    assert gemm_configs.split_sum_tile(8, 32, 64, 2) == (8, 1)
+    assert gemm_configs.split_sum_tile(16, 16, 64, 2) == (16, 2)
+    assert gemm_configs.split_sum_tile(24, 16, 64, 2) == (32, 1)
 
 
 @pytest.mark.parametrize("m, n, k, splits", [

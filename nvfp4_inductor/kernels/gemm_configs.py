@@ -164,15 +164,24 @@ def _skinny_config(m, n, k, num_sms, block_n, block_k, per_sm, warps, stages, mi
 
 
 # The last split of an output tile sums the tile's partials in the GEMM kernel itself
-# (gemm_splitk.sum_splits): SPLITS x BLOCK_N x ROWS of them a load, SPLIT_SUM_PER_THREAD a thread,
-# so that the sum adds few registers to the mainloop's (occupancy sets the weight stream's speed).
+# (gemm_splitk.sum_splits): SPLITS partials of BLOCK_N x ROWS at a time, SPLIT_SUM_PER_THREAD a
+# thread (by ROWS, M rounded up to a power of two; 8 where not listed). Each round is an L2 round
+# trip after the tile's slowest split (at M = 16, one split a round: 4.5 us for the 16 of 14336 x
+# 4096, H100, benchmarks/probe_timeline.py --m 16), so more at once where that measured faster:
+# 32 splits at M = 1, 2 at M = 9..16 (the decoder block with PDL, GPU busy, against 8 / 1 in the
+# same call: M = 1 W4A16 74.4 -> 71.3-71.8 us, W4A4 78.0-78.2 -> 74.6-74.7; M = 16 W4A16 108.7-112.9
+# -> 107.3; a decode step 758.9 -> 733.2 us; eager: benchmarks/probe_mma.py --sum). M = 2..8 keep
+# 8 a thread (1 split a round at M = 8: 2 measured no faster). None of these adds registers to the
+# register-fed kernel's (sm_90 compiles: 56 at M = 1, 80 at 16); 4 at M = 16 would take 88-214.
 SPLIT_SUM_PER_THREAD = 8
+SPLIT_SUM_PER_THREAD_BY_ROWS = {1: 32, 16: 32}
 
 
 def split_sum_tile(m: int, splits: int, block_n: int, num_warps: int) -> tuple[int, int]:
     """-> (ROWS, SPLITS) of the in-kernel split sum for M rows and that many splits."""
     rows = 1 << (m - 1).bit_length()
-    at_once = SPLIT_SUM_PER_THREAD * 32 * num_warps // (block_n * rows)
+    per_thread = SPLIT_SUM_PER_THREAD_BY_ROWS.get(rows, SPLIT_SUM_PER_THREAD)
+    at_once = per_thread * 32 * num_warps // (block_n * rows)
     return rows, max(1, min(1 << (splits - 1).bit_length(), at_once))
 
 

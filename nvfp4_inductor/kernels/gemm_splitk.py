@@ -270,17 +270,20 @@ def silu_mul_halves(acc, g, OUT_DTYPE: tl.constexpr, BLOCK_N: tl.constexpr, ROWS
 def sum_splits(partial_ptr, num_splits, M, N, cols_n, BLOCK_N: tl.constexpr, ROWS: tl.constexpr,
                SPLITS: tl.constexpr):
     """(BLOCK_N, ROWS) fp32 = the sum over the splits of partials (num_splits, M, N) at columns
-    cols_n, rows >= M zero. SPLITS partials per load, one memory round trip for up to SPLITS
-    splits (a load a split took 1.6-3.6 us in the reduce kernel this replaced, H100,
-    results/probe_breakdown_h100.txt); read through L2 (.cg: another SM wrote them)."""
+    cols_n, rows >= M zero, in split order. SPLITS partials a round, one memory round trip for up to
+    SPLITS splits (gemm_configs.split_sum_tile); read through L2 (.cg: another SM wrote them). Each
+    partial is loaded in acc's layout: a (SPLITS, BLOCK_N, ROWS) load summed over its first axis
+    took shuffles across lanes."""
     ms = tl.arange(0, ROWS)
     mask = (cols_n < N)[:, None] & (ms < M)[None, :]
-    ss = tl.arange(0, SPLITS)[:, None, None]
+    tile = partial_ptr + ms[None, :].to(tl.int64) * N + cols_n[:, None]
+    split_stride = tl.cast(M, tl.int64) * N
     acc = tl.zeros((BLOCK_N, ROWS), tl.float32)
     for s0 in range(0, num_splits, SPLITS):
-        offsets = ((s0 + ss) * M + ms[None, None, :]).to(tl.int64) * N + cols_n[None, :, None]
-        acc += tl.sum(tl.load(partial_ptr + offsets, mask=mask[None, :, :] & (s0 + ss < num_splits),
-                              other=0.0, cache_modifier=".cg"), axis=0)
+        # SPLITS loads in acc's own layout, issued together: no sum across threads
+        for j in tl.static_range(SPLITS):
+            acc += tl.load(tile + (s0 + j) * split_stride, mask=mask & (s0 + j < num_splits), other=0.0,
+                           cache_modifier=".cg")
     return acc
 
 
