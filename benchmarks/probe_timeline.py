@@ -130,6 +130,16 @@ def _launch_dynamic(x, w, n, k, splits, per_split, counters, grab, programs, mod
     return out
 
 
+def _tiled_weights(k: int, n: int, l2: int) -> list:
+    """Copies of a random (n, k) NVFP4 weight in the tiled layout, (codes, scales, g) each,
+    together beyond L2."""
+    weights = []
+    for _ in range(max(2, math.ceil(3 * l2 / (n * k * 0.5625)))):
+        q = nv.quantize(torch.randn(n, k, dtype=torch.bfloat16, device="cuda"))
+        weights.append((*ops.tile_weight(q.data, q.scale.view(torch.uint8)), q.global_scale))
+    return weights
+
+
 def dynamic() -> None:
     torch.manual_seed(0)
     print(f"GPU: {torch.cuda.get_device_name()}, torch {torch.__version__}, triton {triton.__version__}")
@@ -140,11 +150,7 @@ def dynamic() -> None:
     counters = torch.zeros(4096, dtype=torch.int32, device="cuda")
     grab = torch.zeros(2, dtype=torch.int32, device="cuda")
     for k, n in SHAPES:
-        copies = max(2, math.ceil(3 * l2 / (n * k * 0.5625)))
-        weights = []
-        for _ in range(copies):
-            q = nv.quantize(torch.randn(n, k, dtype=torch.bfloat16, device="cuda"))
-            weights.append((*ops.tile_weight(q.data, q.scale.view(torch.uint8)), q.global_scale))
+        weights = _tiled_weights(k, n, l2)
         x = torch.randn(1, k, dtype=torch.bfloat16, device="cuda")
         w0 = weights[0]
         row = [("shipped", stream_us(lambda w: gemm_splitk(x, w[0], w[1], w[2], None, torch.bfloat16, False,
@@ -214,11 +220,7 @@ def main(m: int = 1, raw=None) -> None:
     print(f"{'K':>6} {'N':>6} {'grid':>9} {'variant':>7} " + " ".join(f"{c:>8}" for c in cols))
     counters = torch.zeros(4096, dtype=torch.int32, device="cuda")
     for k, n in SHAPES:
-        copies = max(2, math.ceil(3 * l2 / (n * k * 0.5625)))
-        weights = []
-        for _ in range(copies):
-            q = nv.quantize(torch.randn(n, k, dtype=torch.bfloat16, device="cuda"))
-            weights.append((*ops.tile_weight(q.data, q.scale.view(torch.uint8)), q.global_scale))
+        weights = _tiled_weights(k, n, l2)
         x = torch.randn(m, k, dtype=torch.bfloat16, device="cuda")
         config = gemm_configs.splitk_config(m, n, k, sms, tiled=True, reg_mma=True)
         splits, per_split = gemm_configs.split_ranges(k, 64, config[3])
@@ -237,7 +239,7 @@ def main(m: int = 1, raw=None) -> None:
             runs, kept = [], {}
             for rep in range(7):
                 torch.cuda.synchronize()
-                _launch(x, weights[rep % copies], n, k, splits, per_split, counters, stamps, info, empty)
+                _launch(x, weights[rep % len(weights)], n, k, splits, per_split, counters, stamps, info, empty)
                 torch.cuda.synchronize()
                 runs.append(_stats(stamps, info))
                 kept[f"stamps{rep}"], kept[f"info{rep}"] = stamps.cpu().numpy(), info.cpu().numpy()
