@@ -158,12 +158,19 @@ def _split4(v):
 
 
 @triton.jit
-def _load4(words, k_ok, EVEN_K: tl.constexpr):
-    """Four consecutive uint32 words from each lane's pointer `words` (a 16-byte load): its 4
-    columns, zeros where k_ok is false unless EVEN_K."""
+def _load_words(words, k_ok, WORDS: tl.constexpr, EVEN_K: tl.constexpr):
+    """WORDS consecutive uint32 words from each lane's pointer `words` (one 8- or 16-byte load) ->
+    (BLOCK, WORDS), zeros where k_ok is false unless EVEN_K."""
+    ptrs = words[:, None] + tl.arange(0, WORDS)[None, :]
     if EVEN_K:
-        return _split4(tl.load(words[:, None] + tl.arange(0, 4)[None, :]))
-    return _split4(tl.load(words[:, None] + tl.arange(0, 4)[None, :], mask=k_ok[:, None], other=0))
+        return tl.load(ptrs)
+    return tl.load(ptrs, mask=k_ok[:, None], other=0)
+
+
+@triton.jit
+def _load4(words, k_ok, EVEN_K: tl.constexpr):
+    """Four consecutive uint32 words from each lane's pointer (a 16-byte load): its 4 columns."""
+    return _split4(_load_words(words, k_ok, 4, EVEN_K))
 
 
 @triton.jit
@@ -193,14 +200,6 @@ def _load_weights(ww_ptr, ws_ptr, tile):
 
 
 @triton.jit
-def _load_pair_rm(words, k_ok, EVEN_K: tl.constexpr):
-    """Two uint32 code words of one row (an 8-byte load), zeros past K unless EVEN_K."""
-    if EVEN_K:
-        return tl.split(tl.load(words[:, None] + tl.arange(0, 2)[None, :]))
-    return tl.split(tl.load(words[:, None] + tl.arange(0, 2)[None, :], mask=k_ok[:, None], other=0))
-
-
-@triton.jit
 def load_codes_rm(wp, t, held, k_ok, LAYOUT: tl.constexpr, EVEN_K: tl.constexpr):
     """Row-major W: a lane's codes of K-tile t (LAYOUT 1-3; wp its four row pointers at K-tile 0)
     -> (8 words: two a row, rows g, g + 8, g + 16, g + 24), held. LAYOUT 3: a lane's blocks of a
@@ -220,10 +219,10 @@ def load_codes_rm(wp, t, held, k_ok, LAYOUT: tl.constexpr, EVEN_K: tl.constexpr)
             w = held
     else:
         cw, _, _ = _tile_offsets(t, LAYOUT)
-        w0, w1 = _load_pair_rm(wp[0] + cw, k_ok, EVEN_K)
-        w2, w3 = _load_pair_rm(wp[1] + cw, k_ok, EVEN_K)
-        w4, w5 = _load_pair_rm(wp[2] + cw, k_ok, EVEN_K)
-        w6, w7 = _load_pair_rm(wp[3] + cw, k_ok, EVEN_K)
+        w0, w1 = tl.split(_load_words(wp[0] + cw, k_ok, 2, EVEN_K))
+        w2, w3 = tl.split(_load_words(wp[1] + cw, k_ok, 2, EVEN_K))
+        w4, w5 = tl.split(_load_words(wp[2] + cw, k_ok, 2, EVEN_K))
+        w6, w7 = tl.split(_load_words(wp[3] + cw, k_ok, 2, EVEN_K))
         w = (w0, w1, w2, w3, w4, w5, w6, w7)
     return w, held
 
