@@ -14,6 +14,7 @@ import triton.language as tl
 import nvfp4_inductor as nv
 from inputs import DISTS, sample
 from nvfp4_inductor.format import GLOBAL_SCALE_DIVISOR
+from nvfp4_inductor.kernels import _common
 from nvfp4_inductor.kernels import dequantize as dequantize_kernels
 from nvfp4_inductor.kernels import gemm_configs
 from nvfp4_inductor.kernels import quantize as quantize_kernels
@@ -85,6 +86,52 @@ def test_quantize_kernel_distributions(kernel_device, dist, dtype):
     _assert_quantize_matches(x)
     # Static g = 1 keeps the grid distribution's exact ties (its block scales are powers of two).
     _assert_quantize_matches(x, torch.tensor(1.0, device=kernel_device), swizzle=True)
+
+
+@triton.jit
+def _rounding_kernel(y_ptr, t_ptr, code_ptr, e4m3_ptr, back_ptr, n, HW: tl.constexpr, BLOCK: tl.constexpr):
+    """The encode helpers the quantize kernel uses, element by element: E2M1 code of y (sign from
+    y's bit), e4m3 bits of t and those bits back to fp32."""
+    offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    ok = offs < n
+    y = tl.load(y_ptr + offs, mask=ok)
+    sign = (y.to(tl.int32, bitcast=True) >> 28) & 8
+    tl.store(code_ptr + offs, ((_common.e2m1_index_bits(y) & 7) | sign).to(tl.uint8), mask=ok)
+    bits = _common.e4m3_rne_bits(tl.load(t_ptr + offs, mask=ok), HW)
+    tl.store(e4m3_ptr + offs, bits.to(tl.uint8), mask=ok)
+    tl.store(back_ptr + offs, _common.e4m3_bits_to_f32(bits, HW), mask=ok)
+
+
+def _near(points: torch.Tensor, ulps: int) -> torch.Tensor:
+    """fp32 points and their neighbours up to `ulps` apart (bit patterns, positive points)."""
+    bits = points.float().view(torch.int32)
+    return torch.cat([(bits + d).view(torch.float32) for d in range(-ulps, ulps + 1)])
+
+
+@pytest.mark.parametrize("hw", [False, True])
+def test_rounding_helpers_match_the_reference(kernel_device, hw):
+    """E2M1 encode (the min-of-three-roundings formula) and the e4m3 conversions (bit formulas, or
+    with hw the GPU's cvt instructions) on every tie and its neighbours, and a dense sweep."""
+    if hw and kernel_device != "cuda":
+        pytest.skip("the hardware conversions need a CUDA GPU")
+    gen = torch.Generator().manual_seed(11)
+    midpoints = torch.tensor([0.25, 0.75, 1.25, 1.75, 2.5, 3.5, 5.0, 6.0, 0.5, 1.0, 2.0, 4.0])
+    y = torch.cat([_near(midpoints, 4), torch.linspace(0, 7, 70001), torch.rand(50000, generator=gen) * 7,
+                   torch.tensor([0.0, 1e-40, 1e30, math.inf, math.nan])])
+    y = torch.cat([y, -y])
+    e4m3 = torch.arange(0, 0x7F, dtype=torch.uint8).view(torch.float8_e4m3fn).float()
+    ties = (e4m3[1:] + e4m3[:-1]) / 2  # exact in fp32
+    t = torch.cat([_near(torch.cat([ties, e4m3[1:]]), 3), torch.rand(y.numel() - 1, generator=gen) * 448])
+    t = torch.cat([t.clamp(0, 448), torch.tensor([0.0])])[: y.numel()]
+    n = y.numel()
+    out = [torch.empty(n, dtype=dt, device=kernel_device) for dt in (torch.uint8, torch.uint8, torch.float32)]
+    _rounding_kernel[(triton.cdiv(n, 1024),)](y.to(kernel_device), t.to(kernel_device), *out, n, HW=hw,
+                                             BLOCK=1024)
+    code, bits, back = (o.cpu() for o in out)
+    finite = y.abs() < math.inf  # NaN and +-inf blocks never reach the encode (all +0 there)
+    assert torch.equal(code[finite], nv.reference.e2m1_encode(y)[finite])
+    assert torch.equal(bits, t.to(torch.float8_e4m3fn).view(torch.uint8))
+    assert torch.equal(back, t.to(torch.float8_e4m3fn).float())
 
 
 def test_quantize_kernel_special_blocks(kernel_device):

@@ -1,20 +1,28 @@
 """Triton helpers shared by every NVFP4 kernel: the format's rounding and layouts, bit-exact
 with `nvfp4_inductor.reference` (SPEC §2, §3).
 
-Conversions are written with integer bit operations rather than Triton's float8 casts: they cost a
-few instructions, round exactly as the reference on any target, and also run right under the
-Triton interpreter (whose fp32 -> float8e4nv cast was measured to mis-round, e.g. 126.5 -> 96).
+Conversions are written with fp32 and integer bit operations: they cost a few instructions, round
+exactly as the reference on any target, and also run right under the Triton interpreter (whose
+fp32 -> float8e4nv cast was measured to mis-round, e.g. 126.5 -> 96). On the GPU (HW) the e4m3
+ones take the hardware's conversions instead (below).
 
 E4M3 (bias 7, 3 mantissa bits), from fp32 bits b (bias 127, 23 mantissa bits):
     normal (t >= 2^-6):  e4m3 = (b + 0x7FFFF + bit20(b) - (120 << 23)) >> 20   (RNE to 3 bits,
                          exponent rebiased by 127 - 7 = 120; a carry out of the mantissa bumps
                          the exponent, as it should)
     subnormal (t < 2^-6): e4m3 = rne(t * 2^9), an integer 0..8 (8 = 0x08 is 2^-6, the first normal)
-E2M1 magnitude index of a = min(|y|, 6):
-    a >= 1: ((bits(a) + 0x1FFFFF + bit22(a)) >> 22) - 252   (RNE to 1 mantissa bit; 1.0 -> 2)
-    a < 1:  rne(2 * a), an integer 0..2 (0, 0.5, 1.0), the low bits of bits(2a + 2^23)
+E2M1 magnitude index of a = min(|y|, 6): min(rne(2a), rne(a) + 2, rne(a / 2) + 4). The values
+    0, 0.5, 1, 1.5, 2, 3, 4, 6 are 0.5 apart up to 2, 1 apart up to 4, 2 apart up to 6, so
+    f(a) = min(2a, a + 2, a / 2 + 4) maps them to their indices 0..7 and is linear between
+    them: the nearest value is the nearest integer to f(a), a tie a tie, and an even index an
+    even mantissa. rne is monotonic, so rne(f(a)) is the min of the three pieces rounded.
     rne(v) for 0 <= v < 2^22 is bits(v + 2^23) - bits(2^23): the fp32 add rounds to an integer,
-    ties to even (a contracted fma(t, 2^k, 2^23) rounds the same, t * 2^k being exact).
+    ties to even (a contracted fma(t, 2^k, 2^23) rounds the same, t * 2^k being exact), and
+    rne(a) + 2 is one add of 2^23 + 2. Checked against the earlier bit formula on every fp32 in
+    [0, 6].
+With HW (sm_90 and later, not the interpreter) the e4m3 conversions are the hardware's
+(cvt.rn.satfinite.e4m3x2.f32, cvt.rn.f16x2.e4m3x2, through Triton's float8e4nv casts): the same
+numbers as the bit formulas, fewer instructions (tests/test_kernels.py checks both on every tie).
 """
 
 import triton
@@ -45,6 +53,7 @@ _E4M3_MIN_NORMAL: tl.constexpr = tl.constexpr(2.0**-6)
 _E4M3_SUBNORMAL_STEPS: tl.constexpr = tl.constexpr(2.0**9)  # 1 / smallest subnormal
 _RNE_MAGIC: tl.constexpr = tl.constexpr(2.0**23)
 _RNE_MAGIC_BITS: tl.constexpr = tl.constexpr(0x4B000000)  # bits of 2^23
+_RNE_MAGIC_PLUS_2: tl.constexpr = tl.constexpr(2.0**23 + 2)
 _RNE_MAGIC_PLUS_4: tl.constexpr = tl.constexpr(2.0**23 + 4)
 
 
@@ -99,8 +108,10 @@ def global_scale_from_amax(amax):
 
 
 @triton.jit
-def e4m3_rne_bits(t):
+def e4m3_rne_bits(t, HW: tl.constexpr = False):
     """fp32 in [0, 448] (or NaN) -> int32 e4m3 bits, round-to-nearest-even; NaN -> 0x7F."""
+    if HW:
+        return t.to(tl.float8e4nv).to(tl.uint8, bitcast=True).to(tl.int32)
     b = t.to(tl.int32, bitcast=True)
     normal = (b + (0x7FFFF + ((b >> 20) & 1)) - (120 << 23)) >> 20
     subnormal = _rne_int(t * _E4M3_SUBNORMAL_STEPS)
@@ -109,8 +120,10 @@ def e4m3_rne_bits(t):
 
 
 @triton.jit
-def e4m3_bits_to_f32(bits):
+def e4m3_bits_to_f32(bits, HW: tl.constexpr = False):
     """int32 e4m3 bits (0..0x7F) -> fp32 value (0x7F -> NaN)."""
+    if HW:
+        return bits.to(tl.uint8).to(tl.float8e4nv, bitcast=True).to(tl.float32)
     exponent = bits >> 3
     mantissa = bits & 7
     normal = (((exponent + 120) << 23) | (mantissa << 20)).to(tl.float32, bitcast=True)
@@ -120,33 +133,33 @@ def e4m3_bits_to_f32(bits):
 
 
 @triton.jit
-def block_scale_bits(block_amax, block_ok, g):
+def block_scale_bits(block_amax, block_ok, g, HW: tl.constexpr = False):
     """Block amax, "block and g usable" mask, g -> int32 e4m3 bits of min(amax / (g * 6), 448)."""
     t = tl.math.div_rn(block_amax, g * FP4_MAX)
-    bits = e4m3_rne_bits(tl.minimum(t, FP8_MAX))
+    bits = e4m3_rne_bits(tl.minimum(t, FP8_MAX), HW)
     return tl.where(block_ok, bits, FP8_NAN)
 
 
 @triton.jit
-def e2m1_index_bits(y):
-    """fp32 y -> int32 whose low 3 bits are (E2M1 magnitude index of |y|) ^ 4 (nearest, ties to
-    even, saturating at 6). Both paths carry the same "^ 4" (for a >= 1 it is the leftover of the
-    exponent bias, 254 = 6 mod 8 for 1.0; the small path adds 4 to match), and the higher bits are
-    not cleared: the packer undoes both with one LOP3, which saves two instructions per element."""
-    a = tl.minimum(tl.abs(y), FP4_MAX)
-    b = a.to(tl.int32, bitcast=True)
-    large = (b + (0x1FFFFF + ((b >> 22) & 1))) >> 22  # (exponent << 1 | mantissa), RNE
-    small = (a * 2.0 + _RNE_MAGIC_PLUS_4).to(tl.int32, bitcast=True)  # low bits: rne(2a) + 4
-    return tl.where(a < 1.0, small, large)
+def e2m1_index_bits(y, cap=FP4_MAX):
+    """fp32 y -> int32 whose low 3 bits are the E2M1 magnitude index of |y| (nearest, ties to
+    even, saturating at 6), as bits(2^23 + index): 3 FFMA / FADD and 3 min, branch-free (the
+    module docstring's formula). Higher bits are not cleared. cap 0 (a block's, instead of 6)
+    gives index 0 for every y, NaN too (min returns the operand that is not NaN)."""
+    a = tl.minimum(tl.abs(y), cap)
+    r = tl.minimum(tl.minimum(a * 2.0 + _RNE_MAGIC, a + _RNE_MAGIC_PLUS_2), a * 0.5 + _RNE_MAGIC_PLUS_4)
+    return r.to(tl.int32, bitcast=True)
 
 
 @triton.jit
-def e2m1_pack_pair(y_even, y_odd, sign_bits):
+def e2m1_pack_pair(y_even, y_odd, sign_bits, cap, sign_mask):
     """Scaled values of elements (2i, 2i + 1) and their sign bits at bits 3 and 7 (higher bits
     ignored) -> int32 whose low byte is the packed pair: even code in the low nibble, odd code in
-    the high nibble (code = sign << 3 | index)."""
-    index = ((e2m1_index_bits(y_even) ^ 4) & 7) | (((e2m1_index_bits(y_odd) ^ 4) & 7) << 4)
-    return index | (sign_bits & 0x88)
+    the high nibble (code = sign << 3 | index; the indices' 2^23 bits stay above the low byte).
+    cap, sign_mask: 6 and 0x88, or 0 and 0 for a block stored as all +0 (zero and NaN blocks):
+    per block, so the masking costs no instruction per element."""
+    index = (e2m1_index_bits(y_odd, cap) << 4) + e2m1_index_bits(y_even, cap)
+    return index | (sign_bits & sign_mask)
 
 
 @triton.jit

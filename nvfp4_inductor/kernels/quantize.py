@@ -39,6 +39,7 @@ from ..format import BLOCK_SIZE
 from ..reference import swizzled_shape
 from ._common import (
     BLOCK,
+    FP4_MAX,
     FP8_NAN,
     TILE_ROWS,
     block_scale_bits,
@@ -258,15 +259,15 @@ def _quantize_tile(
                            2, max_propagate_nan)
     g = g + tl.zeros_like(block_amax)  # g per block, (BLOCK_M, BLOCK_K / 16); exact, NaN stays
     block_ok = (block_amax < float("inf")) & (g > 0.0) & (g < float("inf"))  # NaN: False
-    bits = block_scale_bits(block_amax, block_ok, g)
+    bits = block_scale_bits(block_amax, block_ok, g, USE_ASM)
     usable = (bits != 0) & (bits != FP8_NAN)
-    scale_g = tl.where(usable, e4m3_bits_to_f32(bits) * g, 1.0)
+    scale_g = tl.where(usable, e4m3_bits_to_f32(bits, USE_ASM) * g, 1.0)
     recip = tl.math.div_rn(tl.full(scale_g.shape, 1.0, tl.float32), scale_g)[:, :, None]
 
     # Codes (zero and NaN blocks: all +0), two per byte, the even element in the low nibble.
     signs = tl.reshape(pair_sign_bits(words, DTYPE), (BLOCK_M, BLOCK_K // BLOCK, BLOCK // 2))
-    packed = e2m1_pack_pair(even * recip, odd * recip, signs)
-    packed = packed & tl.where(usable, 0xFF, 0)[:, :, None]
+    packed = e2m1_pack_pair(even * recip, odd * recip, signs, tl.where(usable, FP4_MAX, 0.0)[:, :, None],
+                            tl.where(usable, 0x88, 0)[:, :, None])
     if VALUES:  # the codes decoded with their block scale (NaN for a NaN block) by the GEMM's decode
         values = decode_tile(packed.to(tl.uint8), bits, USE_ASM, OPERAND, BLOCK_M, BLOCK_K)
         cols = tile_k * BLOCK_K + tl.arange(0, BLOCK_K)

@@ -293,7 +293,7 @@ def _scale_search_kernel(
     _, r, _ = _scale_of(tl.minimum(tl.maximum(best_c, 1), MAX_BITS), g)
     word = tl.zeros((BLOCK_R,), tl.int64)
     for j in tl.static_range(16):
-        code = ((e2m1_index_bits(xa[j] * r) ^ 4) & 7) | signs[j]
+        code = (e2m1_index_bits(xa[j] * r) & 7) | signs[j]
         word = word | (code.to(tl.int64) << (4 * j))
     word = tl.where(usable, word, 0)
     block = rows.to(tl.int64) * groups + grp
