@@ -3,6 +3,7 @@ timed on 16384x8192 bf16 (METHOD: time variants that leave one stage out, take d
 
     python benchmarks/probe_quantize.py
     python benchmarks/probe_quantize.py --decode   # decode-sized x: tile and warps, CUDA-graph latency
+    python benchmarks/probe_quantize.py --l2       # x resident in L2: the kernel's issue rate
 """
 
 import torch
@@ -74,6 +75,31 @@ def main() -> None:
         print(f"{name:>30} {us:8.1f} {gbs:7.0f} {100 * gbs / copy:6.1f}%")
 
 
+def l2_resident() -> None:
+    """x small enough to stay in L2 (2048 x 4096 bf16, 16 MiB, the same tensor every call), so that
+    HBM bandwidth does not bound the kernel: its time follows the instructions it issues (the
+    H200's large shapes are issue-bound, the H100's are not; this shows the difference on
+    either). The loads and stores alone (trivial arithmetic) are the floor."""
+    print(f"GPU: {torch.cuda.get_device_name()}, torch {torch.__version__}, triton {triton.__version__}")
+    m, k = 2048, 4096
+    x = torch.randn(m, k, dtype=torch.bfloat16, device="cuda")
+    data = torch.empty(m, k // 2, dtype=torch.uint8, device="cuda")
+    scale = torch.empty(m, k // 16, dtype=torch.uint8, device="cuda")
+    g = torch.tensor(0.01, device="cuda")
+    bm, bk, warps = qk.LARGE_TILE
+    grid = (m // bm * (k // bk),)
+    print(f"x {m} x {k} bf16, in L2; tile {qk.LARGE_TILE}")
+    for name, fn in [
+        ("loads + stores only", lambda: _memory_only_kernel[grid](x, data, scale, k, k // 2, k // bk, STORE_SCALES=True,
+                                                                   BLOCK_M=bm, BLOCK_K=bk, num_warps=warps)),
+        ("quantize static", lambda: nv.quantize(x, g)),
+        ("quantize static, swizzled", lambda: nv.quantize(x, g, swizzle=True)),
+        ("quantize dynamic (2 kernels)", lambda: nv.quantize(x)),
+    ]:
+        us = graph_us(fn)
+        print(f"{name:>30} {us:8.2f} us  {m * k / us / 1e3:7.1f} G elements/s", flush=True)
+
+
 def decode_tiles() -> None:
     """Latency (CUDA-graph replays) of quantizing decode-sized x with other tiles than _tile's
     (BLOCK_M, BLOCK_K, warps): static, dynamic and values (W4A4's activations) on bf16 x."""
@@ -108,4 +134,9 @@ if __name__ == "__main__":
     import sys
 
     qk.LAUNCH_PDL = False  # time each kernel on its own, not overlapped with the previous one
-    decode_tiles() if "--decode" in sys.argv else main()
+    if "--decode" in sys.argv:
+        decode_tiles()
+    elif "--l2" in sys.argv:
+        l2_resident()
+    else:
+        main()
