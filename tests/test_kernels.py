@@ -121,9 +121,9 @@ def test_rounding_helpers_match_the_reference(kernel_device, hw):
     y = torch.cat([y, -y])
     e4m3 = torch.arange(0, 0x7F, dtype=torch.uint8).view(torch.float8_e4m3fn).float()
     ties = (e4m3[1:] + e4m3[:-1]) / 2  # exact in fp32
-    t = torch.cat([_near(torch.cat([ties, e4m3[1:]]), 3), torch.rand(y.numel() - 1, generator=gen) * 448])
-    t = torch.cat([t.clamp(0, 448), torch.tensor([0.0])])[: y.numel()]
     n = y.numel()
+    t = torch.cat([_near(torch.cat([ties, e4m3[1:]]), 3), torch.tensor([0.0])]).clamp(0, 448)
+    t = torch.cat([t, torch.rand(n - t.numel(), generator=gen) * 448])  # as many as y
     out = [torch.empty(n, dtype=dt, device=kernel_device) for dt in (torch.uint8, torch.uint8, torch.float32)]
     _rounding_kernel[(triton.cdiv(n, 1024),)](y.to(kernel_device), t.to(kernel_device), *out, n, HW=hw,
                                              BLOCK=1024)
