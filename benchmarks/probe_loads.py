@@ -12,6 +12,7 @@ Load variants (per lane, per 64 x 64 tile of the tiled layout, 4-warp programs):
 and unroll 1 or 2 (the second: two tiles' loads issued before either is folded).
 
     python benchmarks/probe_loads.py
+    python benchmarks/probe_loads.py --orders   # the same loads in other tile orders (DRAM locality)
 """
 
 import math
@@ -45,12 +46,28 @@ def _fold_tile(ww_ptr, ws_ptr, xw_ptr, tile, t, i, q, row, MODE: tl.constexpr):
 
 @triton.jit
 def _loads_kernel(x_ptr, w_ptr, ws_ptr, out_ptr, K, tiles_per_split, MODE: tl.constexpr,
-                  UNROLL: tl.constexpr):
+                  UNROLL: tl.constexpr, ORDER: tl.constexpr = 0):
+    """ORDER 0: split s reads its K-tiles as one contiguous run (the GEMM's order); 1: split s of
+    S reads K-tiles s, s + S, s + 2S, ... (the programs of one N-tile read adjacent tiles at each
+    step); 2: not a GEMM's order, the DRAM pattern of a copy: program p of P (in launch order)
+    reads flat tiles p, p + P, ... of the whole weight."""
     pid_n = tl.program_id(0)
     pid_s = tl.program_id(1)
     tiles_k = tl.cdiv(K, 64)
-    begin = pid_s * tiles_per_split
-    end = tl.minimum(begin + tiles_per_split, tiles_k)
+    if ORDER == 0:
+        begin = pid_s * tiles_per_split
+        end = tl.minimum(begin + tiles_per_split, tiles_k)
+        step = 1
+    elif ORDER == 1:
+        begin = pid_s
+        end = tiles_k
+        step = tl.num_programs(1)
+    else:
+        num_programs = tl.num_programs(0) * tl.num_programs(1)
+        begin = pid_s * tl.num_programs(0) + pid_n
+        end = tl.num_programs(0) * tiles_k
+        step = num_programs
+        pid_n = 0
     i = tl.arange(0, 128)
     lane = i % 32
     q = lane % 4
@@ -59,13 +76,13 @@ def _loads_kernel(x_ptr, w_ptr, ws_ptr, out_ptr, K, tiles_per_split, MODE: tl.co
     xw_ptr = x_ptr.to(tl.pointer_type(tl.uint32))
     acc = tl.zeros([128], tl.uint32)
     first = pid_n * tiles_k
-    for t in range(begin, end, UNROLL):
+    for t in range(begin, end, UNROLL * step):
         if UNROLL == 1:
-            acc ^= _fold_tile(ww_ptr, ws_ptr, xw_ptr, first + t, t, i, q, row, MODE)
+            acc ^= _fold_tile(ww_ptr, ws_ptr, xw_ptr, first + t, t % tiles_k, i, q, row, MODE)
         else:
-            t2 = tl.minimum(t + 1, end - 1)
-            a = _fold_tile(ww_ptr, ws_ptr, xw_ptr, first + t, t, i, q, row, MODE)
-            b = _fold_tile(ww_ptr, ws_ptr, xw_ptr, first + t2, t2, i, q, row, MODE)
+            t2 = tl.minimum(t + step, end - 1)
+            a = _fold_tile(ww_ptr, ws_ptr, xw_ptr, first + t, t % tiles_k, i, q, row, MODE)
+            b = _fold_tile(ww_ptr, ws_ptr, xw_ptr, first + t2, t2 % tiles_k, i, q, row, MODE)
             acc ^= a ^ b
     # a store that (almost) never happens, so the loads stay live but nothing is written
     tl.store(out_ptr + i, acc, mask=acc == 0x9E3779B9)
@@ -108,6 +125,8 @@ def main() -> None:
     sms = torch.cuda.get_device_properties().multi_processor_count
     l2 = torch.cuda.get_device_properties().L2_cache_size
     print(f"device copy {copy:.0f} GB/s; times in us (CUDA-graph replays over weights beyond L2), M = 1")
+    if "--orders" in sys.argv:
+        return orders(copy, sms, l2, out=torch.zeros(128, dtype=torch.int32, device="cuda"))
     cols = ["bf16", "gemm"] + [f"{m}/u{u}" for m in MODES for u in (1, 2)]
     print(f"{'K':>6} {'N':>6} {'/SM':>3} {'spl':>3} " + " ".join(f"{c:>9}" for c in cols) + "  floor")
     out = torch.zeros(128, dtype=torch.int32, device="cuda")
@@ -135,6 +154,34 @@ def main() -> None:
             print(f"{k:>6} {n:>6} {per_sm:>3} {splits:>3} " + " ".join(f"{t:9.1f}" for t in times)
                   + f" {floor:6.1f}", flush=True)
         del weights, bf16_copies
+
+
+def orders(copy, sms, l2, out) -> None:
+    """--orders: the same loads (codes, scales and x, mode "lanes") in the three tile orders of
+    _loads_kernel, unroll 1 and 2, at 8 and 16 programs per SM."""
+    from bench_quantize import stream_us
+
+    import nvfp4_inductor as nv
+
+    ops = torch.ops.nvfp4
+    print(f"{'K':>6} {'N':>6} {'/SM':>3} {'spl':>3} "
+          + " ".join(f"{f'o{o}/u{u}':>8}" for o in (0, 1, 2) for u in (1, 2)) + "  floor (us)")
+    for k, n in SHAPES:
+        copies = max(2, math.ceil(3 * l2 / (n * k * 0.5625)))
+        weights = []
+        for _ in range(copies):
+            q = nv.quantize(torch.randn(n, k, dtype=torch.bfloat16, device="cuda"))
+            weights.append(ops.tile_weight(q.data, q.scale.view(torch.uint8)))
+        x = torch.randn(1, k, dtype=torch.bfloat16, device="cuda")
+        for per_sm in (8, 16):
+            splits, per_split = splits_for(n, k, per_sm, sms)
+            grid = (n // 64, splits)
+            times = [stream_us(lambda w: _loads_kernel[grid](x, w[0], w[1], out, k, per_split, MODE=0,
+                                                             UNROLL=u, ORDER=o), weights)
+                     for o in (0, 1, 2) for u in (1, 2)]
+            print(f"{k:>6} {n:>6} {per_sm:>3} {splits:>3} " + " ".join(f"{t:8.1f}" for t in times)
+                  + f" {n * k * 0.5625 / copy / 1e3:6.1f}", flush=True)
+        del weights
 
 
 if __name__ == "__main__":
