@@ -112,13 +112,23 @@ def splits_for(n, k, per_sm, sms):
     return gemm_configs.split_ranges(k, 64, splits)
 
 
+def tiled_weight_copies(n: int, k: int, l2: int) -> list:
+    """Random (N, K) NVFP4 weights in the tiled layout, (codes, scales, global scale), in enough
+    copies to overflow L2 three times over."""
+    import nvfp4_inductor as nv
+
+    weights = []
+    for _ in range(max(2, math.ceil(3 * l2 / (n * k * 0.5625)))):
+        q = nv.quantize(torch.randn(n, k, dtype=torch.bfloat16, device="cuda"))
+        weights.append((*torch.ops.nvfp4.tile_weight(q.data, q.scale.view(torch.uint8)), q.global_scale))
+    return weights
+
+
 def main() -> None:
     from bench_quantize import copy_bandwidth_gbs, stream_us
 
-    import nvfp4_inductor as nv
     from nvfp4_inductor.kernels.gemm_splitk import gemm_splitk
 
-    ops = torch.ops.nvfp4
     torch.manual_seed(0)
     print(f"GPU: {torch.cuda.get_device_name()}, torch {torch.__version__}, triton {triton.__version__}")
     copy = copy_bandwidth_gbs()
@@ -131,13 +141,9 @@ def main() -> None:
     print(f"{'K':>6} {'N':>6} {'/SM':>3} {'spl':>3} " + " ".join(f"{c:>9}" for c in cols) + "  floor")
     out = torch.zeros(128, dtype=torch.int32, device="cuda")
     for k, n in SHAPES:
-        copies = max(2, math.ceil(3 * l2 / (n * k * 0.5625)))
         w_bf16 = torch.randn(n, k, dtype=torch.bfloat16, device="cuda")
         bf16_copies = [w_bf16] + [torch.randn_like(w_bf16) for _ in range(max(1, math.ceil(3 * l2 / (n * k * 2))) )]
-        weights = []
-        for _ in range(copies):
-            q = nv.quantize(torch.randn(n, k, dtype=torch.bfloat16, device="cuda"))
-            weights.append((*ops.tile_weight(q.data, q.scale.view(torch.uint8)), q.global_scale))
+        weights = tiled_weight_copies(n, k, l2)
         x = torch.randn(1, k, dtype=torch.bfloat16, device="cuda")
         bf16 = stream_us(lambda w: x @ w.T, bf16_copies)
         floor = n * k * 0.5625 / copy / 1e3
@@ -161,17 +167,10 @@ def orders(copy, sms, l2, out) -> None:
     _loads_kernel, unroll 1 and 2, at 8 and 16 programs per SM."""
     from bench_quantize import stream_us
 
-    import nvfp4_inductor as nv
-
-    ops = torch.ops.nvfp4
     print(f"{'K':>6} {'N':>6} {'/SM':>3} {'spl':>3} "
           + " ".join(f"{f'o{o}/u{u}':>8}" for o in (0, 1, 2) for u in (1, 2)) + "  floor (us)")
     for k, n in SHAPES:
-        copies = max(2, math.ceil(3 * l2 / (n * k * 0.5625)))
-        weights = []
-        for _ in range(copies):
-            q = nv.quantize(torch.randn(n, k, dtype=torch.bfloat16, device="cuda"))
-            weights.append(ops.tile_weight(q.data, q.scale.view(torch.uint8)))
+        weights = tiled_weight_copies(n, k, l2)
         x = torch.randn(1, k, dtype=torch.bfloat16, device="cuda")
         for per_sm in (8, 16):
             splits, per_split = splits_for(n, k, per_sm, sms)
