@@ -26,6 +26,8 @@ from pathlib import Path
 import torch
 import triton
 import triton.language as tl
+from bench_quantize import copy_bandwidth_gbs, stream_us
+from probe_loads import tiled_weight_copies
 
 from nvfp4_inductor.kernels import gemm_configs
 from nvfp4_inductor.kernels import gemm_mma as gm
@@ -193,10 +195,6 @@ def main() -> None:
     if "--compile" in sys.argv:
         compile_facts()
         return
-    sys.path.insert(0, str(Path(__file__).resolve().parent))
-    from bench_quantize import copy_bandwidth_gbs, stream_us
-    from probe_loads import tiled_weight_copies
-
     torch.manual_seed(0)
     print(f"GPU: {torch.cuda.get_device_name()}, torch {torch.__version__}, triton {triton.__version__}")
     check()
