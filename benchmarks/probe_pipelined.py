@@ -106,11 +106,7 @@ def _pipelined_kernel(x_ptr, w_ptr, ws_ptr, w_g_ptr, out_ptr, partial_ptr, count
         else:
             xs = gm._load_xs(xw_ptr, x_rows, t * 32, i < 64, NB, True)
         c = gm._mma_tile((w0, w1, w2, w3, w4, w5, w6, w7, s & 0xFFFF, s >> 16), xs, c, NB)
-    if NB == 1:
-        c = c + (zero, zero, zero, zero, zero, zero, zero, zero)
-    acc = tl.join(gm._join8(c[0:8]), gm._join8(c[8:16]))
-    acc = tl.reshape(acc, (2, 8, 4, 2, 2, 2, 2))  # (u, g, q, b, r, blk, h)
-    acc = tl.reshape(tl.permute(acc, (0, 5, 4, 1, 6, 2, 3)), (64, 16))
+    acc = gm.sums_tile(c, NB)
     ms = tl.arange(0, 16)
     cols_n = pid_n * 64 + tl.arange(0, 64)
     tl.store(partial_ptr + (pid_k * M + ms)[None, :].to(tl.int64) * N + cols_n[:, None], acc,
@@ -140,7 +136,7 @@ def pipelined_linear(x, data_t, scale_words, g, n, per_sm, stages, x_mode):
 
 
 def compile_facts() -> None:
-    """sm_90: registers, shared memory, cp.async sizes and plain global loads in the PTX."""
+    """sm_90: registers, shared memory, cp.async sizes and mma.sync count of each variant."""
     from triton.backends.compiler import GPUTarget
     from triton.compiler import ASTSource
 

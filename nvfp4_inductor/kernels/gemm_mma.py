@@ -401,6 +401,26 @@ def _join8(c):
 
 
 @triton.jit
+def sums_tile(c, NB: tl.constexpr):
+    """A lane's 8 * NB sums (_mma_tile's c) -> the (TILE_N, 8 * max(NB, 2)) fp32 tile of the
+    program's 64 weight rows by x rows (columns past 8 * NB zero)."""
+    zero = tl.zeros_like(c[0])
+    # lane (u, g, q)'s c[i + 4 * blk + 8 * h], i = 2 * r + b, is
+    # out[n = 32u + 16 blk + 8r + g, m = 8h + 2q + b]
+    if NB == 4:
+        acc = tl.join(tl.join(_join8(c[0:8]), _join8(c[8:16])), tl.join(_join8(c[16:24]), _join8(c[24:32])))
+        acc = tl.reshape(acc, (_WARPS, 8, 4, 2, 2, 2, 2, 2))  # (u, g, q, b, r, blk, h % 2, h // 2)
+        acc = tl.reshape(tl.permute(acc, (0, 5, 4, 1, 7, 6, 2, 3)), (_TILE_N, 32))
+    else:
+        if NB == 1:
+            c = c + (zero, zero, zero, zero, zero, zero, zero, zero)
+        acc = tl.join(_join8(c[0:8]), _join8(c[8:16]))
+        acc = tl.reshape(acc, (_WARPS, 8, 4, 2, 2, 2, 2))  # (u, g, q, b, r, blk, h)
+        acc = tl.reshape(tl.permute(acc, (0, 5, 4, 1, 6, 2, 3)), (_TILE_N, 16))
+    return acc
+
+
+@triton.jit
 def mma_mainloop(x_ptr, w_ptr, w_scale_ptr, M, K, stride_xm, pid_n, tile_begin, tile_end,
                  NB: tl.constexpr, EVEN_K: tl.constexpr, PDL: tl.constexpr = 0, N=0,
                  scale_cols=0, LAYOUT: tl.constexpr = 0):
@@ -451,16 +471,5 @@ def mma_mainloop(x_ptr, w_ptr, w_scale_ptr, M, K, stride_xm, pid_n, tile_begin, 
         w1, sw, xs1 = _load_tile(wp, sp, sw, xw_ptr, first, t_next, x_rows, kq, K, LAYOUT, NB, EVEN_K)
         c = _mma_tile(w, xs, c, NB)
         w, xs = w1, xs1
-    # lane (u, g, q)'s c[i + 4 * blk + 8 * h], i = 2 * r + b, is
-    # out[n = 32u + 16 blk + 8r + g, m = 8h + 2q + b]
-    if NB == 4:
-        acc = tl.join(tl.join(_join8(c[0:8]), _join8(c[8:16])), tl.join(_join8(c[16:24]), _join8(c[24:32])))
-        acc = tl.reshape(acc, (_WARPS, 8, 4, 2, 2, 2, 2, 2))  # (u, g, q, b, r, blk, h % 2, h // 2)
-        acc = tl.reshape(tl.permute(acc, (0, 5, 4, 1, 7, 6, 2, 3)), (_TILE_N, 32))
-    else:
-        if NB == 1:
-            c = c + (zero, zero, zero, zero, zero, zero, zero, zero)
-        acc = tl.join(_join8(c[0:8]), _join8(c[8:16]))
-        acc = tl.reshape(acc, (_WARPS, 8, 4, 2, 2, 2, 2))  # (u, g, q, b, r, blk, h)
-        acc = tl.reshape(tl.permute(acc, (0, 5, 4, 1, 6, 2, 3)), (_TILE_N, 16))
-    return acc
+    return sums_tile(c, NB)
+
