@@ -27,7 +27,7 @@ import torch
 import triton
 import triton.language as tl
 from bench_quantize import copy_bandwidth_gbs, stream_us
-from probe_loads import tiled_weight_copies
+from probe_loads import splits_for, tiled_weight_copies
 
 from nvfp4_inductor.kernels import gemm_configs
 from nvfp4_inductor.kernels import gemm_mma as gm
@@ -122,9 +122,8 @@ def pipelined_linear(x, data_t, scale_words, g, n, per_sm, stages, x_mode):
     """x (M <= 16, K) bf16 @ W^T -> bf16, W tiled (K % 64 == 0, N % 64 == 0), scales lane_scale_words,
     K split so that about per_sm programs run on each SM."""
     m, k = x.shape
-    tiles_n, tiles_k = n // 64, k // 64
-    sms = torch.cuda.get_device_properties(x.device).multi_processor_count
-    splits, per_split = gemm_configs.split_ranges(k, 64, max(1, min(tiles_k, -(-per_sm * sms // tiles_n))))
+    tiles_n = n // 64
+    splits, per_split = splits_for(n, k, per_sm, gemm_configs.sm_count(x.device))
     out = torch.empty((m, n), dtype=torch.bfloat16, device=x.device)
     partial = torch.empty((splits, m, n), dtype=torch.float32, device=x.device)
     rows, at_once = gemm_configs.split_sum_tile(m, splits, 64, 2)
@@ -138,21 +137,20 @@ def pipelined_linear(x, data_t, scale_words, g, n, per_sm, stages, x_mode):
 def compile_facts() -> None:
     """sm_90: registers, shared memory, cp.async sizes and mma.sync count of each variant."""
     from triton.backends.compiler import GPUTarget
-    from triton.compiler import ASTSource
+
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
+    from compile_kernels import compile_for
 
     sig = {"x_ptr": "*bf16", "w_ptr": "*u8", "ws_ptr": "*u8", "w_g_ptr": "*fp32", "out_ptr": "*bf16",
            "partial_ptr": "*fp32", "counter_ptr": "*i32", "M": "i32", "N": "i32", "K": "i32",
            "tiles_per_split": "i32", "stride_xm": "i32", "stride_om": "i32",
            **{name: "constexpr" for name in ("STAGES", "SUM_ROWS", "SUM_SPLITS", "X_MODE", "NB")}}
-    attrs = {(j,): [["tt.divisibility", 16]] for j, name in enumerate(sig) if sig[name].startswith("*")
-             or name in ("K", "stride_xm")}
     bin_dir = Path(triton.__file__).parent / "backends" / "nvidia" / "bin"
     for nb in (1, 2):
         for stages, x_mode in sorted({(s, x) for _, s, x in VARIANTS}):
-            src = ASTSource(fn=_pipelined_kernel, signature=sig, attrs=attrs, constexprs={
-                "STAGES": stages, "SUM_ROWS": 8 * nb, "SUM_SPLITS": 2, "X_MODE": x_mode, "NB": nb})
-            kernel = triton.compile(src, target=GPUTarget("cuda", 90, 32),
-                                    options={"num_warps": 2, "num_stages": stages})
+            kernel = compile_for(_pipelined_kernel, sig, {"STAGES": stages, "SUM_ROWS": 8 * nb, "SUM_SPLITS": 2,
+                                                          "X_MODE": x_mode, "NB": nb},
+                                 GPUTarget("cuda", 90, 32), 2, stages)
             ptx = kernel.asm["ptx"]
             with tempfile.TemporaryDirectory() as tmp:
                 cubin = os.path.join(tmp, "k.cubin")
