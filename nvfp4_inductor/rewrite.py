@@ -208,7 +208,10 @@ class LinearToNVFP4(_compat.CustomGraphPass):
 
     def _convert(self, graph: fx.Graph, group) -> None:
         """One linear, or a group reading the same x as one GEMM (module docstring)."""
-        first, bias, x, _, _ = group[0]
+        first, bias, _, _, _ = group[0]
+        # x as the graph has it now: where x is an earlier linear's output (two linears in a
+        # row), that linear was converted and its node replaced since the list was made.
+        x = first.args[0] if first.target == aten.mm.default else first.args[1]
         with graph.inserting_before(first):
             parts = [self._quantized(graph, weight) for _, _, _, weight, _ in group]
             widths = [weight.meta["val"].shape[0] for _, _, _, weight, _ in group]
