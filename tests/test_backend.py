@@ -87,6 +87,34 @@ def test_config_rules_apply_under_the_backend(caplog):
     assert "torch.ops.nvfp4.linear" not in "\n".join(code)
 
 
+class _Chain(nn.Module):
+    """Linears fed straight by linears: a -> b, and a -> (c, d), which merge into one GEMM."""
+
+    def __init__(self, bias):
+        super().__init__()
+        self.a, self.b = nn.Linear(64, 64, bias=bias), nn.Linear(64, 64, bias=bias)
+        self.c, self.d = nn.Linear(64, 64, bias=bias), nn.Linear(64, 64, bias=bias)
+
+    def forward(self, x):
+        h = self.a(x)
+        return self.b(h), self.c(h), self.d(h)
+
+
+@pytest.mark.parametrize("bias", [True, False])
+def test_linears_fed_by_linears(bias):
+    """The rewrite reads each linear's x as the graph has it when it converts that linear (it had
+    kept the node of the earlier, replaced linear: 'used before it has been defined')."""
+    torch.manual_seed(0)
+    model = _Chain(bias).to(torch.bfloat16).eval()
+    x = torch.randn(3, 64, dtype=torch.bfloat16)
+    got = nv.compile(model, nv.Config(activations="bf16"))(x)
+    with torch.no_grad():
+        h = nv.linear(x, nv.quantize(model.a.weight), model.a.bias)
+        want = [nv.linear(h, nv.quantize(m.weight), m.bias) for m in (model.b, model.c, model.d)]
+    for g, w in zip(got, want):
+        assert torch.equal(g, w)
+
+
 def test_plain_torch_compile_warns_and_keeps_bf16():
     model = _block()
     x = torch.randn(4, 64, dtype=torch.bfloat16)
