@@ -60,7 +60,10 @@ def nvfp4_backend(gm: torch.fx.GraphModule, example_inputs, mode=None, options=N
     sample = next((t for t in example_inputs if isinstance(t, torch.Tensor)), torch.empty(0))
     names = [name for name, _ in gm.named_parameters()] + [name for name, _ in gm.named_buffers()]
     # Config's decisions, taken here (the pass sees no modules) and part of the pass's cache key.
-    keep = {name: layer_skip_reason(config, name, tuple(p.shape))
+    # Judged by module path ("layers.0.mlp.lm_head"), as convert() does, where Dynamo recorded it.
+    paths = gm.meta.get("dynamo_flat_name_to_original_fqn", {})
+    keep = {name: layer_skip_reason(config, paths.get(name, name).removesuffix(".weight"),
+                                    tuple(p.shape))
             for name, p in gm.named_parameters() if p.dim() == 2}
     rewrite = LinearToNVFP4(_resolve_activation(config.activations, sample), names, keep,
                             config.weight_method, config.merge_linears)
@@ -122,6 +125,8 @@ def compile(model, config: Config | None = None, *, mode=None, options=None, **c
     and whenever Dynamo traces during a call it does so preparing freezing, so the weights are
     quantized once, at compile time."""
     if config is not None:
+        if not isinstance(config, Config):
+            raise TypeError(f"config must be an nvfp4_inductor.Config; got {type(config).__name__}")
         _check_weight_method(config)
     # torch.compile takes mode or options, not both: the mode travels as the options it stands for.
     options = {**_inductor_patches(mode, options or {}), CONFIG_KEY: config or Config()}

@@ -31,7 +31,8 @@ class Config:
     include: called with (qualified name, module); a layer is converted only where it returns
         True. None converts every eligible layer.
     skip_output_head: leave layers whose last name component is one of OUTPUT_HEAD_NAMES in bf16.
-    Under backend="nvfp4", include receives the graph's parameter name and module None.
+    Under backend="nvfp4", include receives the weight's module path where Dynamo records it
+    (else the graph's parameter name) and module None.
     min_weight_numel: leave smaller layers (out * in below this) in bf16.
     weight_method: how block scales are chosen: "rtn" (round to nearest), "mse" (smallest squared
         error per block) or "hessian" (smallest (w - w_hat)^T H (w - w_hat) per block).
@@ -123,10 +124,13 @@ class ConversionReport:
 
 
 def _is_output_head(name: str) -> bool:
-    """A module path ("model.lm_head") or a Dynamo parameter name ("L__self___lm_head_weight")
-    whose last component is one of OUTPUT_HEAD_NAMES."""
-    stem = name.replace(".", "_").removesuffix("_weight")
-    return any(stem == head or stem.endswith("_" + head) for head in OUTPUT_HEAD_NAMES)
+    """A module path ("model.lm_head") whose last component is one of OUTPUT_HEAD_NAMES. A flat
+    Dynamo parameter name ("L__self___lm_head_weight", where the backend finds no module path)
+    has no component boundaries: there the name ending in "_" + head counts."""
+    if "." in name or not name.startswith("L_"):
+        return name.rpartition(".")[2] in OUTPUT_HEAD_NAMES
+    stem = name.removesuffix("_weight")
+    return any(stem.endswith("_" + head) for head in OUTPUT_HEAD_NAMES)
 
 
 def layer_skip_reason(config: Config, name: str, shape, module: nn.Module | None = None) -> str | None:

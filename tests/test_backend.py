@@ -115,6 +115,23 @@ def test_linears_fed_by_linears(bias):
         assert torch.equal(g, w)
 
 
+def test_backend_judges_layers_by_module_path(caplog):
+    """Output heads by the last component of the module path, as convert() judges them: mlm_head
+    and pre_classifier are hidden layers; Config.include sees the module path too."""
+    torch.manual_seed(0)
+    model = nn.Sequential()
+    model.add_module("pre_classifier", nn.Linear(64, 64))
+    model.add_module("mlm_head", nn.Linear(64, 64))
+    model.add_module("head", nn.Linear(64, 32))
+    model = model.to(torch.bfloat16).eval()
+    seen = []
+    config = nv.Config(activations="bf16", include=lambda name, m: seen.append(name) or True)
+    with caplog.at_level(logging.INFO, logger="nvfp4_inductor"):
+        nv.compile(model, config)(torch.randn(2, 64, dtype=torch.bfloat16))
+    assert "converted 2 linear weights, skipped 1" in caplog.text
+    assert sorted(seen) == ["mlm_head", "pre_classifier"]
+
+
 def test_plain_torch_compile_warns_and_keeps_bf16():
     model = _block()
     x = torch.randn(4, 64, dtype=torch.bfloat16)
