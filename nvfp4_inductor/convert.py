@@ -53,11 +53,13 @@ class Config:
     merge_linears: bool = True
 
     def __post_init__(self):
-        if self.activations not in ACTIVATION_MODES:
-            raise ValueError(f"activations must be one of {ACTIVATION_MODES}; got {self.activations!r}")
+        _check_activations(self.activations)
         if self.include is not None and not callable(self.include):
             raise TypeError(f"include must be callable (name, module) -> bool or None; got {self.include!r}")
-        if not isinstance(self.min_weight_numel, int) or self.min_weight_numel < 0:
+        if not isinstance(self.skip_output_head, bool):
+            raise TypeError(f"skip_output_head must be a bool; got {self.skip_output_head!r}")
+        if (not isinstance(self.min_weight_numel, int) or isinstance(self.min_weight_numel, bool)
+                or self.min_weight_numel < 0):
             raise ValueError(f"min_weight_numel must be an int >= 0; got {self.min_weight_numel!r}")
         if self.hessians is not None and not isinstance(self.hessians, dict):
             raise TypeError(f"hessians must be a dict {{layer name: tensor}} or None; got "
@@ -65,6 +67,11 @@ class Config:
         _checks.check_weight_method(self.weight_method, self.hessians)
         if not isinstance(self.merge_linears, bool):
             raise TypeError(f"merge_linears must be a bool; got {self.merge_linears!r}")
+
+
+def _check_activations(mode) -> None:
+    if mode not in ACTIVATION_MODES:
+        raise ValueError(f"activations must be one of {ACTIVATION_MODES}; got {mode!r}")
 
 
 def _resolve_activation(mode: str, x: torch.Tensor) -> str:
@@ -76,10 +83,22 @@ def _resolve_activation(mode: str, x: torch.Tensor) -> str:
 
 
 class NVFP4Linear(nn.Module):
-    """y = x @ W^T + b with W held as NVFP4 (ModelOpt names: weight, weight_scale, weight_scale_2)."""
+    """y = x @ W^T + b with W held as NVFP4 (ModelOpt names: weight, weight_scale, weight_scale_2).
+
+    Module casts (`.half()`, `.to(torch.bfloat16)`, ...) change the bias, never the NVFP4 buffers
+    (only their device). The state dict holds the plain (N, K/16) scale layout whatever the module
+    holds (a swizzled weight's scales are unswizzled on save and swizzled back on load)."""
+
+    _NVFP4_BUFFERS = ("weight", "weight_scale", "weight_scale_2")
 
     def __init__(self, weight: api.NVFP4, bias: torch.Tensor | None, activations: str = "auto"):
         super().__init__()
+        if not isinstance(weight, api.NVFP4):
+            raise TypeError(f"weight must be an nvfp4_inductor.NVFP4; got {type(weight).__name__}")
+        if len(weight.shape) != 2:
+            raise ValueError(f"weight must be a 2-D (out_features, in_features) NVFP4; got shape "
+                             f"{tuple(weight.shape)}")
+        _check_activations(activations)
         out_features, in_features = weight.shape
         self.in_features, self.out_features = in_features, out_features
         self.activations = activations
@@ -89,11 +108,38 @@ class NVFP4Linear(nn.Module):
         self.register_buffer("weight_scale_2", weight.global_scale)
         self.bias = None if bias is None else nn.Parameter(bias.detach(), requires_grad=False)
 
+    def _apply(self, fn, recurse=True):
+        """Module casts move the NVFP4 buffers to fn's device but keep their dtypes: `.half()`
+        would otherwise turn the e4m3 scales into fp16 and round the fp32 global scale."""
+        before = {name: self._buffers[name] for name in self._NVFP4_BUFFERS}
+        super()._apply(fn, recurse)
+        for name, old in before.items():
+            new = self._buffers[name]
+            if new.dtype != old.dtype:
+                self._buffers[name] = old.to(new.device)
+        return self
+
+    def _save_to_state_dict(self, destination, prefix, keep_vars):
+        super()._save_to_state_dict(destination, prefix, keep_vars)
+        if self.swizzled:
+            destination[prefix + "weight_scale"] = api.unswizzle_scales(
+                self.weight_scale, self.out_features, self.in_features // BLOCK_SIZE)
+
+    def _load_from_state_dict(self, state_dict, prefix, *args, **kwargs):
+        key = prefix + "weight_scale"
+        plain = (self.out_features, self.in_features // BLOCK_SIZE)
+        if self.swizzled and key in state_dict and tuple(state_dict[key].shape) == plain:
+            state_dict[key] = api.swizzle_scales(state_dict[key].to(self.weight_scale.dtype))
+        super()._load_from_state_dict(state_dict, prefix, *args, **kwargs)
+
     @classmethod
     def from_linear(cls, linear: nn.Linear, activations: str = "auto", method: str = "rtn",
                     hessian: torch.Tensor | None = None) -> "NVFP4Linear":
         """Quantize an nn.Linear's weight (dynamic per-tensor global scale; block scales by
         method, see nvfp4_inductor.quantize)."""
+        if not isinstance(linear, nn.Linear):
+            raise TypeError(f"linear must be a torch.nn.Linear; got {type(linear).__name__}")
+        _check_activations(activations)
         weight = api.quantize(linear.weight.detach(), method=method, hessian=hessian)
         return cls(weight, linear.bias, activations)
 
@@ -137,6 +183,8 @@ def layer_skip_reason(config: Config, name: str, shape, module: nn.Module | None
     """Why Config leaves the linear `name` with an (out, in) weight in bf16, or None to convert.
     Used by convert() and by backend="nvfp4" (which knows no module: module None there)."""
     out_features, in_features = shape
+    if not out_features or not in_features:
+        return f"shape ({out_features}, {in_features}) has no weights"
     if in_features % BLOCK_SIZE or out_features % BLOCK_SIZE:
         return f"shape ({out_features}, {in_features}) is not a multiple of {BLOCK_SIZE}"
     if config.skip_output_head and _is_output_head(name):
@@ -148,9 +196,24 @@ def layer_skip_reason(config: Config, name: str, shape, module: nn.Module | None
     return None
 
 
-def _skip_reason(name: str, module: nn.Linear, config: Config) -> str | None:
+# Modules whose forward reads a child Linear's .weight itself (nn.TransformerEncoderLayer's fast
+# path, under no_grad in eval mode, passes linear1 / linear2 .weight to one fused op): converting
+# the child would hand that op packed uint8 codes.
+_READS_CHILD_WEIGHTS = (nn.TransformerEncoderLayer,)
+
+
+def _skip_reason(name: str, module: nn.Linear, config: Config, tied_to: list[str],
+                 weight_reader: str | None) -> str | None:
+    if type(module) is not nn.Linear:
+        return (f"{type(module).__name__} subclasses nn.Linear (its forward or its users may "
+                "differ): left alone")
     if module.weight.dtype not in _checks.FLOAT_DTYPES:
         return f"weight dtype {module.weight.dtype} is not a float format NVFP4 converts"
+    if tied_to:
+        return (f"weight shared with {', '.join(tied_to)} (tied): converting would untie it and "
+                "free nothing")
+    if weight_reader is not None:
+        return f"its parent ({weight_reader}) reads its .weight directly"
     return layer_skip_reason(config, name, tuple(module.weight.shape), module)
 
 
@@ -184,20 +247,41 @@ def convert(model: nn.Module, config: Config | None = None) -> ConversionReport:
     if not isinstance(config, Config):
         raise TypeError(f"config must be an nvfp4_inductor.Config; got {type(config).__name__}")
     report = ConversionReport()
-    targets = [(name, module) for name, module in model.named_modules()
-               if type(module) is nn.Linear]  # subclasses may change forward: left alone
-    reasons = {name: _skip_reason(name, module, config) for name, module in targets}
-    hessians = _layer_hessians(config, [(n, m) for n, m in targets if reasons[n] is None])
-    for name, module in targets:
-        reason = reasons[name]
+    # Every name of every Linear: a module registered under two names gets one replacement under
+    # both (named_modules() would yield it once and leave the other name in bf16).
+    paths: dict[int, list[str]] = {}
+    linears: dict[int, nn.Linear] = {}
+    readers: dict[str, str] = {}  # child path -> the type of a parent that reads its .weight
+    for name, module in model.named_modules(remove_duplicate=False):
+        if isinstance(module, nn.Linear):
+            paths.setdefault(id(module), []).append(name)
+            linears[id(module)] = module
+        if isinstance(module, _READS_CHILD_WEIGHTS):
+            for child, _ in module.named_children():
+                readers[f"{name}.{child}" if name else child] = type(module).__name__
+    holders: dict[int, list[str]] = {}  # parameter -> the modules that hold it
+    for pname, param in model.named_parameters(remove_duplicate=False):
+        holders.setdefault(id(param), []).append(pname.rpartition(".")[0])
+    targets = []
+    for key, module in linears.items():
+        own = paths[key]
+        tied_to = [m or "the model" for m in holders.get(id(module.weight), []) if m not in own]
+        reader = next((readers[p] for p in own if p in readers), None)
+        reason = _skip_reason(own[0], module, config, tied_to, reader)
+        if "" in own:  # convert(nn.Linear(...)): nothing holds it to swap
+            reason = "the model itself: use NVFP4Linear.from_linear(model)"
+        targets.append((own, module, reason))
+    hessians = _layer_hessians(config, [(own[0], m) for own, m, reason in targets if reason is None])
+    for own, module, reason in targets:
         if reason is not None:
-            report.skipped[name] = reason
+            report.skipped.update(dict.fromkeys(own, reason))
             continue
         with torch.no_grad():
             replacement = NVFP4Linear.from_linear(module, config.activations, config.weight_method,
-                                                  hessians.get(name))
-        parent_name, _, child = name.rpartition(".")
-        parent = model.get_submodule(parent_name) if parent_name else model
-        setattr(parent, child, replacement)
-        report.converted.append(name)
+                                                  hessians.get(own[0]))
+        for name in own:
+            parent_name, _, child = name.rpartition(".")
+            parent = model.get_submodule(parent_name) if parent_name else model
+            setattr(parent, child, replacement)
+        report.converted += own
     return report

@@ -97,3 +97,104 @@ def test_converted_model_compiles_fullgraph_on_cpu(activations):
         compiled = torch.compile(model, fullgraph=True)(x)
     for e, c in zip(eager, compiled):
         assert torch.equal(e, c)
+
+
+def test_module_casts_keep_the_nvfp4_buffers():
+    """model.half() / .float() / .to(dtype) after convert cast the bias, not the codes, the e4m3
+    scales or the fp32 global scale (a cast to fp16 would round the global scale)."""
+    model = _model()
+    nv.convert(model, nv.Config(activations="bf16"))
+    before = {n: b.clone() for n, b in model.up.named_buffers()}
+    x = torch.randn(3, 64)
+    for cast in (lambda m: m.half(), lambda m: m.float(), lambda m: m.to(torch.bfloat16),
+                 lambda m: m.to("cpu", torch.float32)):
+        cast(model)
+        for name, buffer in model.up.named_buffers():
+            assert buffer.dtype == before[name].dtype
+            assert torch.equal(buffer.reshape(-1).view(torch.uint8),
+                               before[name].reshape(-1).view(torch.uint8))
+    with torch.no_grad():
+        got = model.up(x)
+        want = nv.linear(x, model.up.nvfp4_weight(), model.up.bias)
+    assert model.up.bias.dtype == torch.float32 and got.dtype == torch.float32
+    assert torch.equal(got, want)
+
+
+def test_state_dict_holds_plain_scales_for_a_swizzled_weight():
+    torch.manual_seed(1)
+    w = torch.randn(128, 64)
+    swizzled = nv.NVFP4Linear(nv.quantize(w, swizzle=True), None, "bf16")
+    plain = nv.NVFP4Linear(nv.quantize(w), None, "bf16")
+    state = swizzled.state_dict()
+    assert torch.equal(state["weight_scale"].view(torch.uint8),
+                       plain.state_dict()["weight_scale"].view(torch.uint8))
+    x = torch.randn(4, 64)
+    # Swizzled -> plain and plain -> swizzled modules: the same product either way.
+    target = nv.NVFP4Linear(nv.quantize(torch.randn(128, 64)), None, "bf16")
+    target.load_state_dict(state)
+    back = nv.NVFP4Linear(nv.quantize(torch.randn(128, 64), swizzle=True), None, "bf16")
+    back.load_state_dict(plain.state_dict())
+    with torch.no_grad():
+        want = plain(x)
+        assert torch.equal(target(x), want) and torch.equal(back(x), want)
+    assert torch.equal(back.weight_scale.view(torch.uint8), swizzled.weight_scale.view(torch.uint8))
+
+
+class _Shared(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.a = nn.Linear(32, 32)
+        self.b = self.a                       # one module under two names
+        self.emb = nn.Embedding(10, 32)
+        self.proj = nn.Linear(32, 10, bias=False)
+        self.proj.weight = self.emb.weight    # tied to the embedding
+        self.mha = nn.MultiheadAttention(32, 2)
+        self.empty = nn.Linear(0, 16)
+        self.pre_classifier = nn.Linear(32, 32)  # not an output head: last component differs
+        self.mlm_head = nn.Linear(32, 32)
+
+    def forward(self, x):
+        return self.proj(self.b(x))
+
+
+def test_convert_handles_shared_tied_and_special_linears():
+    model = _Shared()
+    report = nv.convert(model, nv.Config(activations="bf16"))
+    assert report.converted == ["a", "b", "pre_classifier", "mlm_head"]
+    assert model.a is model.b and isinstance(model.b, nv.NVFP4Linear)
+    assert report.skipped["proj"].startswith("weight shared with emb (tied)")
+    assert model.proj.weight is model.emb.weight
+    assert report.skipped["mha.out_proj"].startswith("NonDynamicallyQuantizableLinear subclasses")
+    assert report.skipped["empty"] == "shape (16, 0) has no weights"
+    with torch.no_grad():
+        assert model(torch.randn(2, 32)).shape == (2, 10)
+    lone = nn.Linear(32, 32)
+    assert nv.convert(lone).skipped == {"": "the model itself: use NVFP4Linear.from_linear(model)"}
+
+
+def test_convert_skips_linears_a_transformer_layer_reads_directly():
+    torch.manual_seed(0)
+    layer = nn.TransformerEncoderLayer(64, 4, 128, batch_first=True).eval()
+    report = nv.convert(layer, nv.Config(activations="bf16"))
+    assert report.converted == []
+    assert report.skipped["linear1"] == "its parent (TransformerEncoderLayer) reads its .weight directly"
+    with torch.no_grad():  # the fast path
+        assert layer(torch.randn(2, 5, 64)).shape == (2, 5, 64)
+
+
+def test_nvfp4_linear_checks_its_arguments():
+    q = nv.quantize(torch.randn(32, 64))
+    with pytest.raises(TypeError, match="weight must be an nvfp4_inductor.NVFP4"):
+        nv.NVFP4Linear(torch.randn(32, 64), None)
+    with pytest.raises(ValueError, match="weight must be a 2-D"):
+        nv.NVFP4Linear(nv.quantize(torch.randn(2, 32, 64)), None)
+    with pytest.raises(ValueError, match="activations must be one of"):
+        nv.NVFP4Linear(q, None, "bf-16")
+    with pytest.raises(ValueError, match="activations must be one of"):
+        nv.NVFP4Linear.from_linear(nn.Linear(64, 32), "bf-16")
+    with pytest.raises(TypeError, match="skip_output_head must be a bool"):
+        nv.Config(skip_output_head="no")
+    with pytest.raises(ValueError, match="min_weight_numel must be an int"):
+        nv.Config(min_weight_numel=True)
+    with pytest.raises(TypeError, match="config must be an nvfp4_inductor.Config"):
+        nv.compile(nn.Linear(64, 32), {"activations": "bf16"})
