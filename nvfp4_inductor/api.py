@@ -6,6 +6,7 @@ one opaque op per call, and device kernels registered for the op are used eagerl
 """
 
 import math
+import numbers
 from typing import NamedTuple
 
 import torch
@@ -53,15 +54,22 @@ def _global_scale_tensor(global_scale, x: Tensor, per_row: bool) -> Tensor | Non
         if isinstance(global_scale, Tensor) and not per_row and global_scale.numel() == 1:
             return global_scale.reshape(())  # accept (1,) / (1, 1) per-tensor scales
         return global_scale
-    if isinstance(global_scale, bool) or not isinstance(global_scale, (int, float)):
+    if isinstance(global_scale, bool) or not isinstance(global_scale, numbers.Real):
         raise TypeError(
             f"global_scale must be None, a float or a float32 tensor; got {type(global_scale).__name__}"
         )
-    if not (math.isfinite(global_scale) and global_scale > 0):
-        raise ValueError(f"global_scale must be finite and > 0; got {global_scale}")
     if per_row:
         raise ValueError("per_row=True needs a global_scale tensor of shape x.shape[:-1], not a number")
-    return torch.tensor(float(global_scale), dtype=torch.float32, device=x.device)
+    g = torch.tensor(float(global_scale), dtype=torch.float32)  # the value used: fp32
+    if not (math.isfinite(g.item()) and g.item() > 0):
+        raise ValueError(f"global_scale must be finite and > 0 in float32; got {global_scale} "
+                         f"({g.item()} in float32)")
+    return g.to(x.device)
+
+
+def _check_flag(name: str, value) -> None:
+    if not isinstance(value, bool):
+        raise TypeError(f"{name} must be a bool; got {value!r}")
 
 
 def quantize(x: Tensor, global_scale=None, *, swizzle: bool = False, per_row: bool = False,
@@ -77,6 +85,8 @@ def quantize(x: Tensor, global_scale=None, *, swizzle: bool = False, per_row: bo
     collect_hessians). The codes are always round-to-nearest-even for the chosen scale.
     """
     _checks.check_float_input("x", x)
+    _check_flag("swizzle", swizzle)
+    _check_flag("per_row", per_row)
     _checks.check_weight_method(method, hessian)
     if hessian is not None:
         _checks.check_tensor("hessian", hessian, (torch.float32,))
@@ -94,23 +104,35 @@ def quantize(x: Tensor, global_scale=None, *, swizzle: bool = False, per_row: bo
     return NVFP4(data, scale.view(_E4M3), g, x.shape, swizzle)
 
 
-def _check_nvfp4(name: str, q) -> Tensor:
-    """q: an NVFP4 whose data agrees with its logical shape -> its scale as uint8 bits."""
+def _check_nvfp4(name: str, q) -> tuple[Tensor, Tensor]:
+    """q: an NVFP4 whose data agrees with its logical shape -> (its scale as uint8 bits, its global
+    scale, a one-element per-tensor scale of shape (1,) as shape ())."""
     if not isinstance(q, NVFP4):
         raise TypeError(f"{name} must be an nvfp4_inductor.NVFP4; got {type(q).__name__}")
     _checks.check_tensor(f"{name}.data", q.data, (torch.uint8,))
+    _check_flag(f"{name}.swizzled", q.swizzled)
+    _checks.check_tensor(f"{name}.global_scale", q.global_scale, (torch.float32,))
     expected = (*q.data.shape[:-1], q.data.shape[-1] * 2) if q.data.dim() else None
     if tuple(q.shape) != expected:
         raise ValueError(
             f"{name}.shape {tuple(q.shape)} does not match {name}.data of shape {tuple(q.data.shape)}"
         )
-    return _scale_bits(f"{name}.scale", q.scale)
+    g = q.global_scale
+    if g.numel() == 1 and tuple(g.shape) != tuple(q.data.shape[:-1]):
+        g = g.reshape(())
+    return _scale_bits(f"{name}.scale", q.scale), g
+
+
+def _check_dtype(dtype) -> None:
+    if not isinstance(dtype, torch.dtype):
+        raise TypeError(f"dtype must be a torch.dtype; got {dtype!r}")
 
 
 def dequantize(q: NVFP4, dtype: torch.dtype = torch.bfloat16) -> Tensor:
     """NVFP4 (..., K) -> (..., K) of dtype: e2m1(code) * block scale * global scale."""
-    scale = _check_nvfp4("q", q)
-    return ops.dequantize(q.data, scale, q.global_scale, q.swizzled, dtype)
+    scale, g = _check_nvfp4("q", q)
+    _check_dtype(dtype)
+    return ops.dequantize(q.data, scale, g, q.swizzled, dtype)
 
 
 def dequantize_rows(q: NVFP4, indices: Tensor, dtype: torch.dtype = torch.bfloat16) -> Tensor:
@@ -119,8 +141,10 @@ def dequantize_rows(q: NVFP4, indices: Tensor, dtype: torch.dtype = torch.bfloat
     Reads only the selected rows. Eager mode raises IndexError for an index outside [0, rows);
     inside a CUDA-graph capture indices cannot be checked and such a row comes out NaN.
     """
-    scale = _check_nvfp4("q", q)
-    return ops.dequantize_rows(q.data, scale, q.global_scale, q.swizzled, indices, dtype)
+    scale, g = _check_nvfp4("q", q)
+    _check_dtype(dtype)
+    _checks.check_tensor("indices", indices, (torch.int32, torch.int64))
+    return ops.dequantize_rows(q.data, scale, g, q.swizzled, indices, dtype)
 
 
 def swizzle_scales(scale: Tensor) -> Tensor:
@@ -130,6 +154,9 @@ def swizzle_scales(scale: Tensor) -> Tensor:
 
 def unswizzle_scales(swizzled: Tensor, rows: int, cols: int) -> Tensor:
     """Swizzled e4m3 scales -> the plain (rows, cols) matrix, same dtype."""
+    for name, value in (("rows", rows), ("cols", cols)):
+        if isinstance(value, bool) or not isinstance(value, int):
+            raise TypeError(f"{name} must be an int; got {value!r}")
     return ops.unswizzle_scales(_scale_bits("swizzled", swizzled), rows, cols).view(swizzled.dtype)
 
 
@@ -139,5 +166,10 @@ def linear(x: Tensor, w_q: NVFP4, bias: Tensor | None = None, *, activation: str
     activation "bf16": x is used as bf16 (W4A16); "nvfp4": x is quantized on the fly with a
     dynamic per-tensor global scale (W4A4).
     """
-    w_scale = _check_nvfp4("w_q", w_q)
-    return ops.linear(x, w_q.data, w_scale, w_q.global_scale, bias, w_q.swizzled, activation)
+    _checks.check_tensor("x", x, _checks.FLOAT_DTYPES)
+    w_scale, g = _check_nvfp4("w_q", w_q)
+    if bias is not None:
+        _checks.check_tensor("bias", bias, _checks.FLOAT_DTYPES)
+    if not isinstance(activation, str):
+        raise TypeError(f"activation must be a str, one of {_checks.ACTIVATIONS}; got {activation!r}")
+    return ops.linear(x, w_q.data, w_scale, g, bias, w_q.swizzled, activation)

@@ -33,6 +33,10 @@ CASES = [
     ("g inf", lambda: nv.quantize(X, math.inf), ValueError, "global_scale must be finite and > 0"),
     ("g bool", lambda: nv.quantize(X, True), TypeError, "global_scale must be None, a float"),
     ("g number per row", lambda: nv.quantize(X, 1.0, per_row=True), ValueError, "per_row=True needs a global_scale tensor"),
+    ("g overflows fp32", lambda: nv.quantize(X, 1e39), ValueError, r"finite and > 0 in float32; got 1e\+39 \(inf"),
+    ("g underflows fp32", lambda: nv.quantize(X, 1e-46), ValueError, r"finite and > 0 in float32; got 1e-46 \(0.0"),
+    ("swizzle not bool", lambda: nv.quantize(X, swizzle="yes"), TypeError, "swizzle must be a bool"),
+    ("per_row not bool", lambda: nv.quantize(X, per_row=1), TypeError, "per_row must be a bool"),
     ("values: int input", lambda: torch.ops.nvfp4.quantize_values(torch.ones(4, 32, dtype=torch.int32)), TypeError, "x must have dtype"),
     ("values: K not multiple of 16", lambda: torch.ops.nvfp4.quantize_values(torch.randn(4, 40)), ValueError, "K = 40 must be a positive multiple of 16"),
     ("norm: fp32 h", lambda: torch.ops.nvfp4.rms_norm_quantize_values(torch.randn(4, 32), None, 1e-5, False), TypeError, "h must have dtype bfloat16, float16"),
@@ -50,10 +54,18 @@ CASES = [
     ("g shape", lambda: nv.dequantize(_w()._replace(global_scale=torch.ones(5))), ValueError, r"q.global_scale \(per row\) must have shape \(32,\)"),
     ("non-contiguous data", lambda: nv.dequantize(_w(k=64)._replace(data=torch.zeros(64, 32, dtype=torch.uint8)[::2])), ValueError, "q.data must be contiguous"),
     ("bad dtype out", lambda: nv.dequantize(_w(), torch.int32), TypeError, "dtype must be one of"),
+    ("dtype a string", lambda: nv.dequantize(_w(), "float32"), TypeError, "dtype must be a torch.dtype"),
+    ("dtype None", lambda: nv.dequantize(_w(), None), TypeError, "dtype must be a torch.dtype"),
+    ("swizzled not bool", lambda: nv.dequantize(_w()._replace(swizzled="False")), TypeError, "q.swizzled must be a bool"),
+    ("g a float", lambda: nv.dequantize(_w()._replace(global_scale=0.01)), TypeError, "q.global_scale must be a torch.Tensor"),
+    ("rows: list indices", lambda: nv.dequantize_rows(_w(), [1, 2]), TypeError, "indices must be a torch.Tensor"),
+    ("rows: int index", lambda: nv.dequantize_rows(_w(), 1), TypeError, "indices must be a torch.Tensor"),
+    ("rows: float indices", lambda: nv.dequantize_rows(_w(), torch.ones(2)), TypeError, "indices must have dtype int32, int64"),
     # swizzle
     ("swizzle 1-D", lambda: nv.swizzle_scales(torch.zeros(8, dtype=E4M3)), ValueError, "scale must be 2-D"),
     ("swizzle fp32", lambda: nv.swizzle_scales(torch.zeros(8, 4)), TypeError, "scale must have dtype"),
     ("unswizzle shape", lambda: nv.unswizzle_scales(torch.zeros(128, 4, dtype=E4M3), 129, 4), ValueError, r"swizzled must have shape \(256, 4\)"),
+    ("unswizzle float rows", lambda: nv.unswizzle_scales(torch.zeros(256, 8, dtype=E4M3), 130.0, 5), TypeError, "rows must be an int"),
     ("unswizzle negative", lambda: nv.unswizzle_scales(torch.zeros(128, 4, dtype=E4M3), -1, 4), ValueError, "rows and cols must be >= 0"),
     # linear
     ("linear K mismatch", lambda: nv.linear(torch.randn(4, 48), _w()), ValueError, r"x.shape\[-1\] = 48 does not match the weight's K = 64"),
@@ -63,6 +75,9 @@ CASES = [
     ("linear bias dtype", lambda: nv.linear(X, _w(), torch.zeros(32, dtype=torch.int64)), TypeError, "bias must have dtype"),
     ("linear activation", lambda: nv.linear(X, _w(), activation="fp8"), ValueError, "activation must be one of"),
     ("linear w not NVFP4", lambda: nv.linear(X, torch.randn(32, 64)), TypeError, "w_q must be an nvfp4_inductor.NVFP4"),
+    ("linear x NVFP4", lambda: nv.linear(_w(k=64), _w()), TypeError, "x must be a torch.Tensor, got NVFP4"),
+    ("linear bias a float", lambda: nv.linear(X, _w(), 1.0), TypeError, "bias must be a torch.Tensor"),
+    ("linear activation not str", lambda: nv.linear(X, _w(), activation=None), TypeError, "activation must be a str"),
     ("linear device", lambda: nv.linear(X.to("meta"), _w()), ValueError, "w.data is on cpu but x is on meta"),
 ]
 
@@ -71,6 +86,19 @@ CASES = [
 def test_bad_input_raises_clear_error(name, call, exc, match):
     with pytest.raises(exc, match=match):
         call()
+
+
+def test_numpy_and_one_element_global_scales():
+    """A numpy float32 is a number like any other; a per-tensor scale of shape (1,) is accepted by
+    dequantize and linear as it is by quantize."""
+    import numpy as np
+
+    w = torch.randn(32, 64)
+    q = nv.quantize(w, np.float32(0.01))
+    assert torch.equal(q.global_scale, torch.tensor(0.01, dtype=torch.float32))
+    flat = q._replace(global_scale=q.global_scale.reshape(1))
+    assert torch.equal(nv.dequantize(flat), nv.dequantize(q))
+    assert torch.equal(nv.linear(X, flat), nv.linear(X, q))
 
 
 def test_ops_check_too():
