@@ -280,6 +280,47 @@ def _(x, w_data, w_scale, w_global_scale, bias, w_swizzled, activation):
     return x.new_empty((*x.shape[:-1], w_data.shape[0]))
 
 
+def _linear_setup_context(ctx, inputs, output):
+    x, w_data, w_scale, w_global_scale, bias, w_swizzled, activation = inputs
+    ctx.save_for_backward(w_data, w_scale, w_global_scale)
+    ctx.w_swizzled, ctx.activation = w_swizzled, activation
+    ctx.x_dtype, ctx.bias_dtype = x.dtype, None if bias is None else bias.dtype
+
+
+def _linear_backward(ctx, grad):
+    """Gradients for x (W4A16: x is rounded to bf16 and multiplied by W, so dL/dx = dL/dy @ W, the
+    rounding passed straight through, as autograd does for a cast) and bias; the NVFP4 weight is
+    constant data. W4A4 quantizes x (a step function): no gradient, an error rather than zeros."""
+    w_data, w_scale, w_global_scale = ctx.saved_tensors
+    grad_x = grad_bias = None
+    if ctx.needs_input_grad[0]:
+        if ctx.activation != "bf16":
+            raise RuntimeError(
+                f"nvfp4::linear with activation={ctx.activation!r} quantizes x, which has no "
+                "gradient; use activation='bf16' (W4A16) to backpropagate through an NVFP4 linear")
+        w = dequantize(w_data, w_scale, w_global_scale, ctx.w_swizzled, grad.dtype)
+        grad_x = (grad @ w).to(ctx.x_dtype)
+    if ctx.needs_input_grad[4]:
+        grad_bias = grad.reshape(-1, grad.shape[-1]).sum(0).to(ctx.bias_dtype)
+    return grad_x, None, None, None, grad_bias, None, None
+
+
+linear.register_autograd(_linear_backward, setup_context=_linear_setup_context)
+
+
+def _no_gradient(ctx, inputs, output):
+    ctx.mark_non_differentiable(*output)
+
+
+def _never_called(ctx, *grads):
+    raise AssertionError("outputs marked non-differentiable")
+
+
+# Quantization is a step function: its outputs (codes, scales, the global scale) carry no
+# gradient, rather than requiring one that backward cannot give.
+quantize.register_autograd(_never_called, setup_context=_no_gradient)
+
+
 @torch.library.custom_op("nvfp4::tile_weight", mutates_args=())
 def tile_weight(data: Tensor, scale: Tensor) -> tuple[Tensor, Tensor]:
     """uint8 (N, K/2) codes + plain (N, K/16) scale bits -> the tiled layout (nvfp4_inductor.tiled)."""

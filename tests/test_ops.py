@@ -2,6 +2,7 @@
 
 import pytest
 import torch
+from torch import nn
 
 import nvfp4_inductor as nv
 from nvfp4_inductor import reference
@@ -50,6 +51,9 @@ def test_opcheck_linear(m, activation, with_bias):
     w_data, w_scale, w_g = _q_args(torch.randn(48, 64), swizzle=True)
     bias = torch.randn(48, dtype=torch.bfloat16) if with_bias else None
     torch.library.opcheck(OPS.linear.default, (x, w_data, w_scale, w_g, bias, True, activation))
+    if activation == "bf16":  # the autograd formula, forward and backward traced (aot_autograd)
+        x.requires_grad_()
+        torch.library.opcheck(OPS.linear.default, (x, w_data, w_scale, w_g, bias, True, activation))
 
 
 def test_fake_kernels_give_the_real_shapes_dtypes_strides():
@@ -237,3 +241,61 @@ def test_linear_tiled_silu_mul_is_the_gated_mlp(activation):
         OPS.linear_tiled_silu_mul(x, data_t, scale_t, g[:96], None, 48, activation)
     with pytest.raises(ValueError, match=r"w_global_scale must have shape \(128,\)"):
         OPS.linear_tiled_silu_mul(x, data_t, scale_t, g[:64], None, 64, activation)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_linear_backward_w4a16(dtype):
+    """dL/dx = dL/dy @ W (the bf16 rounding of x passed straight through) and dL/dbias, eagerly and
+    compiled; the NVFP4 weight gets none (constant data). Fine-tuning an adapter on a converted
+    model (a frozen NVFP4 base) needs this."""
+    torch.manual_seed(0)
+    q = nv.quantize(torch.randn(48, 64))
+    x = torch.randn(2, 5, 64, dtype=dtype, requires_grad=True)
+    bias = torch.randn(48, dtype=dtype, requires_grad=True)
+    grad = torch.randn(2, 5, 48, dtype=dtype)
+    nv.linear(x, q, bias).backward(grad)
+    w = nv.dequantize(q, dtype)
+    assert torch.equal(x.grad, grad @ w)
+    assert torch.equal(bias.grad, grad.reshape(-1, 48).sum(0))
+    x2, bias2 = x.detach().requires_grad_(), bias.detach().requires_grad_()
+    torch._dynamo.reset()
+    torch.compile(lambda a, b: nv.linear(a, q, b), fullgraph=True)(x2, bias2).backward(grad)
+    assert torch.allclose(x2.grad.float(), x.grad.float(), rtol=1e-2, atol=1e-2)
+    assert torch.allclose(bias2.grad.float(), bias.grad.float(), rtol=1e-2, atol=1e-2)
+
+
+def test_no_gradient_through_quantization():
+    x = torch.randn(4, 64, requires_grad=True)
+    q = nv.quantize(x)
+    assert not q.global_scale.requires_grad
+    with pytest.raises(RuntimeError, match="activation='nvfp4' quantizes x, which has no gradient"):
+        nv.linear(x, nv.quantize(torch.randn(32, 64)), activation="nvfp4").sum().backward()
+
+
+def test_adapter_trains_on_a_converted_model():
+    """A LoRA-style adapter beside a converted (frozen NVFP4) linear: one SGD step lowers the loss."""
+    torch.manual_seed(0)
+    base = nn.Linear(64, 64)
+    nv.convert(wrapper := nn.ModuleDict({"base": base}), nv.Config(activations="bf16"))
+    down, up = nn.Linear(64, 8, bias=False), nn.Linear(8, 64, bias=False)
+    x, target = torch.randn(16, 64), torch.randn(16, 64)
+    opt = torch.optim.SGD([*down.parameters(), *up.parameters()], lr=0.1)
+    losses = []
+    for _ in range(2):
+        loss = ((wrapper["base"](x) + up(down(x)) - target) ** 2).mean()
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+        losses.append(loss.item())
+    assert losses[1] < losses[0]
+
+
+@pytest.mark.gpu
+def test_linear_backward_on_cuda():
+    """The CUDA kernels' backward: the same formula as on the CPU (dequantize, then grad @ W)."""
+    torch.manual_seed(0)
+    q = nv.quantize(torch.randn(256, 128, device="cuda"), swizzle=True)
+    x = torch.randn(3, 128, dtype=torch.bfloat16, device="cuda", requires_grad=True)
+    grad = torch.randn(3, 256, dtype=torch.bfloat16, device="cuda")
+    nv.linear(x, q).backward(grad)
+    assert torch.equal(x.grad, grad @ nv.dequantize(q, torch.bfloat16))
