@@ -198,7 +198,7 @@ def test_hand_worked_blocks():
 
 def test_collect_hessians_equals_xtx():
     torch.manual_seed(0)
-    model = nn.Sequential(nn.Linear(32, 48), nn.ReLU(), nn.Linear(48, 20), nn.Linear(20, 16))
+    model = nn.Sequential(nn.Linear(32, 48), nn.ReLU(), nn.Linear(48, 20), nn.Linear(20, 16)).eval()
     batches = [torch.randn(3, 5, 32), torch.randn(7, 32)]
     hessians = nv.collect_hessians(model, batches)
     assert sorted(hessians) == ["0", "2"]  # "3" has in_features 20, not a multiple of 16
@@ -211,6 +211,30 @@ def test_collect_hessians_equals_xtx():
     assert not model[0]._forward_pre_hooks  # hooks removed
     only = nv.collect_hessians(model, batches[:1], include=lambda name, m: name == "2")
     assert sorted(only) == ["2"]
+
+
+class _KeywordCalls(nn.Module):
+    """Calls its linear with input= and takes a second argument: list and dict batches."""
+
+    def __init__(self):
+        super().__init__()
+        self.proj = nn.Linear(32, 16)
+
+    def forward(self, x, scale=1.0):
+        return self.proj(input=x * scale)
+
+
+def test_collect_hessians_batch_forms_and_training_mode():
+    torch.manual_seed(0)
+    model = _KeywordCalls().eval()
+    x = torch.randn(6, 32)
+    blocks = nv.collect_hessians(model, [x])["proj"]
+    want = torch.stack([x[:, 16 * i:16 * i + 16].T @ x[:, 16 * i:16 * i + 16] for i in range(2)])
+    torch.testing.assert_close(blocks, want)
+    assert torch.equal(nv.collect_hessians(model, [[x, 1.0]])["proj"], blocks)
+    assert torch.equal(nv.collect_hessians(model, [{"x": x, "scale": 1.0}])["proj"], blocks)
+    with pytest.warns(UserWarning, match="training mode"):
+        nv.collect_hessians(model.train(), [x])
 
 
 def test_quantize_api_and_validation():
@@ -247,7 +271,7 @@ def test_config_and_convert_with_methods():
     with pytest.raises(TypeError, match="hessians must be a dict"):
         nv.Config(weight_method="hessian", hessians=[1])
     torch.manual_seed(1)
-    model = nn.Sequential(nn.Linear(32, 48), nn.ReLU(), nn.Linear(48, 16)).to(torch.bfloat16)
+    model = nn.Sequential(nn.Linear(32, 48), nn.ReLU(), nn.Linear(48, 16)).to(torch.bfloat16).eval()
     batches = [torch.randn(6, 32, dtype=torch.bfloat16)]
     hessians = nv.collect_hessians(model, batches)
     weights = {name: model.get_submodule(name).weight.detach().clone() for name in hessians}
@@ -255,6 +279,13 @@ def test_config_and_convert_with_methods():
         nv.convert(model, nv.Config(weight_method="hessian", hessians={"0": hessians["0"]},
                                     skip_output_head=False))
     assert isinstance(model[0], nn.Linear)  # nothing replaced before the error
+    for bad, what in ((float("nan"), "not finite"), (-1.0, "negative diagonal")):
+        broken = {name: h.clone() for name, h in hessians.items()}
+        broken["2"][1, 3, 3] = bad
+        with pytest.raises(ValueError, match=rf"hessians\['2'\] .*{what}"):
+            nv.convert(model, nv.Config(weight_method="hessian", hessians=broken,
+                                        skip_output_head=False))
+    assert isinstance(model[0], nn.Linear)
     nv.convert(model, nv.Config(activations="bf16", weight_method="hessian", hessians=hessians))
     for name, w in weights.items():
         want = nv.quantize(w, method="hessian", hessian=hessians[name])
