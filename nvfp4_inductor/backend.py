@@ -81,6 +81,11 @@ def nvfp4_backend(gm: torch.fx.GraphModule, example_inputs, mode=None, options=N
     # (a CUDA graph compiled first made a later CPU graph's head an mkldnn op, which also bypasses
     # the FX graph cache).
     patches["cpp.weight_prepack"] = False
+    # Inductor inlines a frozen 0-d tensor (our per-tensor global scales) as a literal, while its
+    # FX graph cache keys frozen tensors by metadata only: a model with other global scales then
+    # hit the cache and ran the first model's (its codes and block scales, which are bound by
+    # name, were right). Kept as named constants, they are bound like the codes.
+    patches["always_keep_tensor_constants"] = True
     pdl = _compat.pdl_option()
     if pdl is not None and "cuda" in devices:
         # Programmatic dependent launch (Inductor emits it on sm_90+ only): each kernel launches

@@ -8,6 +8,7 @@ import warnings
 import pytest
 import torch
 from torch import nn
+from torch._dynamo.utils import counters
 from torch._inductor.utils import run_and_get_code
 
 import nvfp4_inductor as nv
@@ -70,12 +71,20 @@ def test_linears_become_nvfp4_quantized_once(caplog):
 
 
 def test_models_with_different_weights_get_their_own_weights():
+    """Same graph, different weights: nothing stale from Inductor's FX graph cache. The second
+    model's weights are the first's times 30: the same codes and block scales, other global
+    scales (0-d constants, which Inductor inlined as literals its cache key left out)."""
     x = torch.randn(3, 64, dtype=torch.bfloat16)
-    for seed in (1, 2):  # same graph, different weights: no stale constants from a cache
-        model = _block(seed)
+    for scale in (1.0, 30.0):
+        model = _block(1)
+        with torch.no_grad():
+            for p in model.parameters():
+                p.mul_(scale)
+        counters.clear()
         assert torch.equal(nv.compile(model, nv.Config(activations="bf16"))(x),
                            _eager_nvfp4(model, x))
         torch._dynamo.reset()
+    assert counters["inductor"]["fxgraph_cache_hit"] == 1  # the second compile came from the cache
 
 
 def test_config_rules_apply_under_the_backend(caplog):
