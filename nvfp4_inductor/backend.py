@@ -99,18 +99,29 @@ def nvfp4_backend(gm: torch.fx.GraphModule, example_inputs, mode=None, options=N
 _calls = threading.local()  # per thread: how many nv.compile calls are running, and what to undo
 
 
+# Set while Dynamo traces inside an nv.compile call: prepare_freezing lifts the parameters as
+# constants; Inductor's freezing flag (with grad off) makes Dynamo guard on their identity, without
+# which a second instance of a module class (or a repeated submodule with a graph break inside)
+# ran the compiled code of the first, with the first's frozen weights.
+def _trace_flags():
+    import torch._inductor.config
+
+    return (torch._dynamo.config, "prepare_freezing"), (torch._inductor.config, "freezing")
+
+
 def _prepare_freezing_while_tracing(_args) -> None:
-    """Dynamo start-of-compilation callback: inside an nv.compile call, turn prepare_freezing on
-    for the trace (Dynamo reads it while tracing; a later call may trace a new shape)."""
-    if getattr(_calls, "depth", 0) and not torch._dynamo.config.prepare_freezing:
-        torch._dynamo.config.prepare_freezing = True
-        _calls.undo = True
+    """Dynamo start-of-compilation callback: inside an nv.compile call, turn the _trace_flags() on
+    for the trace (Dynamo reads them while tracing; a later call may trace a new shape)."""
+    if getattr(_calls, "depth", 0) and not getattr(_calls, "undo", None):
+        _calls.undo = [(config, name) for config, name in _trace_flags() if not getattr(config, name)]
+        for config, name in _calls.undo:
+            setattr(config, name, True)
 
 
 def _restore_prepare_freezing(_args) -> None:
-    if getattr(_calls, "undo", False):
-        torch._dynamo.config.prepare_freezing = False
-        _calls.undo = False
+    for config, name in getattr(_calls, "undo", None) or ():
+        setattr(config, name, False)
+    _calls.undo = None
 
 
 def _install_compile_callbacks() -> bool:
@@ -143,8 +154,10 @@ def compile(model, config: Config | None = None, *, mode=None, options=None, **c
         # at M = 1 under CUDA graphs: 130-194 us a call vs 109 us without, for 98 us of kernels).
         if _install_compile_callbacks():
             freezing = contextlib.nullcontext()
-        else:  # no callbacks in this torch: set the flag for the whole call
-            freezing = torch._dynamo.config.patch(prepare_freezing=True)
+        else:  # no callbacks in this torch: set the flags for the whole call
+            freezing = contextlib.ExitStack()
+            for config, name in _trace_flags():
+                freezing.enter_context(config.patch(**{name: True}))
         _calls.depth = getattr(_calls, "depth", 0) + 1
         try:
             with torch.no_grad(), freezing:

@@ -87,6 +87,36 @@ def test_models_with_different_weights_get_their_own_weights():
     assert counters["inductor"]["fxgraph_cache_hit"] == 1  # the second compile came from the cache
 
 
+class _BreakingLayer(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.proj = nn.Linear(64, 64)
+
+    def forward(self, x):
+        h = self.proj(x)
+        torch._dynamo.graph_break()  # Dynamo compiles this frame on its own, once per layer object
+        return h * 2
+
+
+def test_each_module_instance_runs_its_own_weights():
+    """The frozen weights are guarded by identity: two instances of a class compiled one after the
+    other, and a repeated layer whose forward has a graph break, each run their own weights (they
+    ran the first instance's compiled code, with its weights)."""
+    torch.manual_seed(0)
+    x = torch.randn(3, 64, dtype=torch.bfloat16)
+    models = [_block(seed) for seed in (1, 2)]
+    for model in models:
+        assert torch.equal(nv.compile(model, nv.Config(activations="bf16"))(x), _eager_nvfp4(model, x))
+    torch._dynamo.reset()
+    layers = nn.Sequential(_BreakingLayer(), _BreakingLayer()).to(torch.bfloat16).eval()
+    got = nv.compile(layers, nv.Config(activations="bf16"))(x)
+    with torch.no_grad():
+        want = x
+        for layer in layers:
+            want = nv.linear(want, nv.quantize(layer.proj.weight), layer.proj.bias) * 2
+    assert torch.equal(got, want)
+
+
 def test_config_rules_apply_under_the_backend(caplog):
     model = _block()
     config = nv.Config(activations="nvfp4", skip_output_head=False, min_weight_numel=64 * 128 + 1)
