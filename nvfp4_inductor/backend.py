@@ -64,7 +64,7 @@ def nvfp4_backend(gm: torch.fx.GraphModule, example_inputs, mode=None, options=N
     paths = gm.meta.get("dynamo_flat_name_to_original_fqn", {})
     keep = {name: layer_skip_reason(config, paths.get(name, name).removesuffix(".weight"),
                                     tuple(p.shape))
-            for name, p in gm.named_parameters() if p.dim() == 2}
+            for name, p in [*gm.named_parameters(), *gm.named_buffers()] if p.dim() == 2}
     rewrite = LinearToNVFP4(_resolve_activation(config.activations, sample), names, keep,
                             config.weight_method, config.merge_linears)
     from . import lowerings  # imports Inductor's lowering machinery: only when compiling

@@ -61,16 +61,25 @@ _PACKAGE_FILES = tuple(sorted(str(p) for pattern in ("*.py", "*.jinja")
 MERGE_MAX_M = 64
 
 
+def _is_transpose(node: fx.Node) -> bool:
+    return node.target == aten.permute.default and list(node.args[1]) == [1, 0]
+
+
 def _weight_of(node: fx.Node, params) -> fx.Node | None:
-    """permute(W, [1, 0]) with W a parameter placeholder -> W, else None."""
-    if not (isinstance(node, fx.Node) and node.op == "call_function"
-            and node.target == aten.permute.default and list(node.args[1]) == [1, 0]):
+    """permute(W, [1, 0]) with W a lifted parameter or buffer placeholder -> W, else None."""
+    if not (isinstance(node, fx.Node) and node.op == "call_function" and _is_transpose(node)):
         return None
     weight = node.args[0]
     return weight if weight in params else None
 
 
 TILE_WEIGHT = torch.ops.nvfp4.tile_weight.default
+
+
+def _reaches_output(node: fx.Node) -> bool:
+    """node, or a view of it, is an output of the graph."""
+    return any(user.op == "output" or (_call(user, *_VIEWS) and _reaches_output(user))
+               for user in node.users)
 
 
 def _silu_mul_operands(y: fx.Node):
@@ -100,7 +109,7 @@ def _silu_mul_operands(y: fx.Node):
     return None
 
 
-def _skip_reason(weight: fx.Node) -> str | None:
+def _skip_reason(weight: fx.Node, bias) -> str | None:
     value = weight.meta.get("val")
     if value is None or value.dim() != 2:
         return "not a 2-D weight"
@@ -109,6 +118,15 @@ def _skip_reason(weight: fx.Node) -> str | None:
     n, k = value.shape
     if n % BLOCK_SIZE or k % BLOCK_SIZE:
         return f"shape ({n}, {k}) is not a multiple of {BLOCK_SIZE}"
+    # Read by more than transposes (an embedding tied to an output head, W @ y): converting would
+    # free nothing, and a head judged by the embedding's name would escape skip_output_head.
+    others = sorted({str(user.target) for user in weight.users if not _is_transpose(user)})
+    if others:
+        return f"weight also read by {', '.join(others)} (tied)"
+    bias_value = _val(bias) if isinstance(bias, fx.Node) else None
+    if bias is not None and (bias_value is None or tuple(bias_value.shape) != (n,)):
+        shape = "unknown" if bias_value is None else tuple(bias_value.shape)
+        return f"addmm's added term has shape {shape}, not ({n},)"
     return None
 
 
@@ -157,7 +175,7 @@ class LinearToNVFP4(_compat.CustomGraphPass):
             if weight is None:
                 continue
             name = names[weight]
-            reason = _skip_reason(weight) or self.keep.get(name)
+            reason = _skip_reason(weight, bias) or self.keep.get(name)
             if reason is not None:
                 self.skipped[name] = reason
                 continue
@@ -191,8 +209,11 @@ class LinearToNVFP4(_compat.CustomGraphPass):
             node, bias, x, weight, _ = linear
             value = x.meta.get("val")
             static = value is not None and all(isinstance(d, int) for d in value.shape)
+            # (the merged GEMM runs where the first linear was: a bias computed in the graph may
+            # be defined after it, or from its output)
             mergeable = (self.merge and static and value.shape[:-1].numel() <= MERGE_MAX_M
-                         and weight.meta["val"].shape[0] % TILE_N == 0)
+                         and weight.meta["val"].shape[0] % TILE_N == 0
+                         and (bias is None or bias.op in ("placeholder", "get_attr")))
             key = (_view_root(x), tuple(value.shape), bias is None) if mergeable else node
             groups.setdefault(key, []).append(linear)
         return list(groups.values())
@@ -244,6 +265,14 @@ class LinearToNVFP4(_compat.CustomGraphPass):
                     start += n
                 self.merged.append([name for *_, name in group])
         for (node, *_), out in zip(group, outputs):
+            if len(group) > 1 and _reaches_output(node):
+                # eager returns each linear's own contiguous tensor, not a slice of a wider one
+                with graph.inserting_after(out):
+                    own = graph.call_function(aten.clone.default, (out,),
+                                              {"memory_format": torch.contiguous_format})
+                with x_val.fake_mode:
+                    own.meta["val"] = out.meta["val"].clone(memory_format=torch.contiguous_format)
+                out = own
             node.replace_all_uses_with(out)
             graph.erase_node(node)
         self.converted += [name for *_, name in group]

@@ -7,6 +7,7 @@ import warnings
 
 import pytest
 import torch
+import torch.nn.functional as F
 from torch import nn
 from torch._dynamo.utils import counters
 from torch._inductor.utils import run_and_get_code
@@ -152,6 +153,69 @@ def test_linears_fed_by_linears(bias):
         want = [nv.linear(h, nv.quantize(m.weight), m.bias) for m in (model.b, model.c, model.d)]
     for g, w in zip(got, want):
         assert torch.equal(g, w)
+
+
+class _TiedHead(nn.Module):
+    """An output head tied to the embedding (GPT-2 style), and a weight held as a buffer."""
+
+    def __init__(self):
+        super().__init__()
+        self.emb = nn.Embedding(128, 64)
+        self.lm_head = nn.Linear(64, 128, bias=False)
+        self.lm_head.weight = self.emb.weight
+        self.register_buffer("proj", torch.randn(64, 64))
+
+    def forward(self, tokens):
+        return self.lm_head(F.linear(self.emb(tokens), self.proj))
+
+
+def test_tied_weights_and_buffer_weights_follow_config(caplog):
+    """A weight the graph also reads elsewhere (the embedding) stays bf16, as convert() leaves it;
+    a weight held as a buffer obeys Config like a parameter (include rejected it here)."""
+    torch.manual_seed(0)
+    model = _TiedHead().to(torch.bfloat16).eval()
+    tokens = torch.randint(0, 128, (2, 3))
+    with caplog.at_level(logging.INFO, logger="nvfp4_inductor"):
+        got = nv.compile(model, nv.Config(activations="bf16", include=lambda name, m: False))(tokens)
+    assert "converted 0 linear weights, skipped 2" in caplog.text
+    assert "(tied)" in caplog.text and "excluded by Config.include" in caplog.text
+    with torch.no_grad():
+        assert torch.allclose(got.float(), model(tokens).float(), rtol=2e-2, atol=2e-2)
+
+
+class _OddAddmm(nn.Module):
+    """addmm with an added term that is not a (N,) bias, and a merged pair (x of 4 rows) whose
+    biases are computed in the graph."""
+
+    def __init__(self):
+        super().__init__()
+        self.w = nn.Parameter(torch.randn(64, 64) / 8)
+        self.c = nn.Parameter(torch.randn(4, 64))
+        self.a, self.b = nn.Linear(64, 64), nn.Linear(64, 64)
+
+    def forward(self, x):
+        y = torch.addmm(self.c, x, self.w.t())
+        return y, self.a(x), F.linear(x, self.b.weight, self.b.bias * 2)
+
+
+def test_addmm_with_other_added_terms_and_computed_biases():
+    torch.manual_seed(0)
+    model = _OddAddmm().to(torch.bfloat16).eval()
+    x = torch.randn(4, 64, dtype=torch.bfloat16)
+    y, a, b = nv.compile(model, nv.Config(activations="bf16"))(x)
+    with torch.no_grad():
+        assert torch.allclose(y.float(), torch.addmm(model.c, x, model.w.t()).float(), rtol=1e-2, atol=1e-2)
+        assert torch.equal(a, nv.linear(x, nv.quantize(model.a.weight), model.a.bias))
+        assert torch.equal(b, nv.linear(x, nv.quantize(model.b.weight), model.b.bias * 2))
+
+
+def test_merged_linears_return_their_own_tensors():
+    """q / k / v merged into one GEMM: each output the graph returns is contiguous, as eager's."""
+    torch.manual_seed(0)
+    model = _Chain(True).to(torch.bfloat16).eval()
+    x = torch.randn(1, 3, 64, dtype=torch.bfloat16)
+    for out in nv.compile(model, nv.Config(activations="bf16"))(x):
+        assert out.is_contiguous() and out.view(-1).shape == (192,)
 
 
 def test_backend_judges_layers_by_module_path(caplog):
