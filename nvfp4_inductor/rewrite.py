@@ -56,8 +56,8 @@ aten = torch.ops.aten
 _PACKAGE_FILES = tuple(sorted(str(p) for pattern in ("*.py", "*.jinja")
                               for p in Path(__file__).parent.rglob(pattern)))
 # Linears sharing an input merge up to this many rows of x: the decode range of the skinny GEMM.
-# Above it the prefill path applies a scalar global scale as cuBLAS's alpha (addmm_tiled), which
-# a merged weight's per-row scales would rule out.
+# Above it the prefill path applies a scalar global scale as cuBLASLt's alpha (scaled_mm_tiled),
+# which a merged weight's per-row scales would rule out.
 MERGE_MAX_M = 64
 
 

@@ -23,10 +23,8 @@ The fp32 operation order is the eager kernels': ((sum * 2^7) * g + bias), then o
 Choices: the template with the configs of gemm_configs.template_configs, and where the output is
 (M, N) on CUDA an extern choice (dequantize + cuBLAS, the eager op's path for large M). Where the
 extern choice is the pick (not autotuned against the template, so it need not return the fp32
-products), it returns the linear's output itself: x bf16 and the weight's global scale a
-compile-time constant (frozen weights, W4A16): one cuBLAS addmm, alpha = g, the bias as its input,
-bf16 out; otherwise (W4A4's g * g_x, per-row scales, fp16 / fp32 x) one cuBLASLt GEMM that reads
-the scales on the device (kernels/cublaslt.py). By default
+products), it returns the linear's output itself: one cuBLASLt GEMM that reads the global scale
+(W4A4: g * g_x) on the device as alpha and adds the bias (kernels/cublaslt.py). By default
 one heuristic pick (gemm_configs.template_is_default: the template where it splits K, or up to
 TEMPLATE_MAX_M rows with a program per SM; measured); under mode="max-autotune" all of them. Where the
 template does not apply (a dynamic M, a non-CUDA device unless Inductor's CPU backend is Triton)
@@ -86,14 +84,6 @@ def mm_tiled_f32_x4(x_data, x_scale, w_data, w_scale, n):
     return run(dequantize(x_data, x_scale, None, False, torch.bfloat16), w_data, w_scale, n)
 
 
-def addmm_tiled(x, w_data, w_scale, bias=None, *, n, alpha):
-    """The extern choice of W4A16 on bf16 x with a compile-time weight scale: bf16 (M, N) =
-    alpha * (x @ (e2m1 * block scale)^T) + bias, one cuBLAS call (kernels/gemm.py)."""
-    from ..kernels.gemm import addmm_tiled as run
-
-    return run(x, w_data, w_scale, bias, n, alpha)
-
-
 def scaled_mm_tiled(x, w_data, w_scale, g, bias=None, *, n, out_dtype):
     """The extern choice where it is the only one: (M, N) out_dtype = g * (x @ (e2m1 * block
     scale)^T) + bias, g read on the device by one cuBLASLt GEMM (kernels/gemm.py)."""
@@ -103,7 +93,6 @@ def scaled_mm_tiled(x, w_data, w_scale, g, bias=None, *, n, out_dtype):
 
 
 extern_mm_tiled_f32 = ExternKernelChoice(mm_tiled_f32, name="nvfp4_mm_tiled_f32", has_out_variant=False)
-extern_addmm_tiled = ExternKernelChoice(addmm_tiled, name="nvfp4_addmm_tiled", has_out_variant=False)
 extern_scaled_mm_tiled = ExternKernelChoice(scaled_mm_tiled, name="nvfp4_scaled_mm_tiled",
                                             has_out_variant=False)
 extern_mm_tiled_f32_x4 = ExternKernelChoice(mm_tiled_f32_x4, name="nvfp4_mm_tiled_f32_x4",
@@ -201,22 +190,11 @@ def lower_linear_tiled(x, w_data, w_scale, w_global_scale, bias, n, activation, 
         template = not extern or gemm_configs.template_is_default(m, n, configs[0], num_sms)
         configs = configs[:1] if template else []
         extern = not template
-    if (extern and not configs and activation == "bf16" and x.get_dtype() == torch.bfloat16
-            and isinstance(w_global_scale, ir.Constant)
-            and (bias is None or bias.get_dtype() == torch.bfloat16)):
-        # The extern choice alone, and the weight's global scale a constant (a frozen weight's
-        # 0-d scale is inlined by Inductor): cuBLAS applies it as alpha and adds the bias, bf16
-        # out; no fp32 (M, N) product for an epilogue kernel to read (prefill).
-        inputs = realize_inputs(x2, w_data, w_scale, *([bias] if bias is not None else []))
-        y = extern_addmm_tiled.bind(inputs, ir.FixedLayout(device, torch.bfloat16, [m, n]), n=n,
-                                    alpha=float(w_global_scale.value)).output_node()
-        return lowerings[aten.view.default](y, [*lead, n])
     if extern and not configs and device.type == "cuda" and not dot_scaled:
-        # The extern choice alone otherwise (W4A4: the scales' product; per-row scales; x not
-        # bf16): cuBLASLt reads g from the device as alpha and adds the bias, x's dtype out.
-        if isinstance(w_global_scale, ir.Constant):
-            w_global_scale = V.graph.add_tensor_constant(torch.tensor(
-                w_global_scale.value, dtype=torch.float32, device=device))
+        # The extern choice alone (prefill): cuBLASLt reads g (W4A4: the scales' product) from
+        # the device as alpha and adds the bias, x's dtype out; no fp32 (M, N) product for an
+        # epilogue kernel to read. (A frozen weight's g is a named constant, never a literal
+        # alpha: the FX graph cache binds such constants anew, not literals; backend.py.)
         inputs = realize_inputs(x2, w_data, w_scale, w_global_scale, *([bias] if bias is not None else []))
         y = extern_scaled_mm_tiled.bind(inputs, ir.FixedLayout(device, x.get_dtype(), [m, n]), n=n,
                                         out_dtype=x.get_dtype()).output_node()
