@@ -20,7 +20,8 @@ Linears that read the same x (a decoder's q / k / v projections, an MLP's gate a
 GEMM when x has at most MERGE_MAX_M rows (decode; Config.merge_linears): each weight is quantized
 on its own (its own global scale), the codes and scales are concatenated along N before tiling
 (every N a multiple of TILE_N, so the tiles simply follow each other), the global scales become
-one per output row, and each original output is a slice of the merged one:
+one per output row, and each original output is a slice of the merged one (a contiguous copy of
+it where the graph returns it, as eager returns a tensor of its own):
 
     y = nvfp4.linear_tiled(x, cat(data_i), cat(scale_i), cat(expand(g_i, N_i)), cat(b_i), sum N_i, a)
     y_i = y[..., offset_i : offset_i + N_i]
