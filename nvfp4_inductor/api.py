@@ -106,7 +106,7 @@ def quantize(x: Tensor, global_scale=None, *, swizzle: bool = False, per_row: bo
 
 def _check_nvfp4(name: str, q) -> tuple[Tensor, Tensor]:
     """q: an NVFP4 whose data agrees with its logical shape -> (its scale as uint8 bits, its global
-    scale, a one-element per-tensor scale of shape (1,) as shape ())."""
+    scale; a one-element per-tensor scale of shape (1,) reshaped to ())."""
     if not isinstance(q, NVFP4):
         raise TypeError(f"{name} must be an nvfp4_inductor.NVFP4; got {type(q).__name__}")
     _checks.check_tensor(f"{name}.data", q.data, (torch.uint8,))

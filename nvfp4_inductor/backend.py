@@ -58,13 +58,14 @@ def nvfp4_backend(gm: torch.fx.GraphModule, example_inputs, mode=None, options=N
         return _compat.compile_fx(gm, example_inputs, config_patches=patches)
     devices = {t.device.type for t in example_inputs if isinstance(t, torch.Tensor)}
     sample = next((t for t in example_inputs if isinstance(t, torch.Tensor)), torch.empty(0))
-    names = [name for name, _ in gm.named_parameters()] + [name for name, _ in gm.named_buffers()]
+    constants = [*gm.named_parameters(), *gm.named_buffers()]
+    names = [name for name, _ in constants]
     # Config's decisions, taken here (the pass sees no modules) and part of the pass's cache key.
     # Judged by module path ("layers.0.mlp.lm_head"), as convert() does, where Dynamo recorded it.
     paths = gm.meta.get("dynamo_flat_name_to_original_fqn", {})
     keep = {name: layer_skip_reason(config, paths.get(name, name).removesuffix(".weight"),
                                     tuple(p.shape))
-            for name, p in [*gm.named_parameters(), *gm.named_buffers()] if p.dim() == 2}
+            for name, p in constants if p.dim() == 2}
     rewrite = LinearToNVFP4(_resolve_activation(config.activations, sample), names, keep,
                             config.weight_method, config.merge_linears)
     from . import lowerings  # imports Inductor's lowering machinery: only when compiling
