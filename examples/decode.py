@@ -5,8 +5,10 @@ RMSNorm, rotary embeddings, grouped-query attention over a static KV cache, a Si
 throughout; the output head stays bf16 (Config skips `lm_head`). The KV cache is preallocated,
 (batch, kv_heads, max_len, head_dim), and written in place at a position tensor that lives on the
 device: a decode step reads no host scalar and never syncs, so it can be captured in a CUDA graph
-and replayed. Attention always covers the whole cache (max_len keys, later positions masked), so
-every step has the same shapes.
+and replayed. Every step has the same shapes: the prefill's attention covers the whole cache
+(max_len keys, later positions masked, two batched matmuls and a softmax); a decode step's is one
+custom op, `decode_attention` (examples/decode_attention.py: one Triton kernel on CUDA that reads
+only the keys up to the position; `ModelConfig(decode_attention=False)` keeps the matmul form).
 
 Each variant is compiled with static shapes (`dynamic=False`): one graph for the prefill (the
 prompt in one call) and one for the decode step ((batch, 1) tokens and a (1,) position tensor).
@@ -36,6 +38,7 @@ import torch.nn.functional as F
 from torch import nn
 
 import nvfp4_inductor as nv
+from decode_attention import decode_attention
 
 
 @dataclass(frozen=True)
@@ -49,6 +52,7 @@ class ModelConfig:
     mlp: int
     rope_theta: float = 500000.0  # Llama 3
     norm_eps: float = 1e-5
+    decode_attention: bool = True  # a decode step's attention as one op (decode_attention.py)
 
 
 PRESETS = {
@@ -100,6 +104,7 @@ class Attention(nn.Module):
     def __init__(self, cfg: ModelConfig):
         super().__init__()
         self.heads, self.kv_heads, self.head_dim = cfg.heads, cfg.kv_heads, cfg.head_dim
+        self.decode_op = cfg.decode_attention
         self.wq = nn.Linear(cfg.hidden, cfg.heads * cfg.head_dim, bias=False)
         self.wk = nn.Linear(cfg.hidden, cfg.kv_heads * cfg.head_dim, bias=False)
         self.wv = nn.Linear(cfg.hidden, cfg.kv_heads * cfg.head_dim, bias=False)
@@ -122,6 +127,9 @@ class Attention(nn.Module):
         # In place, at device positions: the step stays capturable and the cache is not copied.
         self.k_cache[:, :, pos] = k
         self.v_cache[:, :, pos] = v
+        if seq == 1 and self.decode_op:
+            out = decode_attention(q[:, :, 0], self.k_cache, self.v_cache, pos)  # (B, H, D)
+            return self.wo(out.reshape(batch, 1, self.heads * self.head_dim))
         # GQA without repeating the cache: the `rep` query heads that share a KV head (heads
         # kv * rep .. kv * rep + rep - 1) become extra rows of one (rep * T, D) @ (D, max_len).
         rep, max_len = self.heads // self.kv_heads, self.k_cache.shape[2]

@@ -16,6 +16,7 @@ import nvfp4_inductor as nv
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "examples"))
 import decode
+import decode_attention
 
 CFG = decode.PRESETS["tiny"]
 LINEARS = 7 * CFG.layers  # wq, wk, wv, wo, w1, w2, w3 per layer; lm_head stays bf16
@@ -120,6 +121,90 @@ def test_greedy_teacher_forcing():
         model(prompt, torch.arange(4))
         expected = model(other[:, :1], torch.tensor([4])).argmax(-1)
     assert torch.equal(forced[:, 1], expected)
+
+
+# --- the decode step's attention op (examples/decode_attention.py) --------------------------------
+
+def _attention_float64(q, k_cache, v_cache, pos):
+    rep = q.shape[1] // k_cache.shape[1]
+    k, v = (c[:, :, :pos + 1].double().repeat_interleave(rep, dim=1) for c in (k_cache, v_cache))
+    scores = torch.einsum("bhd,bhld->bhl", q.double(), k) / q.shape[-1] ** 0.5
+    return torch.einsum("bhl,bhld->bhd", scores.softmax(-1), v)
+
+
+# (B, H, KVH, L, D, pos): one key; several programs per head, the last one partial; keys past the
+# last full program; one KV head per query head; the last cache slot
+ATTENTION_CASES = [(1, 4, 2, 64, 16, 0), (2, 8, 2, 150, 32, 77), (1, 4, 4, 200, 16, 130), (3, 6, 3, 64, 16, 63)]
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("case", ATTENTION_CASES)
+def test_decode_attention_kernel_matches_float64(case, dtype, kernel_device):
+    # The Triton kernels (the Triton interpreter without a GPU) and the op's torch form, fresh
+    # random inputs each; slots past the position hold NaN (never read); a second launch gives the
+    # same bits.
+    batch, heads, kv_heads, length, dim, pos = case
+    generator = torch.Generator().manual_seed(sum(case))
+    q, k, v = (torch.randn(shape, generator=generator).to(kernel_device, dtype)
+               for shape in [(batch, heads, dim)] + [(batch, kv_heads, length, dim)] * 2)
+    k[:, :, pos + 1:] = float("nan")  # slots past the position are never read
+    v[:, :, pos + 1:] = float("nan")
+    position = torch.tensor([pos], device=kernel_device)
+    ref = _attention_float64(q, k, v, pos)
+    tol = 1e-5 if dtype == torch.float32 else 8e-3  # one bf16 rounding of values ~1
+    out = decode_attention.launch(q, k, v, position)
+    assert out.dtype == dtype and out.shape == q.shape
+    assert (out.double() - ref).abs().max() < tol
+    assert torch.equal(decode_attention.launch(q, k, v, position), out)
+    torch_form = decode_attention.reference(q.cpu(), k.cpu(), v.cpu(), position.cpu())
+    assert (torch_form.double() - ref.cpu()).abs().max() < tol
+
+
+@pytest.mark.gpu
+def test_decode_attention_in_a_cuda_graph():
+    # Captured once; replayed with the position and the cache changed in place (as decode does).
+    generator = torch.Generator().manual_seed(5)
+    q, k, v = (torch.randn(shape, generator=generator).cuda().bfloat16()
+               for shape in [(2, 8, 128), (2, 2, 300, 128), (2, 2, 300, 128)])
+    pos = torch.tensor([10], device="cuda")
+    decode_attention.decode_attention(q, k, v, pos)  # compiles the kernels outside the capture
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        out = decode_attention.decode_attention(q, k, v, pos)
+    for p in (0, 63, 64, 200, 299):
+        pos.fill_(p)
+        for t in (q, k, v):
+            t.copy_(torch.randn(t.shape, generator=generator))
+        graph.replay()
+        assert (out.double() - _attention_float64(q, k, v, p)).abs().max() < 8e-3
+
+
+def test_decode_attention_op_checks():
+    q, k = torch.randn(1, 4, 16), torch.randn(1, 2, 8, 16)
+    pos = torch.tensor([3])
+    torch.library.opcheck(decode_attention.decode_attention, (q, k, k.clone(), pos))
+    bad = [((torch.randn(1, 3, 16), k, k, pos), "multiple of KVH"),
+           ((q, k, torch.randn(1, 2, 9, 16), pos), "of one shape"),
+           ((q, k, k, torch.tensor(3)), r"\(1,\) int64"),
+           ((q, k, k, torch.tensor([3], dtype=torch.int32)), r"\(1,\) int64"),
+           ((q.bfloat16(), k, k, pos), "dtype")]
+    for args, match in bad:
+        with pytest.raises(ValueError, match=match):
+            decode_attention.decode_attention(*args)
+
+
+def test_decode_attention_op_matches_the_matmul_form():
+    # The model's decode steps with the op and with the two matmuls and softmax it replaces, fp32.
+    tokens = _tokens(2, 9)
+    logits = []
+    for use_op in (True, False):
+        cfg = decode.ModelConfig(**{**CFG.__dict__, "decode_attention": use_op})
+        model = decode.build_model(cfg, MAX_LEN, 2, "cpu").float()
+        with torch.no_grad():
+            model(tokens[:, :5], torch.arange(5))
+            logits.append([model(tokens[:, t:t + 1], torch.tensor([t])) for t in range(5, 9)])
+    for with_op, matmuls in zip(*logits):
+        torch.testing.assert_close(with_op, matmuls, rtol=1e-4, atol=1e-5)
 
 
 # --- through backend="nvfp4" on the CPU ----------------------------------------------------------
