@@ -14,6 +14,9 @@ Parts (each changes examples/decode.py's classes for that row only; the outputs 
     flex       attention through flex_attention, the mask as a score_mod on the device position
     pointwise  attention as broadcast products and sums (Inductor reductions, no cuBLAS)
     argmax_in  the argmax inside the compiled step (its output cloned before the next replay)
+    matmul     decode steps attend with the prefill's two matmuls and softmax (the model before
+               session 24) instead of the decode_attention op (examples/decode_attention.py);
+               every other row uses the op where its attention is the model's own
 """
 
 import argparse
@@ -87,6 +90,7 @@ PARTS = {  # name -> (Attention.forward, RMSNorm.forward)
     "base": (ATTENTION, NORM), "norm_id": (ATTENTION, lambda self, x: x),
     "attn_skip": (attn_skip, NORM), "sdpa": (attn_sdpa, NORM), "flex": (attn_flex, NORM),
     "pointwise": (attn_pointwise, NORM), "argmax_in": (ATTENTION, NORM),
+    "matmul": (ATTENTION, NORM),  # decode steps attend as the prefill does (decode_op off)
 }
 
 
@@ -137,6 +141,8 @@ def main():
     rows = []
     for part in args.parts:
         decode.Attention.forward, decode.RMSNorm.forward = PARTS[part]
+        for layer in model.layers:
+            layer.attn.decode_op = part != "matmul"
         us = {}
         for name, config in variants.items():
             torch._dynamo.reset()
