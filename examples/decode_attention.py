@@ -24,7 +24,7 @@ capturable in a CUDA graph. H100, batch 1 / 8, bench_decode's shapes (benchmarks
 see benchmarks/NOTES.md, session 24.
 The matmul form it replaces (two batched GEMMs and a softmax kernel over all L slots, scores and
 probabilities rounded to bf16) stays the prefill's (more than one query position).
-Elsewhere (CPU) the op computes the same in torch, in fp32.
+Elsewhere (CPU, or a head dim the kernels do not take) the op computes the same in torch, in fp32.
 """
 
 import math
@@ -126,17 +126,23 @@ def reference(q, k_cache, v_cache, pos):
     return (scores.softmax(-1)[:, :, None, :] @ v)[:, :, 0, :].to(q.dtype)
 
 
+def kernel_applies(q, k_cache, v_cache, block_l=BLOCK_L) -> bool:
+    """Whether the kernels take these inputs: q's last dim and the caches contiguous, the head dim
+    and block_l powers of two of at least 16 (tl.dot)."""
+    dim = q.shape[-1]
+    return (q.stride(-1) == 1 and k_cache.is_contiguous() and v_cache.is_contiguous()
+            and all(n >= 16 and not n & (n - 1) for n in (dim, block_l)))
+
+
 def launch(q, k_cache, v_cache, pos, block_l=BLOCK_L, num_warps=4):
     """The Triton kernels (CUDA, or CPU tensors under TRITON_INTERPRET=1); block_l keys a program
-    of the first (a power of two), num_warps: of both."""
+    of the first, num_warps: of both."""
     _check(q, k_cache, v_cache, pos)
-    if q.stride(-1) != 1 or not k_cache.is_contiguous() or not v_cache.is_contiguous():
-        raise ValueError("decode_attention needs q's last dim and the caches contiguous")
+    if not kernel_applies(q, k_cache, v_cache, block_l):
+        raise ValueError(f"the decode_attention kernels need q's last dim and the caches contiguous, the "
+                         f"head dim and block_l powers of two of at least 16; got {q.shape[-1]}, {block_l}")
     batch, heads, dim = q.shape
     kv_heads, length = k_cache.shape[1], k_cache.shape[2]
-    if dim < 16 or dim & (dim - 1) or block_l < 16 or block_l & (block_l - 1):
-        raise ValueError(f"the head dim and block_l must be powers of two, at least 16 (tl.dot); got "
-                         f"{dim}, {block_l}")
     splits = triton.cdiv(length, block_l)
     out = torch.empty_like(q)
     partials = torch.empty(batch * heads * splits * (dim + 2), dtype=torch.float32, device=q.device)
@@ -155,8 +161,10 @@ def launch(q, k_cache, v_cache, pos, block_l=BLOCK_L, num_warps=4):
 @torch.library.custom_op("nvfp4_example::decode_attention", mutates_args=())
 def decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
                      pos: torch.Tensor) -> torch.Tensor:
-    """See the module docstring."""
-    return launch(q, k_cache, v_cache, pos) if q.is_cuda else reference(q, k_cache, v_cache, pos)
+    """See the module docstring. Where the kernels do not apply (kernel_applies), the torch form."""
+    if q.is_cuda and kernel_applies(q, k_cache, v_cache):
+        return launch(q, k_cache, v_cache, pos)
+    return reference(q, k_cache, v_cache, pos)
 
 
 @decode_attention.register_fake

@@ -191,6 +191,26 @@ def test_decode_attention_op_checks():
     for args, match in bad:
         with pytest.raises(ValueError, match=match):
             decode_attention.decode_attention(*args)
+    with pytest.raises(ValueError, match="powers of two"):
+        decode_attention.launch(torch.randn(1, 4, 24), torch.randn(1, 2, 8, 24), torch.randn(1, 2, 8, 24), pos)
+
+
+@pytest.mark.gpu
+def test_decode_attention_off_the_kernels_on_cuda():
+    # A head dim the kernels do not take (80) and non-contiguous caches: the torch form, on CUDA.
+    generator = torch.Generator().manual_seed(7)
+    q, k, v = (torch.randn(shape, generator=generator).cuda().bfloat16()
+               for shape in [(2, 8, 80), (2, 2, 40, 80), (2, 2, 40, 80)])
+    pos = torch.tensor([17], device="cuda")
+    assert not decode_attention.kernel_applies(q, k, v)
+    out = decode_attention.decode_attention(q, k, v, pos)
+    assert (out.double() - _attention_float64(q, k, v, 17)).abs().max() < 8e-3
+    q, k, v = (torch.randn(shape, generator=generator).cuda().bfloat16()
+               for shape in [(2, 8, 64), (2, 40, 2, 64), (2, 40, 2, 64)])
+    k, v = k.transpose(1, 2), v.transpose(1, 2)  # (B, KVH, L, D), not contiguous
+    assert not decode_attention.kernel_applies(q, k, v)
+    out = decode_attention.decode_attention(q, k, v, pos)
+    assert (out.double() - _attention_float64(q, k, v, 17)).abs().max() < 8e-3
 
 
 def test_decode_attention_op_matches_the_matmul_form():
