@@ -15,9 +15,17 @@ import nvfp4_inductor as nv
 from nvfp4_inductor import tiled
 from nvfp4_inductor.kernels.dequantize import dequantize
 from nvfp4_inductor.kernels.cublaslt import scaled_mm
-from nvfp4_inductor.kernels.gemm import addmm_tiled, scaled_mm_tiled
+from nvfp4_inductor.kernels.gemm import scaled_mm_tiled
 
 SHAPES = [(4096, 4096), (4096, 14336), (14336, 4096), (8192, 28672)]  # (K, N)
+
+
+def addmm_tiled(x2, w_data, w_scale, bias, n: int, alpha: float):
+    """W tiled, dequantized (exact in bf16), then one cuBLAS addmm with alpha = the global scale as
+    a host float (the backend's prefill extern until session 23, when it became scaled_mm_tiled:
+    Inductor's FX graph cache does not key the inlined constant alpha came from)."""
+    w = dequantize(w_data, w_scale, None, False, torch.bfloat16, tiled_nk=(n, x2.shape[1]))
+    return torch.addmm(bias if bias is not None else x2.new_zeros(n), x2, w.T, alpha=alpha)
 
 
 def main() -> None:

@@ -262,15 +262,3 @@ def scaled_mm_tiled(x2, w_data, w_scale, g, bias, n: int, out_dtype):
     w = dequantize(w_data, w_scale, None, False, torch.bfloat16, tiled_nk=(n, x2.shape[1]))
     return scaled_mm(x2.to(torch.bfloat16), w, g, bias, out_dtype)
 
-
-def addmm_tiled(x2, w_data, w_scale, bias, n: int, alpha: float):
-    """x (M, K) bf16, W tiled with N = n rows whose global scale is the constant alpha -> bf16 (M, N)
-    = alpha * (x @ (e2m1 * block scale)^T) + bias: W dequantized (exact in bf16), then one cuBLAS
-    call that applies alpha and the bias in fp32 and rounds once. The same numbers as the fp32
-    product + epilogue path without its fp32 (M, N) pass (prefill: measured 0.99-1.05x the time of
-    the bf16 GEMM alone against 1.2-1.5x, benchmarks/probe_prefill.py)."""
-    from .dequantize import dequantize
-
-    w = dequantize(w_data, w_scale, None, False, torch.bfloat16, tiled_nk=(n, x2.shape[1]))
-    return torch.addmm(bias if bias is not None else x2.new_zeros(n), x2, w.T, alpha=alpha)
-
