@@ -125,6 +125,13 @@ def test_greedy_teacher_forcing():
 
 # --- the decode step's attention op (examples/decode_attention.py) --------------------------------
 
+def _attention_inputs(seed, batch, heads, kv_heads, length, dim, device, dtype=torch.bfloat16):
+    """Fresh random q (B, H, D) and caches (B, KVH, L, D)."""
+    generator = torch.Generator().manual_seed(seed)
+    shapes = [(batch, heads, dim)] + [(batch, kv_heads, length, dim)] * 2
+    return [torch.randn(shape, generator=generator).to(device, dtype) for shape in shapes]
+
+
 def _attention_float64(q, k_cache, v_cache, pos):
     rep = q.shape[1] // k_cache.shape[1]
     k, v = (c[:, :, :pos + 1].double().repeat_interleave(rep, dim=1) for c in (k_cache, v_cache))
@@ -143,10 +150,8 @@ def test_decode_attention_kernel_matches_float64(case, dtype, kernel_device):
     # The Triton kernels (the Triton interpreter without a GPU) and the op's torch form, fresh
     # random inputs each; slots past the position hold NaN (never read); a second launch gives the
     # same bits.
-    batch, heads, kv_heads, length, dim, pos = case
-    generator = torch.Generator().manual_seed(sum(case))
-    q, k, v = (torch.randn(shape, generator=generator).to(kernel_device, dtype)
-               for shape in [(batch, heads, dim)] + [(batch, kv_heads, length, dim)] * 2)
+    pos = case[-1]
+    q, k, v = _attention_inputs(sum(case), *case[:-1], kernel_device, dtype)
     k[:, :, pos + 1:] = float("nan")  # slots past the position are never read
     v[:, :, pos + 1:] = float("nan")
     position = torch.tensor([pos], device=kernel_device)
@@ -163,9 +168,7 @@ def test_decode_attention_kernel_matches_float64(case, dtype, kernel_device):
 @pytest.mark.gpu
 def test_decode_attention_in_a_cuda_graph():
     # Captured once; replayed with the position and the cache changed in place (as decode does).
-    generator = torch.Generator().manual_seed(5)
-    q, k, v = (torch.randn(shape, generator=generator).cuda().bfloat16()
-               for shape in [(2, 8, 128), (2, 2, 300, 128), (2, 2, 300, 128)])
+    q, k, v = _attention_inputs(5, 2, 8, 2, 300, 128, "cuda")
     pos = torch.tensor([10], device="cuda")
     decode_attention.decode_attention(q, k, v, pos)  # compiles the kernels outside the capture
     graph = torch.cuda.CUDAGraph()
@@ -173,8 +176,8 @@ def test_decode_attention_in_a_cuda_graph():
         out = decode_attention.decode_attention(q, k, v, pos)
     for p in (0, 63, 64, 200, 299):
         pos.fill_(p)
-        for t in (q, k, v):
-            t.copy_(torch.randn(t.shape, generator=generator))
+        for t, new in zip((q, k, v), _attention_inputs(p, 2, 8, 2, 300, 128, "cuda")):
+            t.copy_(new)
         graph.replay()
         assert (out.double() - _attention_float64(q, k, v, p)).abs().max() < 8e-3
 
@@ -198,15 +201,12 @@ def test_decode_attention_op_checks():
 @pytest.mark.gpu
 def test_decode_attention_off_the_kernels_on_cuda():
     # A head dim the kernels do not take (80) and non-contiguous caches: the torch form, on CUDA.
-    generator = torch.Generator().manual_seed(7)
-    q, k, v = (torch.randn(shape, generator=generator).cuda().bfloat16()
-               for shape in [(2, 8, 80), (2, 2, 40, 80), (2, 2, 40, 80)])
+    q, k, v = _attention_inputs(7, 2, 8, 2, 40, 80, "cuda")
     pos = torch.tensor([17], device="cuda")
     assert not decode_attention.kernel_applies(q, k, v)
     out = decode_attention.decode_attention(q, k, v, pos)
     assert (out.double() - _attention_float64(q, k, v, 17)).abs().max() < 8e-3
-    q, k, v = (torch.randn(shape, generator=generator).cuda().bfloat16()
-               for shape in [(2, 8, 64), (2, 40, 2, 64), (2, 40, 2, 64)])
+    q, k, v = _attention_inputs(8, 2, 8, 40, 2, 64, "cuda")
     k, v = k.transpose(1, 2), v.transpose(1, 2)  # (B, KVH, L, D), not contiguous
     assert not decode_attention.kernel_applies(q, k, v)
     out = decode_attention.decode_attention(q, k, v, pos)
