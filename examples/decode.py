@@ -7,8 +7,9 @@ throughout; the output head stays bf16 (Config skips `lm_head`). The KV cache is
 device: a decode step reads no host scalar and never syncs, so it can be captured in a CUDA graph
 and replayed. Every step has the same shapes: the prefill's attention covers the whole cache
 (max_len keys, later positions masked, two batched matmuls and a softmax); a decode step's is one
-custom op, `decode_attention` (examples/decode_attention.py: one Triton kernel on CUDA that reads
-only the keys up to the position; `ModelConfig(decode_attention=False)` keeps the matmul form).
+custom op, `decode_attention` (examples/decode_attention.py: the rotary embeddings, the cache
+writes and attention over the keys up to the position, two Triton kernels on CUDA;
+`ModelConfig(decode_attention=False)` keeps the prefill's form).
 
 Each variant is compiled with static shapes (`dynamic=False`): one graph for the prefill (the
 prompt in one call) and one for the decode step ((batch, 1) tokens and a (1,) position tensor).
@@ -52,7 +53,7 @@ class ModelConfig:
     mlp: int
     rope_theta: float = 500000.0  # Llama 3
     norm_eps: float = 1e-5
-    decode_attention: bool = True  # a decode step's attention as one op (decode_attention.py)
+    decode_attention: bool = True  # a decode step's RoPE, cache writes, attention: one op
 
 
 PRESETS = {
@@ -120,6 +121,12 @@ class Attention(nn.Module):
     def forward(self, x, pos, cos, sin, mask):
         """x (B, T, hidden); pos (T,) int64 positions; cos, sin (T, D/2); mask (T, max_len) bool."""
         batch, seq, _ = x.shape
+        if seq == 1 and self.decode_op:  # RoPE, the cache writes and attention: one op
+            q = self.wq(x).view(batch, self.heads, self.head_dim)
+            k = self.wk(x).view(batch, self.kv_heads, self.head_dim)
+            v = self.wv(x).view(batch, self.kv_heads, self.head_dim)
+            out = decode_attention(q, k, v, cos, sin, self.k_cache, self.v_cache, pos)  # (B, H, D)
+            return self.wo(out.reshape(batch, 1, self.heads * self.head_dim))
         q = self.wq(x).view(batch, seq, self.heads, self.head_dim).transpose(1, 2)
         k = self.wk(x).view(batch, seq, self.kv_heads, self.head_dim).transpose(1, 2)
         v = self.wv(x).view(batch, seq, self.kv_heads, self.head_dim).transpose(1, 2)
@@ -127,9 +134,6 @@ class Attention(nn.Module):
         # In place, at device positions: the step stays capturable and the cache is not copied.
         self.k_cache[:, :, pos] = k
         self.v_cache[:, :, pos] = v
-        if seq == 1 and self.decode_op:
-            out = decode_attention(q[:, :, 0], self.k_cache, self.v_cache, pos)  # (B, H, D)
-            return self.wo(out.reshape(batch, 1, self.heads * self.head_dim))
         # GQA without repeating the cache: the `rep` query heads that share a KV head (heads
         # kv * rep .. kv * rep + rep - 1) become extra rows of one (rep * T, D) @ (D, max_len).
         rep, max_len = self.heads // self.kv_heads, self.k_cache.shape[2]
