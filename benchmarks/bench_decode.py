@@ -2,7 +2,7 @@
 
     python benchmarks/bench_decode.py            # the table (meant to take < 4 minutes with compiles)
     python benchmarks/bench_decode.py --check    # correctness checks only; exit status 1 on a failure
-    python benchmarks/bench_decode.py --matmul-attention  # decode steps attend as before session 24
+    python benchmarks/bench_decode.py --matmul-attention  # decode steps as before session 24
 
 The model is examples/decode.py's Llama-style decoder with 8 layers of Llama-3-8B shapes (hidden
 4096, 32 query / 8 KV heads of 128, MLP 14336; vocab 32000; the output head stays bf16), random
@@ -194,8 +194,8 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=64, help="timed decode steps per repeat")
     parser.add_argument("--layers", type=int, default=8)
     parser.add_argument("--matmul-attention", action="store_true",
-                        help="decode steps attend with the prefill's matmuls and softmax, not the "
-                             "decode_attention op (examples/decode.py before session 24)")
+                        help="decode steps as the prefill (Inductor's RoPE and cache writes, matmuls "
+                             "and softmax), not the decode_attention op (the model before session 24)")
     args = parser.parse_args()
     torch._dynamo.config.cache_size_limit = 64
     cfg = decode.PRESETS["llama3-8b-8layers"]

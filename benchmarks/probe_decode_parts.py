@@ -14,9 +14,10 @@ Parts (each changes examples/decode.py's classes for that row only; the outputs 
     flex       attention through flex_attention, the mask as a score_mod on the device position
     pointwise  attention as broadcast products and sums (Inductor reductions, no cuBLAS)
     argmax_in  the argmax inside the compiled step (its output cloned before the next replay)
-    matmul     decode steps attend with the prefill's two matmuls and softmax (the model before
-               session 24) instead of the decode_attention op (examples/decode_attention.py);
-               every other row uses the op where its attention is the model's own
+    matmul     decode steps as the prefill (Inductor's RoPE and cache writes, two matmuls and a
+               softmax: the model before session 24) instead of the decode_attention op
+               (examples/decode_attention.py); every other row uses the op where its attention
+               is the model's own
 """
 
 import argparse
