@@ -39,7 +39,7 @@ import torch.nn.functional as F
 from torch import nn
 
 import nvfp4_inductor as nv
-from decode_attention import decode_attention
+from decode_attention import apply_rope, decode_attention  # apply_rope: (B, H, T, D), cos (T, D/2)
 
 
 @dataclass(frozen=True)
@@ -93,12 +93,6 @@ def rope_tables(head_dim: int, max_len: int, theta: float):
     inv_freq = theta ** (-torch.arange(0, head_dim, 2, dtype=torch.float64) / head_dim)
     angles = torch.outer(torch.arange(max_len, dtype=torch.float64), inv_freq)
     return angles.cos().float(), angles.sin().float()
-
-
-def apply_rope(x, cos, sin):
-    """x (B, H, T, D); cos, sin (T, D/2): rotates the pairs (x[i], x[i + D/2]) ("rotate half")."""
-    x1, x2 = x.float().chunk(2, dim=-1)
-    return torch.cat((x1 * cos - x2 * sin, x1 * sin + x2 * cos), dim=-1).to(x.dtype)
 
 
 class Attention(nn.Module):

@@ -7,7 +7,7 @@ q (B, H, D), k and v (B, KVH, D): the step's projections, rotary embeddings not 
 sin (1, D / 2) fp32: the angles of the position (the model's tables at pos); k_cache / v_cache
 (B, KVH, L, D) with H a multiple of KVH (grouped-query attention: query head h reads KV head
 h // (H / KVH)); pos a (1,) int64 tensor on the device. The op rotates q and k ("rotate half", in
-fp32, rounded to their dtype, as examples/decode.py's apply_rope), writes k and v into the caches
+fp32, rounded to their dtype: apply_rope, the model's own), writes k and v into the caches
 at pos (in place: the caches are the op's mutated arguments), and attends keys 0 .. pos; later
 cache slots are not read (the step's causal mask, which also hides slots not written yet).
 -> (B, H, D) in q's dtype: softmax(q k^T / sqrt(D)) v, scores, softmax and sums in fp32.
@@ -155,8 +155,10 @@ def _check(q, k, v, cos, sin, k_cache, v_cache, pos):
         raise ValueError("all inputs must share a device; q, k, v and the caches a dtype")
 
 
-def _rope(x, cos, sin):
-    """x (B, N, D) rotated "rotate half" by the (1, D / 2) angles, in fp32, rounded to x's dtype."""
+def apply_rope(x, cos, sin):
+    """x (..., D) with the pairs (x[i], x[i + D/2]) rotated ("rotate half") by the angles whose
+    cos, sin (..., D/2) broadcast against x's, in fp32, rounded to x's dtype. The model's own
+    (examples/decode.py: x (B, H, T, D), cos (T, D/2)) and the op's torch form's."""
     x1, x2 = x.float().chunk(2, dim=-1)
     return torch.cat((x1 * cos - x2 * sin, x1 * sin + x2 * cos), dim=-1).to(x.dtype)
 
@@ -164,7 +166,7 @@ def _rope(x, cos, sin):
 def reference(q, k, v, cos, sin, k_cache, v_cache, pos):
     """The op in torch (its CPU implementation): the caches written in place, attention in fp32."""
     _check(q, k, v, cos, sin, k_cache, v_cache, pos)
-    q, k = _rope(q, cos, sin), _rope(k, cos, sin)
+    q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
     k_cache[:, :, pos] = k[:, :, None]
     v_cache[:, :, pos] = v[:, :, None]
     rep, length = q.shape[1] // k_cache.shape[1], k_cache.shape[2]
