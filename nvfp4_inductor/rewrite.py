@@ -62,6 +62,11 @@ _PACKAGE_FILES = tuple(sorted(str(p) for pattern in ("*.py", "*.jinja")
 MERGE_MAX_M = 64
 
 
+def _mm_operands(node: fx.Node):
+    """mm(x, W^T) or addmm(bias, x, W^T) -> (bias or None, x, W^T) as the node has them now."""
+    return (None, *node.args) if node.target == aten.mm.default else node.args
+
+
 def _is_transpose(node: fx.Node) -> bool:
     return node.target == aten.permute.default and list(node.args[1]) == [1, 0]
 
@@ -171,7 +176,7 @@ class LinearToNVFP4(_compat.CustomGraphPass):
                 continue
             if node.kwargs:  # addmm with beta / alpha: not a plain linear
                 continue
-            bias, x, weight_t = (None, *node.args) if node.target == aten.mm.default else node.args
+            bias, x, weight_t = _mm_operands(node)
             weight = _weight_of(weight_t, names)
             if weight is None:
                 continue
@@ -233,7 +238,7 @@ class LinearToNVFP4(_compat.CustomGraphPass):
         first, bias, _, _, _ = group[0]
         # x as the graph has it now: where x is an earlier linear's output (two linears in a
         # row), that linear was converted and its node replaced since the list was made.
-        x = first.args[0] if first.target == aten.mm.default else first.args[1]
+        x = _mm_operands(first)[1]
         with graph.inserting_before(first):
             parts = [self._quantized(graph, weight) for _, _, _, weight, _ in group]
             widths = [weight.meta["val"].shape[0] for _, _, _, weight, _ in group]
