@@ -25,6 +25,11 @@ def check_tensor(name: str, t, dtypes) -> None:
         raise TypeError(f"{name} must have dtype {_dtype_names(dtypes)}; got {t.dtype}")
 
 
+def check_bool(name: str, value) -> None:
+    if not isinstance(value, bool):
+        raise TypeError(f"{name} must be a bool; got {value!r}")
+
+
 def check_same_device(name: str, t: Tensor, ref_name: str, ref: Tensor) -> None:
     if t.device != ref.device:
         raise ValueError(f"{name} is on {t.device} but {ref_name} is on {ref.device}")

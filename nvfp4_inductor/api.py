@@ -67,11 +67,6 @@ def _global_scale_tensor(global_scale, x: Tensor, per_row: bool) -> Tensor | Non
     return g.to(x.device)
 
 
-def _check_flag(name: str, value) -> None:
-    if not isinstance(value, bool):
-        raise TypeError(f"{name} must be a bool; got {value!r}")
-
-
 def quantize(x: Tensor, global_scale=None, *, swizzle: bool = False, per_row: bool = False,
              method: str = "rtn", hessian: Tensor | None = None) -> NVFP4:
     """(..., K) bf16/fp16/fp32, K % 16 == 0 -> NVFP4.
@@ -85,8 +80,8 @@ def quantize(x: Tensor, global_scale=None, *, swizzle: bool = False, per_row: bo
     collect_hessians). The codes are always round-to-nearest-even for the chosen scale.
     """
     _checks.check_float_input("x", x)
-    _check_flag("swizzle", swizzle)
-    _check_flag("per_row", per_row)
+    _checks.check_bool("swizzle", swizzle)
+    _checks.check_bool("per_row", per_row)
     _checks.check_weight_method(method, hessian)
     if hessian is not None:
         _checks.check_tensor("hessian", hessian, (torch.float32,))
@@ -110,7 +105,7 @@ def _check_nvfp4(name: str, q) -> tuple[Tensor, Tensor]:
     if not isinstance(q, NVFP4):
         raise TypeError(f"{name} must be an nvfp4_inductor.NVFP4; got {type(q).__name__}")
     _checks.check_tensor(f"{name}.data", q.data, (torch.uint8,))
-    _check_flag(f"{name}.swizzled", q.swizzled)
+    _checks.check_bool(f"{name}.swizzled", q.swizzled)
     _checks.check_tensor(f"{name}.global_scale", q.global_scale, (torch.float32,))
     expected = (*q.data.shape[:-1], q.data.shape[-1] * 2) if q.data.dim() else None
     if tuple(q.shape) != expected:

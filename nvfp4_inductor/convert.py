@@ -56,8 +56,7 @@ class Config:
         _check_activations(self.activations)
         if self.include is not None and not callable(self.include):
             raise TypeError(f"include must be callable (name, module) -> bool or None; got {self.include!r}")
-        if not isinstance(self.skip_output_head, bool):
-            raise TypeError(f"skip_output_head must be a bool; got {self.skip_output_head!r}")
+        _checks.check_bool("skip_output_head", self.skip_output_head)
         if (not isinstance(self.min_weight_numel, int) or isinstance(self.min_weight_numel, bool)
                 or self.min_weight_numel < 0):
             raise ValueError(f"min_weight_numel must be an int >= 0; got {self.min_weight_numel!r}")
@@ -65,8 +64,7 @@ class Config:
             raise TypeError(f"hessians must be a dict {{layer name: tensor}} or None; got "
                             f"{type(self.hessians).__name__}")
         _checks.check_weight_method(self.weight_method, self.hessians)
-        if not isinstance(self.merge_linears, bool):
-            raise TypeError(f"merge_linears must be a bool; got {self.merge_linears!r}")
+        _checks.check_bool("merge_linears", self.merge_linears)
 
 
 def _check_activations(mode) -> None:
