@@ -14,6 +14,8 @@ Parts (each changes examples/decode.py's classes for that row only; the outputs 
     flex       attention through flex_attention, the mask as a score_mod on the device position
     pointwise  attention as broadcast products and sums (Inductor reductions, no cuBLAS)
     argmax_in  the argmax inside the compiled step (its output cloned before the next replay)
+    norm_kernel  W4A16 with Config(fuse_norms=False): each RMSNorm a kernel of its own before the
+               GEMMs (the model before session 25) instead of applied by the GEMMs
     matmul     decode steps as the prefill (Inductor's RoPE and cache writes, two matmuls and a
                softmax: the model before session 24) instead of the decode_attention op
                (examples/decode_attention.py); every other row uses the op where its attention
@@ -21,6 +23,7 @@ Parts (each changes examples/decode.py's classes for that row only; the outputs 
 """
 
 import argparse
+import dataclasses
 import gc
 import math
 import sys
@@ -92,6 +95,7 @@ PARTS = {  # name -> (Attention.forward, RMSNorm.forward)
     "attn_skip": (attn_skip, NORM), "sdpa": (attn_sdpa, NORM), "flex": (attn_flex, NORM),
     "pointwise": (attn_pointwise, NORM), "argmax_in": (ATTENTION, NORM),
     "matmul": (ATTENTION, NORM),  # decode steps attend as the prefill does (decode_op off)
+    "norm_kernel": (ATTENTION, NORM),  # W4A16 keeps Inductor's norm kernels (fuse_norms off)
 }
 
 
@@ -146,6 +150,8 @@ def main():
             layer.attn.decode_op = part != "matmul"
         us = {}
         for name, config in variants.items():
+            if part == "norm_kernel" and config is not None:
+                config = dataclasses.replace(config, fuse_norms=False)
             torch._dynamo.reset()
             gc.collect()
             torch.cuda.empty_cache()

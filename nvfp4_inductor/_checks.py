@@ -84,6 +84,21 @@ def check_rms_norm_args(h, weight, eps: float) -> None:
         raise ValueError(f"eps must be finite and >= 0; got {eps}")
 
 
+def check_norm_input(norm_h, eps: float, x) -> None:
+    """A deferred RMSNorm's input: None, or h bf16 / fp16 on x's device with x's rows (same last
+    dim and element count: x may be a view of h's shape), eps finite and >= 0 (x is then h times
+    the norm's weight)."""
+    if norm_h is None:
+        return
+    check_tensor("norm_h", norm_h, (torch.bfloat16, torch.float16))
+    check_same_device("norm_h", norm_h, "x", x)
+    if norm_h.dim() == 0 or norm_h.shape[-1] != x.shape[-1] or norm_h.numel() != x.numel():
+        raise ValueError(f"norm_h must have x's rows (shape {tuple(x.shape)} or a view of it with "
+                         f"the same last dim); got {tuple(norm_h.shape)}")
+    if not (eps >= 0 and eps < float("inf")):
+        raise ValueError(f"norm_eps must be finite and >= 0; got {eps}")
+
+
 def check_silu_mul_linear_args(n: int, w_global_scale, x_global_scale) -> None:
     """n: a positive multiple of the interleave group; the global scales one per weight row; x's
     None or fp32 ()."""

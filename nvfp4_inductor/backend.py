@@ -67,7 +67,7 @@ def nvfp4_backend(gm: torch.fx.GraphModule, example_inputs, mode=None, options=N
                                     tuple(p.shape))
             for name, p in constants if p.dim() == 2}
     rewrite = LinearToNVFP4(_resolve_activation(config.activations, sample), names, keep,
-                            config.weight_method, config.merge_linears)
+                            config.weight_method, config.merge_linears, config.fuse_norms)
     from . import lowerings  # imports Inductor's lowering machinery: only when compiling
 
     lowerings.register()  # nvfp4.linear_tiled -> the NVFP4 GEMM template + fused epilogue

@@ -42,6 +42,10 @@ class Config:
     merge_linears: under backend="nvfp4", linears that read the same input (q / k / v, gate /
         up) become one GEMM at decode sizes (at most 64 rows), each weight keeping its own global
         scale (nvfp4_inductor/rewrite.py).
+    fuse_norms: under backend="nvfp4", an RMSNorm whose output only feeds NVFP4 linears at decode
+        sizes leaves its own kernel: W4A4 quantizes in the norm's kernel (at most 2 rows), W4A16
+        GEMMs apply the norm themselves (at most 16 rows; rounded otherwise than the norm,
+        within bf16's 2^-9: nvfp4_inductor/norm_fusion.py). False keeps Inductor's norm kernels.
     """
 
     activations: str = "auto"
@@ -51,6 +55,7 @@ class Config:
     weight_method: str = "rtn"
     hessians: dict | None = field(default=None, compare=False)  # tensors: not hashed / compared
     merge_linears: bool = True
+    fuse_norms: bool = True
 
     def __post_init__(self):
         _check_activations(self.activations)
@@ -65,6 +70,7 @@ class Config:
                             f"{type(self.hessians).__name__}")
         _checks.check_weight_method(self.weight_method, self.hessians)
         _checks.check_bool("merge_linears", self.merge_linears)
+        _checks.check_bool("fuse_norms", self.fuse_norms)
 
 
 def _check_activations(mode) -> None:

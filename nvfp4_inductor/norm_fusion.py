@@ -1,4 +1,7 @@
-"""W4A4 at decode: an RMSNorm whose output only feeds NVFP4 linears is quantized in its own kernel.
+"""RMSNorms at decode that only feed NVFP4 linears: W4A4 quantizes in the norm's kernel, W4A16
+defers the norm into the GEMM.
+
+W4A4.
 
 After the linear rewrite, a W4A4 linear is `linear_tiled(x, ..., g, b, N, "nvfp4")`: quantize_values
 (x) -> (values, g_x), the W4A16 GEMM on the values, (g * g_x) in the epilogue. Where x is an
@@ -24,6 +27,22 @@ nn.RMSNorm and the hand-written ones alike):
     n  = hf * rsqrt(mean(hf ** 2 | hf * hf, [-1], keepdim=True) + eps)
     y  = convert_element_type(n [* w], h.dtype)             weight_after_cast False (or no weight)
     y  = w * convert_element_type(n, h.dtype)               True: w in h's dtype (Hugging Face)
+
+W4A16 (defer_rms_norms). The norm was a kernel of its own between the GEMM that produced h (its
+residual add fused into that GEMM's epilogue) and the linears reading y: one launch and an 8 KB
+round trip on the critical path a norm, ~2.3 us at batch 1 on an H100 (16 norms, 41 us of a
+700 us Llama-3-8B-shaped decode step; benchmarks/NOTES.md, session 24). This pass writes
+
+    x = h * w                      rounded to h's dtype as the norm rounds y (w in fp32 first,
+                                   or after the cast), Inductor fuses it into h's producer
+    out = nvfp4.linear_tiled(x, ..., norm_h=h, norm_eps=eps)
+
+and the GEMM multiplies each row's products by rsqrt(mean(h^2) + eps): each split of the
+template sums the squares of its K range of h after its products, the last split combines them
+(templates/nvfp4_tiled_gemm.py.jinja, RMS). The result is the norm's up to rounding: the factor
+multiplies fp32 products instead of h before its rounding to bf16 (relative differences of the
+order of bf16's 2^-9, well inside NVFP4's own error). For static h of at most DEFER_MAX_ROWS rows
+on a device the template runs on, where every use of the norm's output is the x of a W4A16 linear.
 """
 
 import operator
@@ -40,6 +59,7 @@ LINEARS = (LINEAR, torch.ops.nvfp4.linear_tiled_silu_mul.default)
 FUSED = torch.ops.nvfp4.rms_norm_quantize_values.default
 _HALF = (torch.bfloat16, torch.float16)
 MAX_ROWS = 2  # rows of h up to which the fused kernel measured faster (module docstring)
+DEFER_MAX_ROWS = 16  # rows of h up to which W4A16 linears take a deferred norm (module docstring)
 
 
 def _rms(n: fx.Node):
@@ -100,16 +120,17 @@ def match_rms_norm(y: fx.Node):
     return (h, weight, eps, False) if y.args[1] == _val(h).dtype else None
 
 
-def _linear_uses(y: fx.Node):
-    """The W4A4 linears reading y (through views) as x -> list, or None where anything else does."""
+def _linear_uses(y: fx.Node, activation: str = "nvfp4"):
+    """The linears with these activations reading y (through views) as x, none of them with a
+    deferred norm -> list, or None where anything else does."""
     linears, pending = [], [y]
     while pending:
         node = pending.pop()
         for user in node.users:
             if _call(user, *_VIEWS) and user.args[0] is node:
                 pending.append(user)
-            elif (_call(user, *LINEARS) and user.args[-1] == "nvfp4" and user.args[0] is node
-                  and node not in user.args[1:]):
+            elif (_call(user, *LINEARS) and user.args[-1] == activation and user.args[0] is node
+                  and node not in user.args[1:] and not user.kwargs):
                 linears.append(user)
             else:
                 return None
@@ -176,5 +197,52 @@ def fuse_rms_norms(graph: fx.Graph) -> int:
                 args[4] = g_x
             args[-1] = "bf16"  # x: the values, multiplied as bf16
             linear.args = tuple(args)
+        fused += 1
+    return fused
+
+
+def _template_device(device) -> bool:
+    """Where the linear's Inductor template runs (lowerings/linear.py): CUDA, or the CPU when
+    Inductor emits Triton for it."""
+    from torch._inductor import config as inductor_config
+
+    return device.type == "cuda" or (device.type == "cpu" and inductor_config.cpu_backend == "triton")
+
+
+def _defer_fits(h_val) -> bool:
+    shape = h_val.shape
+    return (all(isinstance(d, int) for d in shape) and 0 < shape.numel() <= DEFER_MAX_ROWS * shape[-1]
+            and _template_device(h_val.device))
+
+
+def _insert(graph: fx.Graph, after: fx.Node, target, args) -> fx.Node:
+    with graph.inserting_after(after):
+        node = graph.call_function(target, args)
+    _fake(node, target, args)
+    return node
+
+
+def defer_rms_norms(graph: fx.Graph) -> int:
+    """W4A16 at decode: RMSNorm(h) -> linears becomes (module docstring, second part)
+        x = h * weight (rounded as the norm rounds its output); linear(x, ..., norm_h=h, norm_eps=eps)
+    for every norm whose output only W4A16 linears read as x; -> how many."""
+    fused = 0
+    for y in list(graph.nodes):
+        match = match_rms_norm(y) if _val(y) is not None else None
+        linears = _linear_uses(y, "bf16") if match else None
+        if not linears or not _defer_fits(_val(match[0])):
+            continue
+        h, weight, eps, weight_after_cast = match
+        if weight is None:
+            x = h
+        elif weight_after_cast:  # w * h in h's dtype
+            x = _insert(graph, y, aten.mul.Tensor, (weight, h))
+        else:  # (h * w) in fp32, rounded to h's dtype
+            hf = _insert(graph, y, _CONVERT, (h, torch.float32))
+            x = _insert(graph, hf, aten.mul.Tensor, (hf, weight))
+            x = _insert(graph, x, _CONVERT, (x, _val(h).dtype))
+        y.replace_all_uses_with(x)
+        for linear in linears:
+            linear.kwargs = {"norm_h": h, "norm_eps": eps}
         fused += 1
     return fused

@@ -344,47 +344,61 @@ def linear_tiled(
     bias: Tensor | None,
     n: int,
     activation: str,
+    norm_h: Tensor | None = None,
+    norm_eps: float = 0.0,
 ) -> Tensor:
-    """nvfp4::linear with W (N = n rows) in the tiled layout -> (..., N) in x.dtype."""
+    """nvfp4::linear with W (N = n rows) in the tiled layout -> (..., N) in x.dtype.
+
+    norm_h: an RMSNorm deferred into the linear (backend="nvfp4" at W4A16 decode): x is the norm's
+    input h times its weight, norm_h is h, and each row's products are multiplied by
+    rsqrt(mean(h^2) + norm_eps) (reference.rms_scale) before the global scale and the bias."""
     _checks.check_linear_tiled_args(x, w_data, w_scale, w_global_scale, bias, n, activation)
+    _checks.check_norm_input(norm_h, norm_eps, x)
     data, scale = tiled.untile(w_data, w_scale, n, x.shape[-1])
-    return reference.linear(x, data, scale.view(_E4M3), w_global_scale, bias, activation)
+    row_scale = (None if norm_h is None
+                 else reference.rms_scale(norm_h, norm_eps).reshape(*x.shape[:-1], 1))
+    return reference.linear(x, data, scale.view(_E4M3), w_global_scale, bias, activation, row_scale)
 
 
 @linear_tiled.register_kernel("cuda")
-def _(x, w_data, w_scale, w_global_scale, bias, n, activation):
+def _(x, w_data, w_scale, w_global_scale, bias, n, activation, norm_h=None, norm_eps=0.0):
     from .kernels.gemm import linear_tiled as linear_tiled_triton
 
     _checks.check_linear_tiled_args(x, w_data, w_scale, w_global_scale, bias, n, activation)
-    return linear_tiled_triton(x, w_data, w_scale, w_global_scale, bias, n, activation)
+    _checks.check_norm_input(norm_h, norm_eps, x)
+    return linear_tiled_triton(x, w_data, w_scale, w_global_scale, bias, n, activation, norm_h, norm_eps)
 
 
 @linear_tiled.register_fake
-def _(x, w_data, w_scale, w_global_scale, bias, n, activation):
+def _(x, w_data, w_scale, w_global_scale, bias, n, activation, norm_h=None, norm_eps=0.0):
     _checks.check_linear_tiled_args(x, w_data, w_scale, w_global_scale, bias, n, activation)
+    _checks.check_norm_input(norm_h, norm_eps, x)
     return x.new_empty((*x.shape[:-1], n))
 
 
 @torch.library.custom_op("nvfp4::linear_tiled_silu_mul", mutates_args=())
 def linear_tiled_silu_mul(
     x: Tensor, w_data: Tensor, w_scale: Tensor, w_global_scale: Tensor,
-    x_global_scale: Tensor | None, n: int, activation: str,
+    x_global_scale: Tensor | None, n: int, activation: str, norm_h: Tensor | None = None,
+    norm_eps: float = 0.0,
 ) -> Tensor:
     """A gated MLP's F.silu(gate(x)) * up(x), the two bias-less linears as one tiled weight of 2n
     rows interleaved by tiled.interleave_halves (w_global_scale (2n,) likewise) -> (..., n) in
     x.dtype: each linear rounded to x.dtype, then reference.silu_mul. x_global_scale (fp32 ()):
     x is W4A4's quantized values (from a fused producer), multiplied as bf16 with the global
     scales w_global_scale * x_global_scale. backend="nvfp4" puts it in place of such an MLP's
-    merged GEMM at decode; its Inductor template applies SiLU * mul in the GEMM's epilogue."""
+    merged GEMM at decode; its Inductor template applies SiLU * mul in the GEMM's epilogue.
+    norm_h, norm_eps: a deferred RMSNorm, as for linear_tiled."""
     _checks.check_silu_mul_linear_args(n, w_global_scale, x_global_scale)
     g = w_global_scale if x_global_scale is None else w_global_scale * x_global_scale
-    y = torch.ops.nvfp4.linear_tiled(x, w_data, w_scale, g, None, 2 * n, activation)
+    y = torch.ops.nvfp4.linear_tiled(x, w_data, w_scale, g, None, 2 * n, activation, norm_h, norm_eps)
     gate, up = tiled.split_halves(y)
     return reference.silu_mul(gate, up)
 
 
 @linear_tiled_silu_mul.register_fake
-def _(x, w_data, w_scale, w_global_scale, x_global_scale, n, activation):
+def _(x, w_data, w_scale, w_global_scale, x_global_scale, n, activation, norm_h=None, norm_eps=0.0):
     _checks.check_silu_mul_linear_args(n, w_global_scale, x_global_scale)
     _checks.check_linear_tiled_args(x, w_data, w_scale, w_global_scale, None, 2 * n, activation)
+    _checks.check_norm_input(norm_h, norm_eps, x)
     return x.new_empty((*x.shape[:-1], n))

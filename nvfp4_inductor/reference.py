@@ -178,12 +178,18 @@ def rms_norm(h: Tensor, weight: Tensor | None, eps: float, weight_after_cast: bo
     weight (K,) multiplies in fp32 before that rounding ((h * r * w).to(dtype)), or with
     weight_after_cast after it (w * (h * r).to(dtype), rounded again: the Hugging Face Llama form)."""
     hf = h.float()
-    n = hf * torch.rsqrt(hf.pow(2).mean(-1, keepdim=True) + eps)
+    n = hf * rms_scale(h, eps)
     if weight is None:
         return n.to(h.dtype)
     if weight_after_cast:
         return (weight.float() * n.to(h.dtype).float()).to(h.dtype)
     return (n * weight.float()).to(h.dtype)
+
+
+def rms_scale(h: Tensor, eps: float) -> Tensor:
+    """An RMSNorm's row factor: rsqrt(mean(h^2, last dim) + eps) in fp32, shape (..., 1)."""
+    hf = h.float()
+    return torch.rsqrt(hf.pow(2).mean(-1, keepdim=True) + eps)
 
 
 def silu_mul(gate: Tensor, up: Tensor) -> Tensor:
@@ -250,12 +256,14 @@ def linear(
     w_global_scale: Tensor,
     bias: Tensor | None = None,
     activation: str = "bf16",
+    row_scale: Tensor | None = None,
 ) -> Tensor:
     """y = x @ W^T (+ bias): x (..., K), W NVFP4 (N, K/2) + plain scales (N, K/16) -> (..., N).
 
     activation "bf16": x enters the product rounded to bf16 (W4A16); "nvfp4": x is quantized with
     a dynamic per-tensor global scale and dequantized (W4A4). Products and sums in fp32; the result
-    is cast to x.dtype once.
+    is cast to x.dtype once. row_scale (fp32 (..., 1)) multiplies each row's products before the
+    bias (a deferred RMSNorm's factor, rms_scale).
     """
     w = dequantize(w_data, w_scale, w_global_scale, torch.float32)
     if activation == "nvfp4":
@@ -263,6 +271,8 @@ def linear(
     else:
         x_f32 = x.to(torch.bfloat16).float()
     y = x_f32 @ w.T
+    if row_scale is not None:
+        y = y * row_scale
     if bias is not None:
         y = y + bias.float()
     return y.to(x.dtype)

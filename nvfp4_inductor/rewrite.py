@@ -34,7 +34,7 @@ nvfp4.linear_tiled_silu_mul: the same weights, rows interleaved by 32 (tiled.int
 folded at compile time like the merge), SiLU * mul in the GEMM's epilogue.
 
 With W4A4 activations, an RMSNorm feeding only such linears is then quantized in the same kernel
-that normalizes (decode-sized inputs; norm_fusion.py).
+that normalizes; with W4A16 the GEMMs apply it (decode-sized inputs; norm_fusion.py).
 """
 
 import logging
@@ -144,7 +144,7 @@ class LinearToNVFP4(_compat.CustomGraphPass):
     "rtn" or "mse" (block scale search; "hessian" needs calibration data the graph lacks)."""
 
     def __init__(self, activation: str, param_names: list[str], keep: dict | None = None,
-                 weight_method: str = "rtn", merge: bool = True):
+                 weight_method: str = "rtn", merge: bool = True, fuse_norms: bool = True):
         if weight_method not in ("rtn", "mse"):
             raise ValueError(f'backend="nvfp4" supports weight_method "rtn" and "mse"; got '
                              f"{weight_method!r}")
@@ -153,12 +153,14 @@ class LinearToNVFP4(_compat.CustomGraphPass):
         self.param_names = param_names
         self.keep = keep or {}
         self.merge = merge
+        self.fuse_norms = fuse_norms
         self.converted: list[str] = []
         self.merged: list[list[str]] = []  # groups of weights multiplied as one GEMM
         self.retiled: list[str] = []  # weights already NVFP4 (nv.convert), moved to the tiled layout
         self.gated = 0  # merged gate / up GEMMs whose epilogue takes silu(gate) * up
         self.skipped: dict[str, str] = {}
         self.norms_fused = 0  # RMSNorm -> W4A4 linears given rms_norm_quantize_values (norm_fusion)
+        self.norms_deferred = 0  # RMSNorm -> W4A16 linears applying it in the GEMM (norm_fusion)
 
     def __call__(self, graph: fx.Graph) -> None:
         placeholders = [n for n in graph.nodes if n.op == "placeholder"]
@@ -190,14 +192,18 @@ class LinearToNVFP4(_compat.CustomGraphPass):
             self._convert(graph, group)
         for node in list(graph.nodes):
             self._gate(graph, node)
-        if self.activation == "nvfp4":
+        if self.fuse_norms and self.activation == "nvfp4":
             self.norms_fused = norm_fusion.fuse_rms_norms(graph)
+        if self.fuse_norms:
+            self.norms_deferred = norm_fusion.defer_rms_norms(graph)
         graph.eliminate_dead_code()
         log.info("nvfp4: converted %d linear weights, skipped %d %s", len(self.converted),
                  len(self.skipped), self.skipped)
         if self.norms_fused:
             log.info("nvfp4: %d RMSNorms quantized in one kernel with their W4A4 activations",
                      self.norms_fused)
+        if self.norms_deferred:
+            log.info("nvfp4: %d RMSNorms applied by the W4A16 GEMMs they feed", self.norms_deferred)
         if self.merged:
             log.info("nvfp4: merged into one GEMM each: %s", self.merged)
         if self.gated:
@@ -370,5 +376,5 @@ class LinearToNVFP4(_compat.CustomGraphPass):
                         if name.isupper())
         return _compat.get_hash_for_files(_PACKAGE_FILES) + repr(
             (self.activation, self.param_names, sorted(self.keep.items()), self.weight_method, self.merge,
-             tables)
+             self.fuse_norms, tables)
         ).encode()

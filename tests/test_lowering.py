@@ -65,14 +65,15 @@ def _launches(code: str) -> list[str]:
             and "import" not in line]
 
 
-def _linear_eager(linear, h, activations):
-    """An nn.Linear on h as the eager nvfp4 ops (the same quantized, tiled weights)."""
+def _linear_eager(linear, h, activations, norm=()):
+    """An nn.Linear on h as the eager nvfp4 ops (the same quantized, tiled weights); norm: a
+    deferred RMSNorm's (norm_h, norm_eps)."""
     w = linear.weight.detach()
     data, scale, g = torch.ops.nvfp4.quantize(w, None, False, False)
     data, scale = torch.ops.nvfp4.tile_weight(data, scale)
     bias = None if linear.bias is None else linear.bias.detach()
     with torch.no_grad():
-        return torch.ops.nvfp4.linear_tiled(h, data, scale, g, bias, w.shape[0], activations)
+        return torch.ops.nvfp4.linear_tiled(h, data, scale, g, bias, w.shape[0], activations, *norm)
 
 
 def _eager(model, x, residual):
@@ -261,6 +262,123 @@ def test_rms_norm_stays_where_it_cannot_fuse(kernel_device, m, also_return, dtyp
     if kernel_device == "cuda":
         assert "torch.ops.nvfp4.quantize_values.default(" in code
     torch._dynamo.reset()
+
+
+def _norm_times_weight(norm, h):
+    """The x a deferred norm leaves its linears: h times the norm's weight, rounded as it rounds."""
+    weight = getattr(norm, "weight", None)
+    if weight is None:
+        return h
+    if isinstance(norm, WeightAfterCastRMSNorm):
+        return weight * h
+    return (h.float() * weight.float()).to(h.dtype)
+
+
+def _rel_err(y, expected) -> float:
+    return ((y.float() - expected.float()).norm() / expected.float().norm()).item()
+
+
+# W4A16 against the norm's own kernel: x rounded once either way, at different places (2^-9); the
+# CPU interpreter truncates to bf16 instead of rounding, a bias that adds up (measured up to 0.7%)
+_NORM_TOL = {"cpu": 2**-6, "cuda": 2**-7}
+
+
+@pytest.mark.parametrize("norm", list(NORMS))
+@pytest.mark.parametrize("m", [1, 5, norm_fusion.DEFER_MAX_ROWS])
+def test_w4a16_gemm_applies_the_rms_norm(template_inductor, norm, m):
+    """RMSNorm -> W4A16 linear at decode: x = h * weight (a pointwise kernel, none without a weight)
+    and the template multiplies each row by rsqrt(mean(h^2) + eps); no reduction kernel. Equal to
+    the op's definition on the same x and h up to the template's rounding, and to the norm then
+    the linear within bf16's rounding of x."""
+    torch.manual_seed(m)
+    model = NormLinear(norm, 256, 192).to(device=template_inductor, dtype=torch.bfloat16).eval()
+    x = torch.randn(m, 256, device=template_inductor, dtype=torch.bfloat16) * 3
+    y, code = run_and_get_code(nv.compile(model, nv.Config(activations="bf16")), x)
+    launches = _launches("\n".join(code))
+    assert len(launches) == (1 if norm == "nn_no_weight" else 2), launches
+    assert "triton_tem_fused" in launches[-1] and all("triton_poi" in line for line in launches[:-1]), launches
+    with torch.no_grad():
+        eps = model.norm.eps
+        exact = _linear_eager(model.linear, _norm_times_weight(model.norm, x), "bf16", (x, eps))
+        torch.testing.assert_close(y, exact, rtol=2**-7, atol=2**-6)
+        err = _rel_err(y, _linear_eager(model.linear, model.norm(x), "bf16"))
+    assert err < _NORM_TOL[template_inductor], err
+
+
+class NormGatedMLP(nn.Module):
+    """A decoder's MLP half: h + down(silu(gate(norm(h))) * up(norm(h))), after h = x + o(a)."""
+
+    def __init__(self, k, hidden):
+        super().__init__()
+        self.o = nn.Linear(k, k, bias=False)
+        self.norm = decode.RMSNorm(k, 1e-5)
+        self.norm.weight.data = torch.rand(k) + 0.5
+        self.mlp = GatedMLP(k, hidden)
+
+    def forward(self, a, x):
+        h = x + self.o(a)
+        return h, self.mlp(self.norm(h))
+
+
+@pytest.mark.parametrize("m", [1, 5])
+def test_w4a16_gated_mlp_applies_the_rms_norm(template_inductor, m):
+    """The norm's x = h * weight fuses into the template that makes h (o's GEMM + residual add),
+    the gate / up template applies the norm: three templates, nothing else. The MLP's output (h
+    returned on its own: it dwarfs it) against the eager ops' definition and the norm kernel."""
+    torch.manual_seed(m)
+    model = NormGatedMLP(256, 256).to(device=template_inductor, dtype=torch.bfloat16).eval()
+    a, x = (torch.randn(m, 256, device=template_inductor, dtype=torch.bfloat16) for _ in range(2))
+    (h, y), code = run_and_get_code(nv.compile(model, nv.Config(activations="bf16")), a, x)
+    launches = _launches("\n".join(code))
+    assert len(launches) == 3 and all("triton_tem" in line for line in launches), launches
+    with torch.no_grad():
+        h_eager = x + _linear_eager(model.o, a, "bf16")
+        torch.testing.assert_close(h, h_eager, rtol=2**-7, atol=2**-6)
+        mlp = model.mlp
+        for x_in, norm in ((_norm_times_weight(model.norm, h), (h, 1e-5)), (model.norm(h), ())):
+            gated = (nn.functional.silu(_linear_eager(mlp.gate, x_in, "bf16", norm))
+                     * _linear_eager(mlp.up, x_in, "bf16", norm))
+            err = _rel_err(y, _linear_eager(mlp.down, gated, "bf16"))
+            assert err < (2**-6 if norm else 2 * _NORM_TOL[template_inductor]), (bool(norm), err)
+
+
+def _deferred_norms(monkeypatch, model, config, *inputs) -> tuple[int, torch.Tensor]:
+    """Compiles and runs model; -> (how many norms the rewrite deferred, its output). The pass
+    decides as on a device the template runs on, whatever Inductor emits here (on the CPU the
+    linears then run as the eager op: the deferred norm's CPU implementation)."""
+    from nvfp4_inductor import rewrite
+
+    counts, original = [], rewrite.LinearToNVFP4.__call__
+
+    def recording(pass_, graph):
+        original(pass_, graph)
+        counts.append(pass_.norms_deferred)
+
+    monkeypatch.setattr(rewrite.LinearToNVFP4, "__call__", recording)
+    monkeypatch.setattr(norm_fusion, "_template_device", lambda device: True)
+    torch._dynamo.reset()
+    y = nv.compile(model, config)(*inputs)
+    torch._dynamo.reset()
+    return sum(counts), y
+
+
+@pytest.mark.parametrize("m, also_return, fuse, dtype, deferred", [
+    (1, False, True, torch.bfloat16, 1), (1, False, True, torch.float16, 1),
+    (norm_fusion.DEFER_MAX_ROWS + 1, False, True, torch.bfloat16, 0),
+    (1, True, True, torch.bfloat16, 0), (1, False, False, torch.bfloat16, 0)])
+def test_w4a16_rms_norm_is_deferred_only_where_it_fits(monkeypatch, m, also_return, fuse, dtype, deferred):
+    """Decode rows (at most DEFER_MAX_ROWS), only W4A16 linears reading the norm (not a graph
+    output too), Config.fuse_norms on; fp16 too (the linear's output keeps x's dtype). Numerics
+    of each against the norm then the linear (CPU: the eager op's deferred norm)."""
+    torch.manual_seed(m)
+    model = NormLinear("example", 256, 192, also_return).to(dtype=dtype).eval()
+    x = torch.randn(m, 256, dtype=dtype) * 3
+    count, y = _deferred_norms(monkeypatch, model, nv.Config(activations="bf16", fuse_norms=fuse), x)
+    assert count == deferred
+    y = y[0] if also_return else y
+    with torch.no_grad():
+        err = _rel_err(y, _linear_eager(model.linear, model.norm(x), "bf16"))
+    assert y.dtype == dtype and err < 2**-7, err
 
 
 class GatedMLP(nn.Module):

@@ -210,6 +210,39 @@ def test_linear_tiled_equals_linear(m, activation):
         OPS.linear_tiled(x, data_t, scale_t, w.global_scale, bias, 40, activation)
 
 
+@pytest.mark.parametrize("weight_after_cast", [False, True])
+def test_linear_tiled_applies_a_deferred_rms_norm(weight_after_cast):
+    """norm_h: linear(h * w, norm_h=h) is linear(rms_norm(h, w)) up to where the norm's factor
+    meets the rounding (bf16's 2^-9 on x against float64); the op's own definition exactly: the
+    products times rms_scale(h) per row, then the bias. 3-D h, x a 2-D view of h's rows."""
+    torch.manual_seed(3)
+    h = torch.randn(2, 3, 80, dtype=torch.bfloat16) * 4
+    norm_w = torch.rand(80, dtype=torch.bfloat16) + 0.5
+    w = nv.quantize(torch.randn(48, 80))
+    bias = torch.randn(48, dtype=torch.bfloat16)
+    data_t, scale_t = OPS.tile_weight(w.data, w.scale.view(torch.uint8))
+    x = (norm_w * h) if weight_after_cast else (h.float() * norm_w.float()).to(h.dtype)
+    args = (x.view(6, 80), data_t, scale_t, w.global_scale, bias, 48, "bf16", h, 1e-5)
+    torch.library.opcheck(OPS.linear_tiled.default, args)
+    y = OPS.linear_tiled(*args)
+    w_f = reference.dequantize(w.data, w.scale, w.global_scale).double()
+    rows = (x.view(6, 80).double() @ w_f.T) * reference.rms_scale(h, 1e-5).view(6, 1).double()
+    torch.testing.assert_close(y, (rows + bias.double()).to(torch.bfloat16), rtol=2**-8, atol=2**-8)
+    h_d = h.view(6, 80).double()
+    truth = (h_d * torch.rsqrt(h_d.pow(2).mean(-1, keepdim=True) + 1e-5) * norm_w.double()) @ w_f.T
+    normed = reference.rms_norm(h, norm_w, 1e-5, weight_after_cast).view(6, 80)
+    unfused = OPS.linear_tiled(normed, data_t, scale_t, w.global_scale, None, 48, "bf16").double()
+    fused = OPS.linear_tiled(*args[:4], None, *args[5:]).double()
+    err_fused, err_unfused = ((t - truth).norm() / truth.norm() for t in (fused, unfused))
+    assert err_fused < 2**-8 and err_unfused < 2**-8, (err_fused, err_unfused)
+    with pytest.raises(ValueError, match="norm_h must have x's rows"):
+        OPS.linear_tiled(*args[:7], h[:, :2], 1e-5)
+    with pytest.raises(TypeError, match="norm_h must have dtype"):
+        OPS.linear_tiled(*args[:7], h.float(), 1e-5)
+    with pytest.raises(ValueError, match="norm_eps must be finite and >= 0"):
+        OPS.linear_tiled(*args[:8], -1.0)
+
+
 def test_tile_weight_rejects_bad_input():
     data, scale, _ = _q_args(torch.randn(32, 64))
     with pytest.raises(ValueError, match="plain scales"):
@@ -237,6 +270,13 @@ def test_linear_tiled_silu_mul_is_the_gated_mlp(activation):
     x_g = torch.tensor(0.5)
     scaled = OPS.linear_tiled_silu_mul(x, data_t, scale_t, g, x_g, 64, activation)
     assert torch.equal(scaled, OPS.linear_tiled_silu_mul(x, data_t, scale_t, g * x_g, None, 64, activation))
+    h = torch.randn(3, 80, dtype=torch.bfloat16)  # a deferred norm: each linear's, then silu * mul
+    normed = OPS.linear_tiled_silu_mul(x, data_t, scale_t, g, None, 64, activation, h, 1e-6)
+    torch.library.opcheck(OPS.linear_tiled_silu_mul.default, (*args, h, 1e-6))
+    want = nv.reference.silu_mul(*(OPS.linear_tiled(x, *OPS.tile_weight(part.data, part.scale.view(torch.uint8)),
+                                                    part.global_scale, None, 64, activation, h, 1e-6)
+                                   for part in (gate, up)))
+    assert torch.equal(normed, want)
     with pytest.raises(ValueError, match="n = 48 must be a positive multiple of 32"):
         OPS.linear_tiled_silu_mul(x, data_t, scale_t, g[:96], None, 48, activation)
     with pytest.raises(ValueError, match=r"w_global_scale must have shape \(128,\)"):

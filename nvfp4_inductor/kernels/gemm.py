@@ -225,16 +225,28 @@ def _linear_dequant_cublas(x2, w, w_g, bias, activation, out_dtype):
     return scaled_mm(a, w, w_g if a_g is None else w_g * a_g, bias, out_dtype)
 
 
-def linear_tiled(x, w_data, w_scale, w_g, bias, n: int, activation: str):
+def linear_tiled(x, w_data, w_scale, w_g, bias, n: int, activation: str, norm_h=None,
+                 norm_eps: float = 0.0):
     """nvfp4::linear_tiled on CUDA: W in the tiled layout (nvfp4_inductor.tiled). Small M runs the
     skinny kernel on it; larger M dequantizes it (the dequantize kernel reads the tiled layout)
-    for a cuBLAS GEMM, whatever x's dtype (x is used as bf16, as W4A16 defines)."""
+    for a cuBLAS GEMM, whatever x's dtype (x is used as bf16, as W4A16 defines). With norm_h (a
+    deferred RMSNorm, which backend="nvfp4" compiles into its template) the eager op takes fp32
+    products from cuBLAS and applies the norm's row factor, the global scale and the bias."""
     from .dequantize import dequantize
 
     lead, k = x.shape[:-1], x.shape[-1]
     x2 = x.reshape(-1, k)
     if x2.stride(-1) != 1:
         x2 = x2.contiguous()
+    if norm_h is not None:
+        from ..reference import rms_scale
+
+        a, a_g = _activation_operand(x2, activation)
+        y = mm_tiled_f32(a, w_data, w_scale, n) * rms_scale(norm_h.reshape(-1, k), norm_eps)
+        y = y * (w_g if a_g is None else w_g * a_g)
+        if bias is not None:
+            y = y + bias.float()
+        return y.to(x.dtype).reshape(*lead, n)
     if gemm_configs.linear_path(x2.shape[0], n, k, x.dtype, activation, tiled=True) == "splitk":
         return _linear_splitk(x2, w_data, w_scale, w_g, bias, False, activation, x.dtype,
                               n).reshape(*lead, n)

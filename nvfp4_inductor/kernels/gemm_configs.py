@@ -185,6 +185,16 @@ def split_sum_tile(m: int, splits: int, block_n: int, num_warps: int) -> tuple[i
     return rows, max(1, min(1 << (splits - 1).bit_length(), at_once))
 
 
+def sum_squares_tile(rows: int, k_range: int) -> tuple[int, int]:
+    """-> (CHUNK, CHUNKS) of gemm_splitk.sum_squares for `rows` rows (padded to a power of two) and a
+    K range: CHUNKS (at most 8) loads of at most 4096 elements (64 fp32 registers a thread at 2
+    warps, taken after the mainloop), together covering a split's range at decode sizes."""
+    rows = 1 << (rows - 1).bit_length()
+    span = 1 << (k_range - 1).bit_length()
+    chunk = max(16, min(span, 4096 // rows))
+    return chunk, max(1, min(8, span // chunk))
+
+
 def split_ranges(k: int, block_k: int, splits: int) -> tuple[int, int]:
     """-> (splits, K-steps per split) covering cdiv(k, block_k) steps with no empty split."""
     steps = -(-k // block_k)

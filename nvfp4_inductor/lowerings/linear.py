@@ -146,17 +146,19 @@ def _pdl_mode(device, w_data, w_scale) -> int:
     return 2 if all(node.get_name() in V.graph.constants for node in (w_data, w_scale)) else 1
 
 
-def lower_linear_tiled(x, w_data, w_scale, w_global_scale, bias, n, activation, glu=False, x_g=None):
+def lower_linear_tiled(x, w_data, w_scale, w_global_scale, bias, n, activation, norm_h=None, norm_eps=0.0,
+                       glu=False, x_g=None):
     """glu: nvfp4.linear_tiled_silu_mul (x_g its x_global_scale), n = 2 x its output width: the
     template's epilogue takes silu(gate) * up from each tile's 32 gate and 32 up rows and stores
-    (M, n / 2) itself."""
+    (M, n / 2) itself. norm_h: a deferred RMSNorm (the op's docstring), applied by the template
+    (RMS); no extern choice then."""
     dot_scaled = activation == "nvfp4" and gemm_configs.block_scaled_mma(x.get_device())
-    if not _uses_template(x) or (glu and dot_scaled):
+    if not _uses_template(x) or ((glu or norm_h is not None) and dot_scaled):
         if glu:
             return fallback_handler(GLU_OP, add_to_fallback_set=False)(
-                x, w_data, w_scale, w_global_scale, x_g, n // 2, activation)
+                x, w_data, w_scale, w_global_scale, x_g, n // 2, activation, norm_h, norm_eps)
         return fallback_handler(OP, add_to_fallback_set=False)(
-            x, w_data, w_scale, w_global_scale, bias, n, activation)
+            x, w_data, w_scale, w_global_scale, bias, n, activation, norm_h, norm_eps)
     *lead, k = (int(s) for s in x.get_size())
     m = 1
     for s in lead:
@@ -185,7 +187,8 @@ def lower_linear_tiled(x, w_data, w_scale, w_global_scale, bias, n, activation, 
                and int(w_data.get_numel()) < gemm_configs.REG_MMA_MAX_CODE_BYTES)
     configs = gemm_configs.template_configs(m, n, k, num_sms, dot_scaled, reg_mma)
     split = configs[0].split
-    extern = split == 1 and device.type == "cuda" and not glu  # where dequantize + cuBLAS may win (M > 64)
+    # where dequantize + cuBLAS may win (M > 64)
+    extern = split == 1 and device.type == "cuda" and not glu and norm_h is None
     if not _compat.max_autotune():  # the heuristic pick alone
         template = not extern or gemm_configs.template_is_default(m, n, configs[0], num_sms)
         configs = configs[:1] if template else []
@@ -201,7 +204,7 @@ def lower_linear_tiled(x, w_data, w_scale, w_global_scale, bias, n, activation, 
         return lowerings[aten.view.default](y, [*lead, n])
     layout = ir.FixedLayout(device, torch.float32, [m, n])
     use_asm = device.type == "cuda"  # inline PTX decode; the CPU backend decodes with plain ops
-    extra, input_gen_fns = {"GLU": glu}, None
+    extra, input_gen_fns = {"GLU": glu, "RMS": norm_h is not None, "NORM_EPS": float(norm_eps)}, None
     pdl = _pdl_mode(device, w_data, w_scale)
     if pdl:
         extra["triton_meta"] = {"launch_pdl": True}
@@ -213,11 +216,17 @@ def lower_linear_tiled(x, w_data, w_scale, w_global_scale, bias, n, activation, 
         layout = ir.FixedLayout(device, x.get_dtype(), [m, n // 2])
         extra["OUT_DTYPE"] = _TL_DTYPES[x.get_dtype()]
         assert all(c.block_n % (2 * tiled.GLU_GROUP) == 0 for c in configs), configs
+    if norm_h is not None:  # the norm's input h, unit column stride (the residual stream: no copy)
+        inputs.append(ir.ExternKernel.require_stride1(realize_inputs(
+            lowerings[aten.view.default](norm_h, [m, k]))))
     if split > 1:
         # split K: partials in a workspace, the last split of each tile sums them (the template's
-        # docstring); every choice splits alike, all rows in one program
+        # docstring); every choice splits alike, all rows in one program. A deferred norm's sums
+        # of squares follow them, (SPLIT, M) a tile (BLOCK_N >= 16).
         assert all(c.split == split and c.block_m >= m for c in configs), configs
-        extra["workspace_arg"] = _compat.scratch_workspace(device, split * m * n, torch.float32)
+        squares = split * m * -(-n // 16) if norm_h is not None else 0
+        extra["workspace_arg"] = _compat.scratch_workspace(device, split * m * n + squares, torch.float32)
+        extra["RMS_SPLITS"] = 1 << (split - 1).bit_length()
         inputs.append(V.graph.add_tensor_constant(_split_counters(device, -(-n // configs[0].block_n))))
         # (autotuning benchmarks the choices on random inputs: zeros for the counters)
         input_gen_fns = {len(inputs) - 1: lambda node: torch.zeros(
@@ -227,6 +236,9 @@ def lower_linear_tiled(x, w_data, w_scale, w_global_scale, bias, n, activation, 
         if split > 1:
             extra["SUM_ROWS"], extra["SUM_SPLITS"] = gemm_configs.split_sum_tile(m, split, c.block_n,
                                                                                  c.num_warps)
+        if norm_h is not None:
+            extra["RMS_CHUNK"], extra["RMS_CHUNKS"] = gemm_configs.sum_squares_tile(
+                m if split > 1 else c.block_m, c.tiles_per_split * c.block_k)
         tiled_gemm_template.maybe_append_choice(
             choices, input_nodes=inputs, layout=layout, num_stages=c.num_stages,
             num_warps=c.num_warps, call_sizes=[m, n], HALF_N=c.block_n // 2,
@@ -263,6 +275,6 @@ def register() -> None:
     if not _registered:
         register_lowering(OP, type_promotion_kind=None)(lower_linear_tiled)
         register_lowering(GLU_OP, type_promotion_kind=None)(
-            lambda x, w_data, w_scale, g, x_g, n, activation: lower_linear_tiled(
-                x, w_data, w_scale, g, None, 2 * n, activation, glu=True, x_g=x_g))
+            lambda x, w_data, w_scale, g, x_g, n, activation, norm_h=None, norm_eps=0.0: lower_linear_tiled(
+                x, w_data, w_scale, g, None, 2 * n, activation, norm_h, norm_eps, glu=True, x_g=x_g))
         _registered = True
