@@ -137,12 +137,14 @@ def main():
     parser = argparse.ArgumentParser()
     parser.add_argument("--parts", nargs="+", default=list(PARTS), choices=list(PARTS))
     parser.add_argument("--context", type=int, default=512)
+    parser.add_argument("--variants", nargs="+", default=["bf16", "W4A16"], choices=["bf16", "W4A16"])
     args = parser.parse_args()
     torch._dynamo.config.cache_size_limit = 64
     cfg = decode.PRESETS["llama3-8b-8layers"]
     print(f"GPU: {torch.cuda.get_device_name()}, torch {torch.__version__}, triton {triton.__version__}")
     model = decode.build_model(cfg, args.context + 96, 1, "cuda")
-    variants = {"bf16": None, "W4A16": decode.VARIANTS["nvfp4 W4A16"]}
+    variants = {name: config for name, config in (("bf16", None), ("W4A16", decode.VARIANTS["nvfp4 W4A16"]))
+                if name in args.variants}
     rows = []
     for part in args.parts:
         decode.Attention.forward, decode.RMSNorm.forward = PARTS[part]
@@ -160,8 +162,8 @@ def main():
             model.setup_cache(1)
             us[name] = gpu_us_per_step(step, part == "argmax_in", args.context)
             del step
-        rows.append((part, us["bf16"], us["W4A16"]))
-        print(f"{part:>10}: bf16 {us['bf16']:7.1f} us, W4A16 {us['W4A16']:7.1f} us per step", flush=True)
+        rows.append((part, us.get("bf16", math.nan), us.get("W4A16", math.nan)))
+        print(f"{part:>10}: bf16 {rows[-1][1]:7.1f} us, W4A16 {rows[-1][2]:7.1f} us per step", flush=True)
     decode.Attention.forward, decode.RMSNorm.forward = ATTENTION, NORM
     base = dict((p, (b, w)) for p, b, w in rows).get("base")
     print(f"\n{'part':>10} {'bf16 us':>8} {'W4A16 us':>9} {'x bf16':>7}" + (" | vs base: bf16 us  W4A16 us" if base else ""))

@@ -284,15 +284,16 @@ _NORM_TOL = {"cpu": 2**-6, "cuda": 2**-7}
 
 
 @pytest.mark.parametrize("norm", list(NORMS))
-@pytest.mark.parametrize("m", [1, 5, norm_fusion.DEFER_MAX_ROWS])
-def test_w4a16_gemm_applies_the_rms_norm(template_inductor, norm, m):
+@pytest.mark.parametrize("m, k", [(1, 256), (5, 256), (norm_fusion.DEFER_MAX_ROWS, 512)])
+def test_w4a16_gemm_applies_the_rms_norm(template_inductor, norm, m, k):
     """RMSNorm -> W4A16 linear at decode: x = h * weight (a pointwise kernel, none without a weight)
-    and the template multiplies each row by rsqrt(mean(h^2) + eps); no reduction kernel. Equal to
-    the op's definition on the same x and h up to the template's rounding, and to the norm then
-    the linear within bf16's rounding of x."""
+    and the template multiplies each row by rsqrt(mean(h^2) + eps); no reduction kernel. The last
+    split reads h whole (rows x K up to gemm_configs.RMS_WHOLE_MAX_ELEMENTS), or each split sums
+    its range (16 x 512). Equal to the op's definition on the same x and h up to the template's
+    rounding, and to the norm then the linear within bf16's rounding of x."""
     torch.manual_seed(m)
-    model = NormLinear(norm, 256, 192).to(device=template_inductor, dtype=torch.bfloat16).eval()
-    x = torch.randn(m, 256, device=template_inductor, dtype=torch.bfloat16) * 3
+    model = NormLinear(norm, k, 192).to(device=template_inductor, dtype=torch.bfloat16).eval()
+    x = torch.randn(m, k, device=template_inductor, dtype=torch.bfloat16) * 3
     y, code = run_and_get_code(nv.compile(model, nv.Config(activations="bf16")), x)
     launches = _launches("\n".join(code))
     assert len(launches) == (1 if norm == "nn_no_weight" else 2), launches

@@ -195,6 +195,15 @@ def sum_squares_tile(rows: int, k_range: int) -> tuple[int, int]:
     return chunk, max(1, min(8, span // chunk))
 
 
+# A deferred norm's h read whole by the last split of a tile (the template's RMS_WHOLE) up to this
+# many elements (rows padded to a power of two, times K so padded): 64 fp32 registers a thread.
+RMS_WHOLE_MAX_ELEMENTS = 4096
+
+
+def rms_whole_rows(m: int, k: int) -> bool:
+    return (1 << (m - 1).bit_length()) * (1 << (k - 1).bit_length()) <= RMS_WHOLE_MAX_ELEMENTS
+
+
 def split_ranges(k: int, block_k: int, splits: int) -> tuple[int, int]:
     """-> (splits, K-steps per split) covering cdiv(k, block_k) steps with no empty split."""
     steps = -(-k // block_k)

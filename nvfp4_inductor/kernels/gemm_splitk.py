@@ -309,6 +309,16 @@ def sum_squares(h_ptr, rows, stride_hm, k_begin, k_end, ROWS: tl.constexpr, CHUN
 
 
 @triton.jit
+def load_rows(h_ptr, rows, stride_hm, K, ROWS: tl.constexpr, SPAN: tl.constexpr):
+    """fp32 (ROWS, SPAN): h's first `rows` rows whole (SPAN >= K), zeros past them: one load,
+    whose use the caller puts after its other loads."""
+    ms = tl.arange(0, ROWS)
+    ks = tl.arange(0, SPAN)
+    return tl.load(h_ptr + ms[:, None].to(tl.int64) * stride_hm + ks[None, :],
+                   mask=(ms < rows)[:, None] & (ks < K)[None, :], other=0.0).to(tl.float32)
+
+
+@triton.jit
 def rms_scale(squares_ptr, num_splits, M, K, eps, ROWS: tl.constexpr, SPLITS: tl.constexpr):
     """(ROWS,) fp32 rsqrt(mean square + eps) of M rows of K columns from num_splits (<= SPLITS)
     partial sums of squares (num_splits, M), read in one round trip through L2 (.cg: other SMs

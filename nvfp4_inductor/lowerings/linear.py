@@ -204,7 +204,8 @@ def lower_linear_tiled(x, w_data, w_scale, w_global_scale, bias, n, activation, 
         return lowerings[aten.view.default](y, [*lead, n])
     layout = ir.FixedLayout(device, torch.float32, [m, n])
     use_asm = device.type == "cuda"  # inline PTX decode; the CPU backend decodes with plain ops
-    extra, input_gen_fns = {"GLU": glu, "RMS": norm_h is not None, "NORM_EPS": float(norm_eps)}, None
+    extra, input_gen_fns = {"GLU": glu, "RMS": norm_h is not None, "RMS_WHOLE": False,
+                            "NORM_EPS": float(norm_eps)}, None
     pdl = _pdl_mode(device, w_data, w_scale)
     if pdl:
         extra["triton_meta"] = {"launch_pdl": True}
@@ -237,8 +238,10 @@ def lower_linear_tiled(x, w_data, w_scale, w_global_scale, bias, n, activation, 
             extra["SUM_ROWS"], extra["SUM_SPLITS"] = gemm_configs.split_sum_tile(m, split, c.block_n,
                                                                                  c.num_warps)
         if norm_h is not None:
+            whole = split > 1 and gemm_configs.rms_whole_rows(m, k)
+            extra["RMS_WHOLE"] = whole
             extra["RMS_CHUNK"], extra["RMS_CHUNKS"] = gemm_configs.sum_squares_tile(
-                m if split > 1 else c.block_m, c.tiles_per_split * c.block_k)
+                m if split > 1 else c.block_m, k if whole else c.tiles_per_split * c.block_k)
         tiled_gemm_template.maybe_append_choice(
             choices, input_nodes=inputs, layout=layout, num_stages=c.num_stages,
             num_warps=c.num_warps, call_sizes=[m, n], HALF_N=c.block_n // 2,
