@@ -3,6 +3,7 @@
     python benchmarks/bench_decode.py            # the table (meant to take < 4 minutes with compiles)
     python benchmarks/bench_decode.py --check    # correctness checks only; exit status 1 on a failure
     python benchmarks/bench_decode.py --matmul-attention  # decode steps as before session 24
+    python benchmarks/bench_decode.py --no-fuse-norms     # NVFP4 norms as kernels (before session 25)
 
 The model is examples/decode.py's Llama-style decoder with 8 layers of Llama-3-8B shapes (hidden
 4096, 32 query / 8 KV heads of 128, MLP 14336; vocab 32000; the output head stays bf16), random
@@ -25,6 +26,7 @@ NVFP4 copies as frozen constants, one copy per compiled graph).
 
 import argparse
 import copy
+import dataclasses
 import gc
 import statistics
 import sys
@@ -171,6 +173,15 @@ def check(model, steps) -> bool:
         nv.convert(eager, config)
         replay_err = max_relative_error(step, no_graphs, prompt, bf16_choices)
         eager_err = max_relative_error(step, eager, prompt, bf16_choices)
+        if config.activations == "bf16":
+            # Each against the same quantized model run in fp32 (norms, residuals, attention; x
+            # still enters every NVFP4 product as bf16): whose rounding is further from exact.
+            fp32 = copy.deepcopy(model).float()
+            nv.convert(fp32, config)
+            print(f"{name}: relative error against the fp32 model: compiled "
+                  f"{max_relative_error(step, fp32, prompt, bf16_choices):.1e}, eager "
+                  f"{max_relative_error(eager, fp32, prompt, bf16_choices):.1e}")
+            del fp32
         del eager, no_graphs
         sync = sync_free_step(step, 1, 16 + 5)
         new_skips = counters["inductor"]["cudagraph_skips"] - skips
@@ -196,6 +207,9 @@ def main() -> None:
     parser.add_argument("--matmul-attention", action="store_true",
                         help="decode steps as the prefill (Inductor's RoPE and cache writes, matmuls "
                              "and softmax), not the decode_attention op (the model before session 24)")
+    parser.add_argument("--no-fuse-norms", action="store_true",
+                        help="NVFP4 with Config(fuse_norms=False): each RMSNorm a kernel of its own (W4A16 "
+                             "before session 25; W4A4 also without its norm + quantize kernel)")
     args = parser.parse_args()
     torch._dynamo.config.cache_size_limit = 64
     cfg = decode.PRESETS["llama3-8b-8layers"]
@@ -212,7 +226,9 @@ def main() -> None:
     print(f"device copy: {copy_gbs:.0f} GB/s (read + write); bf16 weights "
           f"{torch.cuda.memory_allocated() / 2**30:.2f} GiB allocated before compiling")
     results = {}
-    variants = [(name, config, False) for name, config in decode.VARIANTS.items()]
+    variants = [(name, config if config is None or not args.no_fuse_norms
+                 else dataclasses.replace(config, fuse_norms=False), False)
+                for name, config in decode.VARIANTS.items()]
     variants.insert(1, (BF16_PDL, None, True))
     for name, config, pdl in variants:
         torch._dynamo.reset()  # drops the previous variant's graphs and CUDA-graph pools

@@ -37,12 +37,15 @@ round trip on the critical path a norm, ~2.3 us at batch 1 on an H100 (16 norms,
                                    or after the cast), Inductor fuses it into h's producer
     out = nvfp4.linear_tiled(x, ..., norm_h=h, norm_eps=eps)
 
-and the GEMM multiplies each row's products by rsqrt(mean(h^2) + eps): each split of the
-template sums the squares of its K range of h after its products, the last split combines them
+and the GEMM multiplies each row's products by rsqrt(mean(h^2) + eps): the last split of each of
+the template's tiles reads h whole, its loads in flight with the partial sums'
 (templates/nvfp4_tiled_gemm.py.jinja, RMS). The result is the norm's up to rounding: the factor
-multiplies fp32 products instead of h before its rounding to bf16 (relative differences of the
-order of bf16's 2^-9, well inside NVFP4's own error). For static h of at most DEFER_MAX_ROWS rows
-on a device the template runs on, where every use of the norm's output is the x of a W4A16 linear.
+multiplies fp32 products instead of h before its rounding to bf16 (the same error against float64
+as the norm then the linear, 2.4e-3 relative on random 4096-wide rows; benchmarks/NOTES.md, session 25).
+For static h of at most DEFER_MAX_ROWS rows and at most gemm_configs.RMS_MAX_ELEMENTS elements
+(rows and K rounded up to powers of two: 1 row of 4096), on a device the template runs on, where
+every use of the norm's output is the x of a W4A16 linear. (Sums of squares split like the
+products, for any size, cost more than the norm's kernel at 16 rows: NOTES, session 25.)
 """
 
 import operator
@@ -59,7 +62,7 @@ LINEARS = (LINEAR, torch.ops.nvfp4.linear_tiled_silu_mul.default)
 FUSED = torch.ops.nvfp4.rms_norm_quantize_values.default
 _HALF = (torch.bfloat16, torch.float16)
 MAX_ROWS = 2  # rows of h up to which the fused kernel measured faster (module docstring)
-DEFER_MAX_ROWS = 16  # rows of h up to which W4A16 linears take a deferred norm (module docstring)
+DEFER_MAX_ROWS = 16  # rows of h (decode) up to which W4A16 linears may take a deferred norm
 
 
 def _rms(n: fx.Node):
@@ -210,8 +213,13 @@ def _template_device(device) -> bool:
 
 
 def _defer_fits(h_val) -> bool:
+    from .kernels import gemm_configs
+
     shape = h_val.shape
-    return (all(isinstance(d, int) for d in shape) and 0 < shape.numel() <= DEFER_MAX_ROWS * shape[-1]
+    if not all(isinstance(d, int) for d in shape) or shape.numel() == 0:
+        return False
+    rows = shape.numel() // shape[-1]
+    return (rows <= DEFER_MAX_ROWS and gemm_configs.rms_in_template(rows, shape[-1])
             and _template_device(h_val.device))
 
 

@@ -284,13 +284,13 @@ _NORM_TOL = {"cpu": 2**-6, "cuda": 2**-7}
 
 
 @pytest.mark.parametrize("norm", list(NORMS))
-@pytest.mark.parametrize("m, k", [(1, 256), (5, 256), (norm_fusion.DEFER_MAX_ROWS, 512)])
-def test_w4a16_gemm_applies_the_rms_norm(template_inductor, norm, m, k):
+@pytest.mark.parametrize("m", [1, 5, norm_fusion.DEFER_MAX_ROWS])
+def test_w4a16_gemm_applies_the_rms_norm(template_inductor, norm, m, k=256):
     """RMSNorm -> W4A16 linear at decode: x = h * weight (a pointwise kernel, none without a weight)
-    and the template multiplies each row by rsqrt(mean(h^2) + eps); no reduction kernel. The last
-    split reads h whole (rows x K up to gemm_configs.RMS_WHOLE_MAX_ELEMENTS), or each split sums
-    its range (16 x 512). Equal to the op's definition on the same x and h up to the template's
-    rounding, and to the norm then the linear within bf16's rounding of x."""
+    and the template multiplies each row by rsqrt(mean(h^2) + eps), the last split reading h whole
+    (16 x 256: gemm_configs.RMS_MAX_ELEMENTS); no reduction kernel. Equal to the op's definition
+    on the same x and h up to the template's rounding, and to the norm then the linear within
+    bf16's rounding of x."""
     torch.manual_seed(m)
     model = NormLinear(norm, k, 192).to(device=template_inductor, dtype=torch.bfloat16).eval()
     x = torch.randn(m, k, device=template_inductor, dtype=torch.bfloat16) * 3
@@ -304,6 +304,45 @@ def test_w4a16_gemm_applies_the_rms_norm(template_inductor, norm, m, k):
         torch.testing.assert_close(y, exact, rtol=2**-7, atol=2**-6)
         err = _rel_err(y, _linear_eager(model.linear, model.norm(x), "bf16"))
     assert err < _NORM_TOL[template_inductor], err
+
+
+def test_unsplit_template_applies_the_rms_norm(template_inductor, monkeypatch):
+    """K not split (every config forced to one range): each program reads its rows of h whole."""
+    configs = gemm_configs.template_configs
+
+    def unsplit(m, n, k, *args):
+        return [c._replace(split=1, tiles_per_split=-(-k // c.block_k)) for c in configs(m, n, k, *args)]
+
+    monkeypatch.setattr(gemm_configs, "template_configs", unsplit)
+    monkeypatch.setattr(torch._inductor.config, "fx_graph_cache", False)  # (keyed without the patch)
+    torch.manual_seed(4)
+    model = NormLinear("after_cast", 256, 192).to(device=template_inductor, dtype=torch.bfloat16).eval()
+    x = torch.randn(5, 256, device=template_inductor, dtype=torch.bfloat16) * 3
+    y, code = run_and_get_code(nv.compile(model, nv.Config(activations="bf16")), x)
+    source = "\n".join(code)
+    assert "workspace_" not in source and len(_launches(source)) == 2, _launches(source)
+    with torch.no_grad():
+        exact = _linear_eager(model.linear, _norm_times_weight(model.norm, x), "bf16", (x, model.norm.eps))
+    torch.testing.assert_close(y, exact, rtol=2**-7, atol=2**-6)
+
+
+def test_a_deferred_norm_the_template_cannot_read_whole_runs_the_eager_op(template_inductor):
+    """nvfp4.linear_tiled with norm_h where rows x K exceed what the last split reads (16 x 512):
+    the lowering leaves the eager op (its own deferred norm), not a template without the norm."""
+    torch.manual_seed(2)
+    linear = nn.Linear(512, 192).to(device=template_inductor, dtype=torch.bfloat16)
+    h = torch.randn(16, 512, device=template_inductor, dtype=torch.bfloat16)
+    x = h * 0.75
+
+    def run(x, h):
+        return _linear_eager(linear, x, "bf16", (h, 1e-6))
+
+    assert not gemm_configs.rms_in_template(16, 512)
+    y, code = run_and_get_code(torch.compile(run, fullgraph=True), x, h)
+    calls = [line for line in "\n".join(code).splitlines()
+             if "torch.ops.nvfp4.linear_tiled.default(" in line and not line.strip().startswith("#")]
+    assert len(calls) == 1 and "1e-06)" in calls[0], calls
+    torch.testing.assert_close(y, run(x, h), rtol=0, atol=0)
 
 
 class NormGatedMLP(nn.Module):
@@ -363,17 +402,19 @@ def _deferred_norms(monkeypatch, model, config, *inputs) -> tuple[int, torch.Ten
     return sum(counts), y
 
 
-@pytest.mark.parametrize("m, also_return, fuse, dtype, deferred", [
-    (1, False, True, torch.bfloat16, 1), (1, False, True, torch.float16, 1),
-    (norm_fusion.DEFER_MAX_ROWS + 1, False, True, torch.bfloat16, 0),
-    (1, True, True, torch.bfloat16, 0), (1, False, False, torch.bfloat16, 0)])
-def test_w4a16_rms_norm_is_deferred_only_where_it_fits(monkeypatch, m, also_return, fuse, dtype, deferred):
-    """Decode rows (at most DEFER_MAX_ROWS), only W4A16 linears reading the norm (not a graph
-    output too), Config.fuse_norms on; fp16 too (the linear's output keeps x's dtype). Numerics
-    of each against the norm then the linear (CPU: the eager op's deferred norm)."""
+@pytest.mark.parametrize("m, k, also_return, fuse, dtype, deferred", [
+    (1, 256, False, True, torch.bfloat16, 1), (1, 4096, False, True, torch.float16, 1),
+    (norm_fusion.DEFER_MAX_ROWS + 1, 16, False, True, torch.bfloat16, 0),
+    (2, 4096, False, True, torch.bfloat16, 0),
+    (1, 256, True, True, torch.bfloat16, 0), (1, 256, False, False, torch.bfloat16, 0)])
+def test_w4a16_rms_norm_is_deferred_only_where_it_fits(monkeypatch, m, k, also_return, fuse, dtype, deferred):
+    """Decode rows (at most DEFER_MAX_ROWS) whose h the template reads whole (1 x 4096, not
+    2 x 4096), only W4A16 linears reading the norm (not a graph output too), Config.fuse_norms
+    on; fp16 too (the linear's output keeps x's dtype). Numerics of each against the norm then
+    the linear (CPU: the eager op's deferred norm)."""
     torch.manual_seed(m)
-    model = NormLinear("example", 256, 192, also_return).to(dtype=dtype).eval()
-    x = torch.randn(m, 256, dtype=dtype) * 3
+    model = NormLinear("example", k, 192, also_return).to(dtype=dtype).eval()
+    x = torch.randn(m, k, dtype=dtype) * 3
     count, y = _deferred_norms(monkeypatch, model, nv.Config(activations="bf16", fuse_norms=fuse), x)
     assert count == deferred
     y = y[0] if also_return else y

@@ -185,23 +185,17 @@ def split_sum_tile(m: int, splits: int, block_n: int, num_warps: int) -> tuple[i
     return rows, max(1, min(1 << (splits - 1).bit_length(), at_once))
 
 
-def sum_squares_tile(rows: int, k_range: int) -> tuple[int, int]:
-    """-> (CHUNK, CHUNKS) of gemm_splitk.sum_squares for `rows` rows (padded to a power of two) and a
-    K range: CHUNKS (at most 8) loads of at most 4096 elements (64 fp32 registers a thread at 2
-    warps, taken after the mainloop), together covering a split's range at decode sizes."""
-    rows = 1 << (rows - 1).bit_length()
-    span = 1 << (k_range - 1).bit_length()
-    chunk = max(16, min(span, 4096 // rows))
-    return chunk, max(1, min(8, span // chunk))
+# A deferred RMSNorm's h, read whole by the last split of each tile (the template's RMS), up to this
+# many elements (rows padded to a power of two, times K so padded): 64 fp32 registers a thread at
+# 2 warps. Each split summing its own K range instead (any size) cost every program an L2 round
+# trip after its products: W4A16 decode step 680 us against 671 (H100, benchmarks/NOTES.md,
+# session 25), and at 16 rows its loads took more registers than the mainloop's.
+RMS_MAX_ELEMENTS = 4096
 
 
-# A deferred norm's h read whole by the last split of a tile (the template's RMS_WHOLE) up to this
-# many elements (rows padded to a power of two, times K so padded): 64 fp32 registers a thread.
-RMS_WHOLE_MAX_ELEMENTS = 4096
-
-
-def rms_whole_rows(m: int, k: int) -> bool:
-    return (1 << (m - 1).bit_length()) * (1 << (k - 1).bit_length()) <= RMS_WHOLE_MAX_ELEMENTS
+def rms_in_template(m: int, k: int) -> bool:
+    """Whether the template's last split can read h's m rows of k whole (gemm_splitk.load_rows)."""
+    return (1 << (m - 1).bit_length()) * (1 << (k - 1).bit_length()) <= RMS_MAX_ELEMENTS
 
 
 def split_ranges(k: int, block_k: int, splits: int) -> tuple[int, int]:

@@ -288,46 +288,14 @@ def sum_splits(partial_ptr, num_splits, M, N, cols_n, BLOCK_N: tl.constexpr, ROW
 
 
 @triton.jit
-def sum_squares(h_ptr, rows, stride_hm, k_begin, k_end, ROWS: tl.constexpr, CHUNK: tl.constexpr,
-                CHUNKS: tl.constexpr):
-    """(ROWS,) fp32: each of the first `rows` rows' sum of h[row, k]^2 over k_begin <= k < k_end
-    (an RMSNorm's input, row stride stride_hm, unit column stride); rows >= `rows` zero. A deferred
-    norm (nvfp4.linear_tiled's norm_h) sums each split's K range after its products. CHUNKS
-    (ROWS, CHUNK) loads a round, unrolled so that they are in flight together: a split's range
-    (CHUNKS * CHUNK >= it) is one round trip through L2, not one a chunk."""
-    ms = tl.arange(0, ROWS)
-    ks = tl.arange(0, CHUNK)
-    acc = tl.zeros((ROWS, CHUNK), tl.float32)
-    for k0 in range(k_begin, k_end, CHUNK * CHUNKS):
-        for c in tl.static_range(CHUNKS):
-            cols = k0 + c * CHUNK + ks
-            mask = (ms < rows)[:, None] & (cols < k_end)[None, :]
-            h = tl.load(h_ptr + ms[:, None].to(tl.int64) * stride_hm + cols[None, :], mask=mask,
-                        other=0.0).to(tl.float32)
-            acc += h * h
-    return tl.sum(acc, axis=1)
-
-
-@triton.jit
 def load_rows(h_ptr, rows, stride_hm, K, ROWS: tl.constexpr, SPAN: tl.constexpr):
-    """fp32 (ROWS, SPAN): h's first `rows` rows whole (SPAN >= K), zeros past them: one load,
-    whose use the caller puts after its other loads."""
+    """fp32 (ROWS, SPAN): h's first `rows` rows whole (SPAN >= K; row stride stride_hm, unit
+    column stride), zeros past them: one load, whose use the caller puts after its other loads
+    (a deferred RMSNorm's input, nvfp4.linear_tiled's norm_h, in the template's last split)."""
     ms = tl.arange(0, ROWS)
     ks = tl.arange(0, SPAN)
     return tl.load(h_ptr + ms[:, None].to(tl.int64) * stride_hm + ks[None, :],
                    mask=(ms < rows)[:, None] & (ks < K)[None, :], other=0.0).to(tl.float32)
-
-
-@triton.jit
-def rms_scale(squares_ptr, num_splits, M, K, eps, ROWS: tl.constexpr, SPLITS: tl.constexpr):
-    """(ROWS,) fp32 rsqrt(mean square + eps) of M rows of K columns from num_splits (<= SPLITS)
-    partial sums of squares (num_splits, M), read in one round trip through L2 (.cg: other SMs
-    wrote them); reference.rms_scale."""
-    ss = tl.arange(0, SPLITS)
-    ms = tl.arange(0, ROWS)
-    parts = tl.load(squares_ptr + ss[:, None] * M + ms[None, :],
-                    mask=(ss < num_splits)[:, None] & (ms < M)[None, :], other=0.0, cache_modifier=".cg")
-    return tl.math.rsqrt(tl.sum(parts, axis=0) / K + eps)
 
 
 @triton.jit

@@ -20,6 +20,11 @@ sums to a workspace, and the last split of each output tile sums them and runs t
 this is one kernel too (it was the template and an Inductor reduction over the partials).
 The fp32 operation order is the eager kernels': ((sum * 2^7) * g + bias), then one rounding.
 
+A deferred RMSNorm (norm_h, W4A16 at decode: norm_fusion.py) is applied by the template, which
+reads h's rows whole (the last split of each tile, or each program when K is not split: the
+template's RMS); where rows (the program's BLOCK_M when K is not split) x K exceed
+gemm_configs.RMS_MAX_ELEMENTS the op runs eagerly.
+
 Choices: the template with the configs of gemm_configs.template_configs, and where the output is
 (M, N) on CUDA an extern choice (dequantize + cuBLAS, the eager op's path for large M). Where the
 extern choice is the pick (not autotuned against the template, so it need not return the fp32
@@ -30,6 +35,8 @@ TEMPLATE_MAX_M rows with a program per SM; measured); under mode="max-autotune" 
 template does not apply (a dynamic M, a non-CUDA device unless Inductor's CPU backend is Triton)
 the op stays the eager custom op (also for an empty x).
 """
+
+import math
 
 import sympy
 import torch
@@ -151,9 +158,13 @@ def lower_linear_tiled(x, w_data, w_scale, w_global_scale, bias, n, activation, 
     """glu: nvfp4.linear_tiled_silu_mul (x_g its x_global_scale), n = 2 x its output width: the
     template's epilogue takes silu(gate) * up from each tile's 32 gate and 32 up rows and stores
     (M, n / 2) itself. norm_h: a deferred RMSNorm (the op's docstring), applied by the template
-    (RMS); no extern choice then."""
+    where it reads h's rows whole (gemm_configs.rms_in_template), else the eager op."""
     dot_scaled = activation == "nvfp4" and gemm_configs.block_scaled_mma(x.get_device())
-    if not _uses_template(x) or ((glu or norm_h is not None) and dot_scaled):
+    eager = not _uses_template(x) or (glu and dot_scaled)
+    if norm_h is not None and not eager:  # W4A16, the template's last split reading h's rows whole
+        *lead, k = (int(s) for s in x.get_size())
+        eager = activation == "nvfp4" or not gemm_configs.rms_in_template(math.prod(lead), k)
+    if eager:
         if glu:
             return fallback_handler(GLU_OP, add_to_fallback_set=False)(
                 x, w_data, w_scale, w_global_scale, x_g, n // 2, activation, norm_h, norm_eps)
@@ -187,7 +198,12 @@ def lower_linear_tiled(x, w_data, w_scale, w_global_scale, bias, n, activation, 
                and int(w_data.get_numel()) < gemm_configs.REG_MMA_MAX_CODE_BYTES)
     configs = gemm_configs.template_configs(m, n, k, num_sms, dot_scaled, reg_mma)
     split = configs[0].split
-    # where dequantize + cuBLAS may win (M > 64)
+    if norm_h is not None and split == 1 and not all(gemm_configs.rms_in_template(c.block_m, k) for c in configs):
+        # (unsplit, each program reads its BLOCK_M rows of h; W4A16 here: x and g are the op's own)
+        return fallback_handler(GLU_OP if glu else OP, add_to_fallback_set=False)(
+            x, w_data, w_scale, w_global_scale, x_g if glu else bias, n // 2 if glu else n, activation,
+            norm_h, norm_eps)
+    # where dequantize + cuBLAS may win (M > 64); it does not apply a deferred norm
     extern = split == 1 and device.type == "cuda" and not glu and norm_h is None
     if not _compat.max_autotune():  # the heuristic pick alone
         template = not extern or gemm_configs.template_is_default(m, n, configs[0], num_sms)
@@ -204,8 +220,8 @@ def lower_linear_tiled(x, w_data, w_scale, w_global_scale, bias, n, activation, 
         return lowerings[aten.view.default](y, [*lead, n])
     layout = ir.FixedLayout(device, torch.float32, [m, n])
     use_asm = device.type == "cuda"  # inline PTX decode; the CPU backend decodes with plain ops
-    extra, input_gen_fns = {"GLU": glu, "RMS": norm_h is not None, "RMS_WHOLE": False,
-                            "NORM_EPS": float(norm_eps)}, None
+    extra, input_gen_fns = {"GLU": glu, "RMS": norm_h is not None, "NORM_EPS": float(norm_eps),
+                            "RMS_SPAN": 1 << (k - 1).bit_length()}, None
     pdl = _pdl_mode(device, w_data, w_scale)
     if pdl:
         extra["triton_meta"] = {"launch_pdl": True}
@@ -222,12 +238,9 @@ def lower_linear_tiled(x, w_data, w_scale, w_global_scale, bias, n, activation, 
             lowerings[aten.view.default](norm_h, [m, k]))))
     if split > 1:
         # split K: partials in a workspace, the last split of each tile sums them (the template's
-        # docstring); every choice splits alike, all rows in one program. A deferred norm's sums
-        # of squares follow them, (SPLIT, M) a tile (BLOCK_N >= 16).
+        # docstring); every choice splits alike, all rows in one program
         assert all(c.split == split and c.block_m >= m for c in configs), configs
-        squares = split * m * -(-n // 16) if norm_h is not None else 0
-        extra["workspace_arg"] = _compat.scratch_workspace(device, split * m * n + squares, torch.float32)
-        extra["RMS_SPLITS"] = 1 << (split - 1).bit_length()
+        extra["workspace_arg"] = _compat.scratch_workspace(device, split * m * n, torch.float32)
         inputs.append(V.graph.add_tensor_constant(_split_counters(device, -(-n // configs[0].block_n))))
         # (autotuning benchmarks the choices on random inputs: zeros for the counters)
         input_gen_fns = {len(inputs) - 1: lambda node: torch.zeros(
@@ -237,11 +250,6 @@ def lower_linear_tiled(x, w_data, w_scale, w_global_scale, bias, n, activation, 
         if split > 1:
             extra["SUM_ROWS"], extra["SUM_SPLITS"] = gemm_configs.split_sum_tile(m, split, c.block_n,
                                                                                  c.num_warps)
-        if norm_h is not None:
-            whole = split > 1 and gemm_configs.rms_whole_rows(m, k)
-            extra["RMS_WHOLE"] = whole
-            extra["RMS_CHUNK"], extra["RMS_CHUNKS"] = gemm_configs.sum_squares_tile(
-                m if split > 1 else c.block_m, k if whole else c.tiles_per_split * c.block_k)
         tiled_gemm_template.maybe_append_choice(
             choices, input_nodes=inputs, layout=layout, num_stages=c.num_stages,
             num_warps=c.num_warps, call_sizes=[m, n], HALF_N=c.block_n // 2,
