@@ -141,7 +141,8 @@ class LinearToNVFP4(_compat.CustomGraphPass):
 
     param_names: the names of the graph's lifted parameters, in order. keep: parameter name ->
     the reason it stays bf16, or None to convert (names it lacks are converted). weight_method:
-    "rtn" or "mse" (block scale search; "hessian" needs calibration data the graph lacks)."""
+    "rtn" or "mse" (block scale search; "hessian" needs calibration data the graph lacks).
+    merge, fuse_norms: Config's merge_linears and fuse_norms."""
 
     def __init__(self, activation: str, param_names: list[str], keep: dict | None = None,
                  weight_method: str = "rtn", merge: bool = True, fuse_norms: bool = True):

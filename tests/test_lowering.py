@@ -287,8 +287,9 @@ _NORM_TOL = {"cpu": 2**-6, "cuda": 2**-7}
 @pytest.mark.parametrize("m", [1, 5, norm_fusion.DEFER_MAX_ROWS])
 def test_w4a16_gemm_applies_the_rms_norm(template_inductor, norm, m, k=256):
     """RMSNorm -> W4A16 linear at decode: x = h * weight (a pointwise kernel, none without a weight)
-    and the template multiplies each row by rsqrt(mean(h^2) + eps), the last split reading h whole
-    (16 x 256: gemm_configs.RMS_MAX_ELEMENTS); no reduction kernel. Equal to the op's definition
+    and the template multiplies each row by rsqrt(mean(h^2) + eps), reading h's rows whole (16 x
+    256: gemm_configs.RMS_MAX_ELEMENTS; the last split, or each program where K is not split, as
+    on the GPU at K = 256); no reduction kernel. Equal to the op's definition
     on the same x and h up to the template's rounding, and to the norm then the linear within
     bf16's rounding of x."""
     torch.manual_seed(m)

@@ -188,8 +188,8 @@ def split_sum_tile(m: int, splits: int, block_n: int, num_warps: int) -> tuple[i
 # A deferred RMSNorm's h, read whole by the last split of each tile (the template's RMS), up to this
 # many elements (rows padded to a power of two, times K so padded): 64 fp32 registers a thread at
 # 2 warps. Each split summing its own K range instead (any size) cost every program an L2 round
-# trip after its products: W4A16 decode step 680 us against 671 (H100, benchmarks/NOTES.md,
-# session 25), and at 16 rows its loads took more registers than the mainloop's.
+# trip after its products: W4A16 decode step 680 us against 671, and at 16 rows the decoder block
+# 1.75x bf16 against 2.00x with the norm's own kernel (H100, benchmarks/NOTES.md, session 25).
 RMS_MAX_ELEMENTS = 4096
 
 
