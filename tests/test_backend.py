@@ -462,6 +462,7 @@ def test_linears_stay_apart_above_decode_size_or_off_the_tile(rows, width):
     assert (calls, gated) == ((6, 0) if rows > 64 else (3, 1)), (calls, gated)
 
 
-def test_merge_linears_must_be_a_bool():
-    with pytest.raises(TypeError, match="merge_linears must be a bool"):
-        nv.Config(merge_linears="yes")
+@pytest.mark.parametrize("flag", ["merge_linears", "fuse_norms"])
+def test_config_flags_must_be_bools(flag):
+    with pytest.raises(TypeError, match=f"{flag} must be a bool"):
+        nv.Config(**{flag: "yes"})

@@ -76,6 +76,10 @@ def _linear_eager(linear, h, activations, norm=()):
         return torch.ops.nvfp4.linear_tiled(h, data, scale, g, bias, w.shape[0], activations, *norm)
 
 
+def _rel_err(y, expected) -> float:
+    return ((y.float() - expected.float()).norm() / expected.float().norm()).item()
+
+
 def _eager(model, x, residual):
     """The same model with the linear as the eager nvfp4 ops (same quantized, tiled weights)."""
     return model.act(_linear_eager(model.linear, x, "bf16")) + residual
@@ -197,7 +201,7 @@ def _norm_linear(device, norm, m, k=256, n=192, also_return=False, dtype=torch.b
     assert y.dtype == dtype
     # the compiled norm may round an element of h otherwise (the mean's order), and its
     # quantization with it: close in norm, not elementwise
-    err = ((y.float() - expected.float()).norm() / expected.float().norm()).item()
+    err = _rel_err(y, expected)
     assert err < 2**-7, err
     return "\n".join(code)
 
@@ -245,7 +249,7 @@ def test_one_fused_norm_feeds_several_linears(template_inductor, merge):
         h = model.norm(x)
         for y, linear in zip(ys, (model.q, model.k, model.v)):
             expected = _linear_eager(linear, h, "nvfp4")
-            err = ((y.float() - expected.float()).norm() / expected.float().norm()).item()
+            err = _rel_err(y, expected)
             assert err < 2**-7, err
 
 
@@ -272,10 +276,6 @@ def _norm_times_weight(norm, h):
     if isinstance(norm, WeightAfterCastRMSNorm):
         return weight * h
     return (h.float() * weight.float()).to(h.dtype)
-
-
-def _rel_err(y, expected) -> float:
-    return ((y.float() - expected.float()).norm() / expected.float().norm()).item()
 
 
 # W4A16 against the norm's own kernel: x rounded once either way, at different places (2^-9); the
@@ -463,7 +463,7 @@ def test_gate_up_template_applies_silu_mul(template_inductor, activations, m, ml
     with torch.no_grad():
         h = nn.functional.silu(_linear_eager(model.gate, x, activations)) * _linear_eager(model.up, x, activations)
         expected = _linear_eager(model.down, h, activations)
-    err = ((y.float() - expected.float()).norm() / expected.float().norm()).item()
+    err = _rel_err(y, expected)
     assert err < (2**-6 if activations == "bf16" else 0.08), err
 
 
@@ -554,7 +554,7 @@ def test_computed_activations_take_the_register_fed_mainloop(triton_inductor, no
     assert "REG_MMA : tl.constexpr = 1" in source, source
     with torch.no_grad():
         expected = _linear_eager(model.linear, model.producer(x), "bf16")
-    err = ((y.float() - expected.float()).norm() / expected.float().norm()).item()
+    err = _rel_err(y, expected)
     assert err < 1e-2, err  # the compiled norm may round h differently (W4A16 is continuous in h)
 
 

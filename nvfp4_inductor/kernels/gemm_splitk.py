@@ -299,6 +299,12 @@ def load_rows(h_ptr, rows, stride_hm, K, ROWS: tl.constexpr, SPAN: tl.constexpr)
 
 
 @triton.jit
+def rms_factor(h_rows, K, eps):
+    """(ROWS,) fp32 rsqrt(mean(h^2) + eps) of load_rows' rows of K columns (reference.rms_scale)."""
+    return tl.math.rsqrt(tl.sum(h_rows * h_rows, axis=1) / K + eps)
+
+
+@triton.jit
 def _splitk_kernel(
     # pointers
     x_ptr, x_scale_ptr, w_ptr, w_scale_ptr, w_g_ptr, bias_ptr, out_ptr, partial_ptr, counter_ptr,

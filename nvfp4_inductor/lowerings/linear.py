@@ -159,21 +159,20 @@ def lower_linear_tiled(x, w_data, w_scale, w_global_scale, bias, n, activation, 
     template's epilogue takes silu(gate) * up from each tile's 32 gate and 32 up rows and stores
     (M, n / 2) itself. norm_h: a deferred RMSNorm (the op's docstring), applied by the template
     where it reads h's rows whole (gemm_configs.rms_in_template), else the eager op."""
+    op_args = (x, w_data, w_scale, w_global_scale, *((x_g, n // 2) if glu else (bias, n)), activation,
+               norm_h, norm_eps)  # the op's own arguments, as called
+
+    def eager_op():
+        return fallback_handler(GLU_OP if glu else OP, add_to_fallback_set=False)(*op_args)
+
     dot_scaled = activation == "nvfp4" and gemm_configs.block_scaled_mma(x.get_device())
-    eager = not _uses_template(x) or (glu and dot_scaled)
-    if norm_h is not None and not eager:  # W4A16, the template's last split reading h's rows whole
-        *lead, k = (int(s) for s in x.get_size())
-        eager = activation == "nvfp4" or not gemm_configs.rms_in_template(math.prod(lead), k)
-    if eager:
-        if glu:
-            return fallback_handler(GLU_OP, add_to_fallback_set=False)(
-                x, w_data, w_scale, w_global_scale, x_g, n // 2, activation, norm_h, norm_eps)
-        return fallback_handler(OP, add_to_fallback_set=False)(
-            x, w_data, w_scale, w_global_scale, bias, n, activation, norm_h, norm_eps)
+    if not _uses_template(x) or (glu and dot_scaled):
+        return eager_op()
     *lead, k = (int(s) for s in x.get_size())
-    m = 1
-    for s in lead:
-        m *= s
+    m = math.prod(lead)
+    # a deferred norm: W4A16, the template reading h's rows whole
+    if norm_h is not None and (activation == "nvfp4" or not gemm_configs.rms_in_template(m, k)):
+        return eager_op()
     x2 = lowerings[aten.view.default](x, [m, k])
     device = x.get_device()
     # W4A4 on sm_100: x stays NVFP4 for the block-scaled MMA (tl.dot_scaled); elsewhere x's
@@ -199,10 +198,7 @@ def lower_linear_tiled(x, w_data, w_scale, w_global_scale, bias, n, activation, 
     configs = gemm_configs.template_configs(m, n, k, num_sms, dot_scaled, reg_mma)
     split = configs[0].split
     if norm_h is not None and split == 1 and not all(gemm_configs.rms_in_template(c.block_m, k) for c in configs):
-        # (unsplit, each program reads its BLOCK_M rows of h; W4A16 here: x and g are the op's own)
-        return fallback_handler(GLU_OP if glu else OP, add_to_fallback_set=False)(
-            x, w_data, w_scale, w_global_scale, x_g if glu else bias, n // 2 if glu else n, activation,
-            norm_h, norm_eps)
+        return eager_op()  # (unsplit, each program reads its BLOCK_M rows of h)
     # where dequantize + cuBLAS may win (M > 64); it does not apply a deferred norm
     extern = split == 1 and device.type == "cuda" and not glu and norm_h is None
     if not _compat.max_autotune():  # the heuristic pick alone
