@@ -1,11 +1,62 @@
 """The version-specific Inductor / Dynamo APIs this package uses, in one place (torch 2.11 - 2.13;
 each checked on both: see ../shared/INDUCTOR_NOTES.md)."""
 
-import torch
+import contextlib
+import importlib
+from unittest import mock
 
+import torch
 from torch._inductor import list_mode_options  # noqa: F401  ("reduce-overhead" -> cudagraphs)
-from torch._inductor.compile_fx import compile_fx  # noqa: F401
 from torch._inductor.custom_graph_pass import CustomGraphPass, get_hash_for_files  # noqa: F401
+
+_compile_fx_module = importlib.import_module("torch._inductor.compile_fx")
+
+
+# What Dynamo leaves on its graph module for AOTAutograd (which inputs are the module's
+# parameters and buffers, the compile id; each placeholder's source): AOTAutograd marks those
+# inputs static for CUDA graphs.
+_DYNAMO_MODULE_ATTRS = ("_param_name_to_source",)
+
+
+def _keeping_dynamo_metadata(passes):
+    """passes (Inductor's pre-grad passes) -> the same, with Dynamo's metadata copied onto the
+    graph module they return when that is a new one with the same placeholders."""
+
+    def run(gm, example_inputs):
+        out = passes(gm, example_inputs)
+        if out is gm or not isinstance(out, torch.fx.GraphModule):
+            return out
+        old, new = (list(m.graph.find_nodes(op="placeholder")) for m in (gm, out))
+        if [n.name for n in old] != [n.name for n in new]:
+            return out
+        for key, value in gm.meta.items():
+            out.meta.setdefault(key, value)
+        for name in _DYNAMO_MODULE_ATTRS:
+            if hasattr(gm, name) and not hasattr(out, name):
+                setattr(out, name, getattr(gm, name))
+        for before, after in zip(old, new):
+            if hasattr(before, "_dynamo_source") and not hasattr(after, "_dynamo_source"):
+                after._dynamo_source = before._dynamo_source
+        return out
+
+    return run
+
+
+def compile_fx(gm, example_inputs, **kwargs):
+    """Inductor's compile_fx. On torch 2.11 its pre-grad passes judge a graph with no tensor
+    inputs (every input a module buffer, as in a decode step that keeps its token and position in
+    buffers) a CPU graph, and with freezing on rebuild it as a new module without Dynamo's
+    metadata: AOTAutograd then sees no static inputs, and CUDA graphs are skipped for every
+    mutated buffer ("mutated inputs"; torch.compile without freezing, and torch 2.13, which reads
+    the metadata before those passes, keep them). For such a graph the rebuilt module gets the
+    metadata back; other graphs compile as they did."""
+    name = "_recursive_pre_grad_passes"
+    passes = getattr(_compile_fx_module, name, None)
+    no_tensor_inputs = not any(isinstance(t, torch.Tensor) for t in example_inputs)
+    patch = (mock.patch.object(_compile_fx_module, name, _keeping_dynamo_metadata(passes))
+             if passes is not None and no_tensor_inputs else contextlib.nullcontext())
+    with patch:
+        return _compile_fx_module.compile_fx(gm, example_inputs, **kwargs)
 
 
 def params_flat():

@@ -56,9 +56,12 @@ def nvfp4_backend(gm: torch.fx.GraphModule, example_inputs, mode=None, options=N
                       "nvfp4_inductor.compile(model), which sets both up, or "
                       "nvfp4_inductor.convert(model) first.", stacklevel=2)
         return _compat.compile_fx(gm, example_inputs, config_patches=patches)
-    devices = {t.device.type for t in example_inputs if isinstance(t, torch.Tensor)}
-    sample = next((t for t in example_inputs if isinstance(t, torch.Tensor)), torch.empty(0))
     constants = [*gm.named_parameters(), *gm.named_buffers()]
+    # the inputs', and the module's own tensors' (a graph may have no tensor inputs: a decode step
+    # whose token and position are buffers)
+    tensors = [t for t in example_inputs if isinstance(t, torch.Tensor)] + [t for _, t in constants]
+    devices = {t.device.type for t in tensors}
+    sample = next(iter(tensors), torch.empty(0))
     names = [name for name, _ in constants]
     # Config's decisions, taken here (the pass sees no modules) and part of the pass's cache key.
     # Judged by module path ("layers.0.mlp.lm_head"), as convert() does, where Dynamo recorded it.

@@ -1,6 +1,7 @@
 """backend="nvfp4" on the CPU: found by name, linears rewritten and quantized once at compile time,
 numerics equal to the eager NVFP4 reference, clear fall-backs."""
 
+import copy
 import logging
 import uuid
 import warnings
@@ -363,6 +364,102 @@ def test_inductor_options_the_backend_sets(monkeypatch, device, options, pdl):
     assert seen["cpp.weight_prepack"] is False and seen["freezing"] is True
     if _compat.pdl_option() is not None:
         assert seen.get("triton.enable_pdl") is pdl
+
+
+def test_pdl_for_a_cuda_graph_without_tensor_inputs(monkeypatch):
+    """The device is the module's tensors' where the graph has no tensor inputs (a decode step
+    that keeps its token and position in buffers)."""
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    from nvfp4_inductor import _compat
+
+    seen = {}
+    monkeypatch.setattr(_compat, "compile_fx",
+                        lambda gm, inputs, config_patches: seen.update(config_patches) or gm)
+    gm = torch.fx.symbolic_trace(nn.ReLU())
+    with FakeTensorMode():
+        gm.register_buffer("pos", torch.zeros(1, device="cuda"))
+    with torch.no_grad():
+        nvfp4_backend(gm, [], options={"nvfp4": nv.Config(activations="bf16")})
+    if _compat.pdl_option() is not None:
+        assert seen.get("triton.enable_pdl") is True
+
+
+class BufferStep(nn.Module):
+    """A decode-like step with no tensor inputs: reads and advances its own buffers."""
+
+    def __init__(self):
+        super().__init__()
+        self.linear = nn.Linear(64, 64)
+        self.register_buffer("x", torch.randn(2, 64))
+        self.register_buffer("count", torch.zeros(1, dtype=torch.long))
+
+    def forward(self):
+        self.x.copy_(torch.tanh(self.linear(self.x)))
+        self.count.add_(1)
+
+
+def test_rebuilt_graph_keeps_dynamo_metadata():
+    """torch 2.11's pre-grad passes rebuild a graph that has no tensor inputs (with freezing on,
+    they take it for a CPU graph) as a new module without Dynamo's metadata; AOTAutograd then
+    marked none of its inputs static, and CUDA graphs were skipped for the mutated buffers (the
+    GPU test below, on torch 2.11). torch 2.13 reads the metadata before those passes, so here
+    the shim is checked on its own: the rebuilt module gets the metadata back."""
+    from nvfp4_inductor import _compat
+
+    gm = torch.fx.symbolic_trace(nn.ReLU())
+    gm.meta["dynamo_compile_id"] = "0/0"
+    gm._param_name_to_source = {"weight": "L['self'].weight"}
+    (placeholder,) = gm.graph.find_nodes(op="placeholder")
+    placeholder._dynamo_source = "L['x']"
+
+    def rebuild(graph_module, inputs, rename=False):
+        graph = copy.deepcopy(graph_module.graph)  # new nodes, without the source attribute
+        if rename:
+            next(iter(graph.find_nodes(op="placeholder"))).name = "y"
+        out = torch.fx.GraphModule(graph_module, graph)
+        out.meta = {"pre_grad": True}
+        out.__dict__.pop("_param_name_to_source", None)
+        return out
+
+    out = _compat._keeping_dynamo_metadata(rebuild)(gm, [])
+    assert out is not gm
+    assert out.meta == {"pre_grad": True, "dynamo_compile_id": "0/0"}
+    assert out._param_name_to_source == gm._param_name_to_source
+    assert next(iter(out.graph.find_nodes(op="placeholder")))._dynamo_source == "L['x']"
+    # other placeholders: not the same graph's inputs, left alone
+    other = _compat._keeping_dynamo_metadata(lambda g, i: rebuild(g, i, rename=True))(gm, [])
+    assert "dynamo_compile_id" not in other.meta and not hasattr(other, "_param_name_to_source")
+    assert _compat._keeping_dynamo_metadata(lambda graph_module, inputs: graph_module)(gm, []) is gm
+
+
+def _check_buffer_steps(device, mode, steps):
+    """BufferStep compiled by the backend, `steps` calls, against the same steps eagerly."""
+    torch.manual_seed(0)
+    step, reference = (BufferStep().to(torch.bfloat16).to(device) for _ in range(2))
+    reference.load_state_dict(step.state_dict())
+    compiled = nv.compile(step, nv.Config(activations="bf16"), mode=mode)
+    skips = counters["inductor"]["cudagraph_skips"]
+    for _ in range(steps):
+        torch.compiler.cudagraph_mark_step_begin()
+        compiled()
+    assert counters["inductor"]["cudagraph_skips"] == skips and int(step.count) == steps
+    with torch.no_grad():
+        for _ in range(steps):
+            h = nv.linear(reference.x, nv.quantize(reference.linear.weight), reference.linear.bias)
+            reference.x.copy_(torch.tanh(h))
+    torch.testing.assert_close(step.x, reference.x, rtol=2e-2, atol=2e-2)
+
+
+def test_buffer_step_under_the_backend():
+    _check_buffer_steps("cpu", None, 3)
+
+
+@pytest.mark.gpu
+def test_buffer_step_replays_in_a_cuda_graph():
+    """A step with no tensor inputs that mutates its buffers runs as a CUDA graph under the
+    backend (torch 2.11 skipped it: "mutated inputs"), and gives eager's results."""
+    _check_buffer_steps("cuda", "reduce-overhead", 5)  # compile, warm up, record, replay
 
 
 @pytest.mark.gpu
