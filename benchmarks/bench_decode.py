@@ -4,14 +4,17 @@
     python benchmarks/bench_decode.py --check    # correctness checks only; exit status 1 on a failure
     python benchmarks/bench_decode.py --matmul-attention  # decode steps as before session 24
     python benchmarks/bench_decode.py --no-fuse-norms     # NVFP4 norms as kernels (before session 25)
+    python benchmarks/bench_decode.py --host-loop         # argmax and pos += 1 outside the step (before session 26)
 
 The model is examples/decode.py's Llama-style decoder with 8 layers of Llama-3-8B shapes (hidden
 4096, 32 query / 8 KV heads of 128, MLP 14336; vocab 32000; the output head stays bf16), random
 weights. Each variant is compiled with mode="reduce-overhead" and static shapes: bf16 with
 `torch.compile`, NVFP4 with `nvfp4_inductor.compile` (backend="nvfp4"). Per batch size (1, 8) the
 KV cache is filled to the context (512) token by token through the compiled decode step, then
-`--steps` greedy decode steps (model call + argmax, on the host's clock: launch overhead included)
-are timed, median of 3. A fourth row, "bf16 PDL", is bf16 with Inductor's programmatic dependent
+`--steps` greedy decode steps are timed on the host's clock (launch overhead included), median of
+3. The step is examples/decode.py's GreedyStep (model call, argmax and the position's advance in
+the compiled graph, the token and position in buffers: the loop only replays it); `--host-loop`
+times the model call with the argmax and `pos += 1` run eagerly after each replay instead. A fourth row, "bf16 PDL", is bf16 with Inductor's programmatic dependent
 launch on, which backend="nvfp4" turns on and torch.compile leaves off: the NVFP4 rows' ratio to
 it is the speed-up that is NVFP4's own. Also checked per variant and batch: zero CUDA-graph skips (Inductor's
 counter) and no host sync in a replayed decode step (`torch.cuda.set_sync_debug_mode("error")`).
@@ -64,7 +67,8 @@ def step_bytes(model: decode.Transformer, nvfp4: bool, batch: int) -> float:
 
 
 def decode_from(step, token, pos, steps):
-    """steps greedy decode steps from (token (B, 1), pos (1,)), both on the device; -> token."""
+    """steps greedy decode steps of the model step (the host loop: argmax and pos += 1 outside the
+    compiled step) from (token (B, 1), pos (1,)), both on the device; -> token."""
     for _ in range(steps):
         torch.compiler.cudagraph_mark_step_begin()
         token = step(token, pos).argmax(-1, keepdim=True)
@@ -72,8 +76,64 @@ def decode_from(step, token, pos, steps):
     return token
 
 
+def host_loop_seconds(step, batch, start, steps) -> float:
+    """decode.decode_seconds for the host loop (before session 26)."""
+    token = torch.zeros(batch, 1, dtype=torch.long, device="cuda")
+    pos = torch.full((1,), start, dtype=torch.long, device="cuda")
+    torch.cuda.synchronize()
+    begin = time.perf_counter()
+    decode_from(step, token, pos, steps)
+    torch.cuda.synchronize()
+    return time.perf_counter() - begin
+
+
+class Loop:
+    """A variant's decode loop at one batch size: GreedyStep compiled (the default), or the model
+    compiled with the argmax and the position's advance outside it (host_loop)."""
+
+    def __init__(self, model, compile_fn, batch, host_loop):
+        self.batch, self.host_loop = batch, host_loop
+        if host_loop:
+            self.step = compile_fn(model)
+            self.token = torch.zeros(batch, 1, dtype=torch.long, device="cuda")
+            self.pos = torch.zeros(1, dtype=torch.long, device="cuda")
+        else:
+            self.loop = decode.GreedyStep(model, batch)
+            self.step = compile_fn(self.loop)
+            self.pos = self.loop.pos
+
+    def run(self, steps):
+        if self.host_loop:
+            self.token = decode_from(self.step, self.token, self.pos, steps)
+            return
+        for _ in range(steps):
+            torch.compiler.cudagraph_mark_step_begin()
+            self.step()
+
+    def seconds(self, start, steps) -> float:
+        if self.host_loop:
+            return host_loop_seconds(self.step, self.batch, start, steps)
+        return decode.decode_seconds(self.step, self.loop, start, steps)
+
+    def sync_free(self, start) -> str:
+        """One replayed decode step under sync debug mode "error": "ok", or the error."""
+        self.pos.fill_(start)
+        self.run(1)  # the same graph just before: a replay follows
+        torch.cuda.synchronize()
+        torch.cuda.set_sync_debug_mode("error")
+        try:
+            self.run(1)
+            result = "ok"
+        except RuntimeError as error:
+            result = f"SYNC: {str(error).splitlines()[0]}"
+        finally:
+            torch.cuda.set_sync_debug_mode(0)
+        torch.cuda.synchronize()
+        return result
+
+
 def sync_free_step(step, batch, start) -> str:
-    """One replayed decode step under sync debug mode "error": "ok", or the error."""
+    """One replayed model step (host loop) under sync debug mode "error": "ok", or the error."""
     token = torch.zeros(batch, 1, dtype=torch.long, device="cuda")
     pos = torch.full((1,), start, dtype=torch.long, device="cuda")
     decode_from(step, token, pos.clone(), 1)  # the same graph just before: a replay follows
@@ -90,35 +150,37 @@ def sync_free_step(step, batch, start) -> str:
     return result
 
 
-def run_variant(model, config, batches, context, steps, pdl=False):
+def run_variant(model, config, batches, context, steps, pdl=False, host_loop=False):
     """-> one row per batch: dict of the measurements. pdl: bf16 with Inductor's programmatic
     dependent launch on (torch.compile leaves it off; backend="nvfp4" turns it on)."""
     if pdl:
         options = {**torch._inductor.list_mode_options("reduce-overhead"), "triton.enable_pdl": True}
-        step = decode.compile_variant(model, config, None, options=options)
+
+        def compile_fn(module):
+            return decode.compile_variant(module, config, None, options=options)
     else:
-        step = decode.compile_variant(model, config, "reduce-overhead")
+        def compile_fn(module):
+            return decode.compile_variant(module, config, "reduce-overhead")
     rows = []
     for batch in batches:
         model.setup_cache(batch)
         torch.cuda.synchronize()
         torch.cuda.reset_peak_memory_stats()
         skips = counters["inductor"]["cudagraph_skips"]
-        token = torch.zeros(batch, 1, dtype=torch.long, device="cuda")
-        pos = torch.zeros(1, dtype=torch.long, device="cuda")
+        loop = Loop(model, compile_fn, batch, host_loop)
         begin = time.perf_counter()
-        token = decode_from(step, token, pos, 3)  # compile, warm up, record the CUDA graph
+        loop.run(3)  # compile, warm up, record the CUDA graph
         torch.cuda.synchronize()
         compile_s = time.perf_counter() - begin
-        decode_from(step, token, pos, context - 3)  # the rest of the context, through the graph
-        times = [decode.decode_seconds(step, batch, context, steps, "cuda") for _ in range(3)]
+        loop.run(context - 3)  # the rest of the context, through the graph
+        times = [loop.seconds(context, steps) for _ in range(3)]
         rows.append({
             "batch": batch, "tokens_s": batch * steps / statistics.median(times), "compile_s": compile_s,
             "peak_gib": torch.cuda.max_memory_allocated() / 2**30,
             "skips": counters["inductor"]["cudagraph_skips"] - skips,
-            "sync": sync_free_step(step, batch, context),
+            "sync": loop.sync_free(context),
             "floor_tokens_s": None})
-    del step
+        del loop
     return rows
 
 
@@ -138,6 +200,14 @@ def max_relative_error(step, reference, prompt, forced, steps=5) -> float:
     return err
 
 
+def greedy_choices(model, config, prompt, steps, forced=None):
+    """decode.greedy of the variant (the prefill and GreedyStep compiled, CUDA graphs)."""
+    loop = decode.GreedyStep(model, prompt.shape[0])
+    prefill = decode.compile_variant(model, config, "reduce-overhead", fullgraph=True)
+    step = decode.compile_variant(loop, config, "reduce-overhead", fullgraph=True)
+    return decode.greedy(prefill, step, loop, prompt, steps, forced=forced)
+
+
 def check(model, steps) -> bool:
     """Correctness only, batch 1: compiled NVFP4 vs the same model converted eagerly, agreement
     with bf16 (teacher-forced), CUDA-graph skips, host syncs. -> True when all pass."""
@@ -148,7 +218,7 @@ def check(model, steps) -> bool:
     # every slot beyond the current position.
     torch._dynamo.reset()
     model.setup_cache(1)
-    bf16_choices = decode.greedy(decode.compile_variant(model, None, "reduce-overhead"), prompt, steps)
+    bf16_choices = greedy_choices(model, None, prompt, steps)
     # Inductor's own bf16 compile is this far from bf16 eager on this model (its fused kernels keep
     # fp32 where eager rounds after every op, and 8 random layers grow the difference: 2.6e-2 on
     # the CPU): the scale of the W4A16 bound below, which was a fixed 2e-2 and failed at 2.4e-2.
@@ -160,8 +230,8 @@ def check(model, steps) -> bool:
     for name, config in list(decode.VARIANTS.items())[1:]:
         torch._dynamo.reset()
         skips = counters["inductor"]["cudagraph_skips"]
+        choices = greedy_choices(model, config, prompt, steps, forced=bf16_choices)
         step = decode.compile_variant(model, config, "reduce-overhead", fullgraph=True)
-        choices = decode.greedy(step, prompt, steps, forced=bf16_choices)
         agreement = (choices == bf16_choices).float().mean().item()
         # The CUDA-graph replays vs the same graphs compiled without CUDA graphs (same kernels),
         # and vs the model converted eagerly (nv.convert: the same quantized weights), on the
@@ -183,7 +253,10 @@ def check(model, steps) -> bool:
                   f"{max_relative_error(eager, fp32, prompt, bf16_choices):.1e}")
             del fp32
         del eager, no_graphs
-        sync = sync_free_step(step, 1, 16 + 5)
+        sync = sync_free_step(step, 1, 16 + 5)  # the model step, then the timed loop's step
+        if sync == "ok":
+            sync = Loop(model, lambda m: decode.compile_variant(m, config, "reduce-overhead"), 1,
+                        False).sync_free(16 + 5)
         new_skips = counters["inductor"]["cudagraph_skips"] - skips
         eager_ok = eager_err < bound or config.activations == "nvfp4"
         passed = replay_err < 1e-3 and eager_ok and new_skips == 0 and sync == "ok"
@@ -210,6 +283,9 @@ def main() -> None:
     parser.add_argument("--no-fuse-norms", action="store_true",
                         help="NVFP4 with Config(fuse_norms=False): each RMSNorm a kernel of its own (W4A16 "
                              "before session 25; W4A4 also without its norm + quantize kernel)")
+    parser.add_argument("--host-loop", action="store_true",
+                        help="time the model step with the argmax and pos += 1 outside it (the loop "
+                             "before session 26) instead of decode.GreedyStep")
     args = parser.parse_args()
     torch._dynamo.config.cache_size_limit = 64
     cfg = decode.PRESETS["llama3-8b-8layers"]
@@ -234,7 +310,8 @@ def main() -> None:
         torch._dynamo.reset()  # drops the previous variant's graphs and CUDA-graph pools
         gc.collect()
         torch.cuda.empty_cache()
-        results[name] = run_variant(model, config, args.batches, args.context, args.steps, pdl)
+        results[name] = run_variant(model, config, args.batches, args.context, args.steps, pdl,
+                                    args.host_loop)
         for row in results[name]:
             nbytes = step_bytes(model, config is not None, row["batch"])
             row["floor_tokens_s"] = row["batch"] / (nbytes / (copy_gbs * 1e9))

@@ -11,11 +11,13 @@ custom op, `decode_attention` (examples/decode_attention.py: the rotary embeddin
 writes and attention over the keys up to the position, two Triton kernels on CUDA;
 `ModelConfig(decode_attention=False)` keeps the prefill's form).
 
-Each variant is compiled with static shapes (`dynamic=False`): one graph for the prefill (the
-prompt in one call) and one for the decode step ((batch, 1) tokens and a (1,) position tensor).
+Each variant is compiled with static shapes (`dynamic=False`): the model for the prefill (the
+prompt in one call), and the decode step as `GreedyStep`, which keeps the (batch, 1) token and the
+(1,) position in buffers and writes the step's argmax and the next position back on the device,
+so that the loop only replays the step's CUDA graph.
 
-    bf16:  torch.compile(model, mode="reduce-overhead")
-    NVFP4: nvfp4_inductor.compile(model, Config(activations="bf16" | "nvfp4"), mode="reduce-overhead")
+    bf16:  torch.compile(module, mode="reduce-overhead")
+    NVFP4: nvfp4_inductor.compile(module, Config(activations="bf16" | "nvfp4"), mode="reduce-overhead")
 
 (`nvfp4_inductor.compile` is `torch.compile(model, backend="nvfp4")` with each call under
 no_grad and Dynamo preparing freezing, so the weights are quantized once, at compile time.)
@@ -210,33 +212,56 @@ def build_model(cfg: ModelConfig, max_len: int, batch: int, device, seed: int = 
     return model.eval()
 
 
-def compile_variant(model: Transformer, config: nv.Config | None, mode: str, **compile_kwargs):
-    """-> step(tokens, pos) -> logits: the model compiled in bf16 (config None) or NVFP4."""
+class GreedyStep(nn.Module):
+    """The generate loop's step, all on the device: the token and the position are buffers; a
+    call feeds `token` (B, 1) at `pos` (1,) to the model, writes the argmax of the logits back to
+    `token` and advances `pos`. Compiled with mode="reduce-overhead" (the graph has no inputs but
+    the model's buffers), a decode step is one CUDA-graph replay: no input copies and no argmax or
+    position kernels of its own (H100, the benchmark's model, GPU time a step: W4A16 641.6 / 647.1
+    us against 671.1 / 666.4 with the argmax and `pos += 1` outside, bf16 1639.0 against 1653.6;
+    benchmarks/NOTES.md, session 26)."""
+
+    def __init__(self, model: Transformer, batch: int):
+        super().__init__()
+        self.model = model
+        device = model.lm_head.weight.device
+        self.register_buffer("token", torch.zeros(batch, 1, dtype=torch.long, device=device), persistent=False)
+        self.register_buffer("pos", torch.zeros(1, dtype=torch.long, device=device), persistent=False)
+
+    def forward(self):
+        self.token.copy_(self.model(self.token, self.pos).argmax(-1, keepdim=True))
+        self.pos.add_(1)
+
+
+def compile_variant(model: nn.Module, config: nv.Config | None, mode: str, **compile_kwargs):
+    """-> the module compiled in bf16 (config None) or NVFP4, called under no_grad: for a
+    Transformer step(tokens, pos) -> logits, for a GreedyStep step() (it updates its buffers)."""
     if config is not None:
         return nv.compile(model, config, mode=mode, dynamic=False, **compile_kwargs)
     compiled = torch.compile(model, mode=mode, dynamic=False, **compile_kwargs)
 
-    def step(tokens, pos):
+    def step(*args):
         with torch.no_grad():
-            return compiled(tokens, pos)
+            return compiled(*args)
 
     step.compiled = compiled
     return step
 
 
-def greedy(step, prompt: torch.Tensor, steps: int, forced: torch.Tensor | None = None) -> torch.Tensor:
-    """-> (B, steps) next-token choices: the first from the prefill of prompt (B, T), then one per
-    decode step. With forced (B, steps), step i is fed forced[:, i - 1] instead of its own choice."""
+def greedy(prefill, step, loop: GreedyStep, prompt: torch.Tensor, steps: int,
+           forced: torch.Tensor | None = None) -> torch.Tensor:
+    """-> (B, steps) next-token choices: the first from prefill(prompt (B, T), positions) (the
+    model, compiled or not), then one per call of step (loop, compiled or not). With forced
+    (B, steps), step i is fed forced[:, i - 1] instead of its own choice."""
     seq = prompt.shape[1]
-    pos = torch.arange(seq, device=prompt.device)
     torch.compiler.cudagraph_mark_step_begin()
-    choices = [step(prompt, pos).argmax(-1)]  # argmax at once: the next replay overwrites logits
-    pos = pos[-1:] + 1  # stays on the device
+    choices = [prefill(prompt, torch.arange(seq, device=prompt.device)).argmax(-1)]
+    loop.pos.fill_(seq)
     for i in range(1, steps):
-        token = forced[:, i - 1] if forced is not None else choices[-1]
+        loop.token.copy_((forced[:, i - 1] if forced is not None else choices[-1])[:, None])
         torch.compiler.cudagraph_mark_step_begin()
-        choices.append(step(token[:, None], pos).argmax(-1))
-        pos = pos + 1
+        step()
+        choices.append(loop.token[:, 0].clone())  # the next replay overwrites the buffer
     return torch.stack(choices, dim=1)
 
 
@@ -245,17 +270,16 @@ def _sync(device):
         torch.cuda.synchronize(device)
 
 
-def decode_seconds(step, batch: int, start: int, steps: int, device) -> float:
-    """Wall time of `steps` greedy decode steps (model call + argmax), positions start, start+1, ...
-    (host overhead included: that is what CUDA graphs remove)."""
-    token = torch.zeros(batch, 1, dtype=torch.long, device=device)
-    pos = torch.full((1,), start, dtype=torch.long, device=device)
+def decode_seconds(step, loop: GreedyStep, start: int, steps: int) -> float:
+    """Wall time of `steps` calls of step (loop compiled: greedy decode steps), positions start,
+    start + 1, ... (host overhead included: that is what CUDA graphs remove)."""
+    device = loop.pos.device
+    loop.pos.fill_(start)
     _sync(device)
     begin = time.perf_counter()
     for _ in range(steps):
         torch.compiler.cudagraph_mark_step_begin()
-        token = step(token, pos).argmax(-1, keepdim=True)
-        pos += 1  # in place, on the device: the compiled step reads it at the next call
+        step()
     _sync(device)
     return time.perf_counter() - begin
 
@@ -286,16 +310,17 @@ def main() -> None:
     reference, rows = None, []
     for name, config in VARIANTS.items():
         torch._dynamo.reset()  # one variant's graphs (and CUDA graphs) at a time
-        step = compile_variant(model, config, mode)
+        loop = GreedyStep(model, args.batch)
+        prefill, step = compile_variant(model, config, mode), compile_variant(loop, config, mode)
         begin = time.perf_counter()
-        choices = greedy(step, prompt, steps, forced=reference)  # compiles prefill and decode
+        choices = greedy(prefill, step, loop, prompt, steps, forced=reference)  # compiles both
         _sync(device)
         compile_s = time.perf_counter() - begin
         if reference is None:
             reference = choices
         agreement = (choices == reference).float().mean().item()
-        decode_seconds(step, args.batch, args.prompt_len, 4, device)  # warm: CUDA graphs recorded
-        seconds = decode_seconds(step, args.batch, args.prompt_len, steps, device)
+        decode_seconds(step, loop, args.prompt_len, 4)  # warm: CUDA graphs recorded
+        seconds = decode_seconds(step, loop, args.prompt_len, steps)
         rows.append((name, args.batch * steps / seconds, agreement, compile_s))
 
     print(f"\n{'variant':>12} {'tokens/s':>10} {'vs bf16':>8} {'agreement':>10} {'first call s':>13}")

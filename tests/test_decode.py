@@ -104,23 +104,46 @@ def test_decode_steps_match_a_longer_prefill():
 
 def test_greedy_teacher_forcing():
     model = decode.build_model(CFG, MAX_LEN, 2, "cpu")
+    loop = decode.GreedyStep(model, 2)
 
-    def step(tokens, pos):
+    def prefill(tokens, pos):
         with torch.no_grad():
             return model(tokens, pos)
 
+    def step():
+        with torch.no_grad():
+            loop()
+
     prompt = _tokens(2, 4)
-    free = decode.greedy(step, prompt, 6)
-    assert free.shape == (2, 6)
-    assert torch.equal(decode.greedy(step, prompt, 6, forced=free), free)  # fed its own choices
+    free = decode.greedy(prefill, step, loop, prompt, 6)
+    assert free.shape == (2, 6) and int(loop.pos) == 9
+    assert torch.equal(decode.greedy(prefill, step, loop, prompt, 6, forced=free), free)  # its own choices
     other = torch.randint(0, CFG.vocab, (2, 6))
-    forced = decode.greedy(step, prompt, 6, forced=other)
+    forced = decode.greedy(prefill, step, loop, prompt, 6, forced=other)
     assert torch.equal(forced[:, 0], free[:, 0])  # the prefill's choice does not depend on it
     with torch.no_grad():
         model.setup_cache(2)
         model(prompt, torch.arange(4))
-        expected = model(other[:, :1], torch.tensor([4])).argmax(-1)
-    assert torch.equal(forced[:, 1], expected)
+        expected = [model(other[:, :1], torch.tensor([4])).argmax(-1)]
+        expected.append(model(other[:, 1:2], torch.tensor([5])).argmax(-1))
+    assert torch.equal(forced[:, 1], expected[0]) and torch.equal(forced[:, 2], expected[1])
+
+
+def test_greedy_step_is_the_model_and_argmax():
+    # GreedyStep: the model at the buffers' token and position, the argmax written back, the
+    # position advanced; free-running from the model's own first choice.
+    model = decode.build_model(CFG, MAX_LEN, 2, "cpu")
+    loop = decode.GreedyStep(model, 2)
+    token, pos = _tokens(2, 1), torch.tensor([0])
+    loop.token.copy_(token)
+    with torch.no_grad():
+        for _ in range(5):
+            loop()
+        model.setup_cache(2)
+        for _ in range(5):
+            token = model(token, pos).argmax(-1, keepdim=True)
+            pos = pos + 1
+    assert torch.equal(loop.token, token) and int(loop.pos) == 5
 
 
 # --- the decode step's attention op (examples/decode_attention.py) --------------------------------
@@ -374,6 +397,38 @@ def test_decode_step_makes_no_host_sync(activations):
     torch.cuda.synchronize()
     assert counters["inductor"]["cudagraph_skips"] == 0
     assert int(pos) == 6
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("activations", [None, "bf16", "nvfp4"], ids=["bf16", "W4A16", "W4A4"])
+def test_greedy_step_replays_without_sync(activations):
+    # The generate loop's step as the benchmark times it (GreedyStep: no tensor inputs, its
+    # buffers mutated): recorded and replayed as a CUDA graph, no host sync in a replay, the same
+    # choices as the same module compiled without CUDA graphs (the same kernels).
+    config = None if activations is None else nv.Config(activations=activations)
+    model = decode.build_model(CFG, MAX_LEN, 2, "cuda")
+    loops = [decode.GreedyStep(m, 2) for m in (model, copy.deepcopy(model))]
+    steps = [decode.compile_variant(loop, config, mode, fullgraph=True)
+             for loop, mode in zip(loops, ("reduce-overhead", "default"))]
+    start = _tokens(2, 1).cuda()
+    counters.clear()
+    choices = []
+    for loop, step in zip(loops, steps):
+        loop.token.copy_(start)
+        choices.append([])
+        for i in range(8):  # compile, warm up, record, replays
+            if i >= 4 and loop is loops[0]:  # replays: a host sync raises
+                torch.cuda.synchronize()
+                torch.cuda.set_sync_debug_mode("error")
+            try:
+                torch.compiler.cudagraph_mark_step_begin()
+                step()
+            finally:
+                torch.cuda.set_sync_debug_mode(0)
+            choices[-1].append(loop.token.clone())
+        assert int(loop.pos) == 8
+    assert counters["inductor"]["cudagraph_skips"] == 0
+    assert torch.equal(torch.cat(choices[0], 1), torch.cat(choices[1], 1))
 
 
 @pytest.mark.gpu
