@@ -14,6 +14,8 @@ Parts (each changes examples/decode.py's classes for that row only; the outputs 
     flex       attention through flex_attention, the mask as a score_mod on the device position
     pointwise  attention as broadcast products and sums (Inductor reductions, no cuBLAS)
     argmax_in  the argmax inside the compiled step (its output cloned before the next replay)
+    loop_in    the whole loop step inside the compiled step: the token and the position are
+               buffers the step reads, writes (the argmax) and advances; the loop only replays
     norm_kernel  W4A16 with Config(fuse_norms=False): each RMSNorm a kernel of its own before the
                GEMMs (the model before session 25) instead of applied by the GEMMs
     matmul     decode steps as the prefill (Inductor's RoPE and cache writes, two matmuls and a
@@ -93,7 +95,7 @@ def attn_pointwise(self, x, pos, cos, sin, mask):
 PARTS = {  # name -> (Attention.forward, RMSNorm.forward)
     "base": (ATTENTION, NORM), "norm_id": (ATTENTION, lambda self, x: x),
     "attn_skip": (attn_skip, NORM), "sdpa": (attn_sdpa, NORM), "flex": (attn_flex, NORM),
-    "pointwise": (attn_pointwise, NORM), "argmax_in": (ATTENTION, NORM),
+    "pointwise": (attn_pointwise, NORM), "argmax_in": (ATTENTION, NORM), "loop_in": (ATTENTION, NORM),
     "matmul": (ATTENTION, NORM),  # decode steps attend as the prefill does (decode_op off)
     "norm_kernel": (ATTENTION, NORM),  # W4A16 keeps Inductor's norm kernels (fuse_norms off)
 }
@@ -108,21 +110,41 @@ class ArgmaxStep(torch.nn.Module):
         return self.model(tokens, pos).argmax(-1, keepdim=True)
 
 
+class LoopStep(torch.nn.Module):
+    def __init__(self, model):
+        super().__init__()
+        self.model = model
+        device = model.lm_head.weight.device
+        self.register_buffer("token", torch.zeros(1, 1, dtype=torch.long, device=device))
+        self.register_buffer("pos", torch.zeros(1, dtype=torch.long, device=device))
+
+    def forward(self, tokens, pos):  # the arguments are ignored: the step reads its buffers
+        self.token.copy_(self.model(self.token, self.pos).argmax(-1, keepdim=True))
+        self.pos.add_(1)
+
+
 def run_steps(step, token, pos, steps, in_graph):
     for _ in range(steps):
         torch.compiler.cudagraph_mark_step_begin()
+        if in_graph == "loop":
+            step(None, None)
+            continue
         out = step(token, pos)
         token = out.clone() if in_graph else out.argmax(-1, keepdim=True)
         pos += 1
     return token
 
 
-def gpu_us_per_step(step, in_graph, context, steps=64, repeats=3):
+def gpu_us_per_step(step, in_graph, context, steps=64, repeats=3, loop_pos=None):
+    """loop_pos: the loop_in step's position buffer (set before each run; the runs' own pos
+    tensors are not read by that step)."""
     token = torch.zeros(1, 1, dtype=torch.long, device="cuda")
     run_steps(step, token, torch.zeros(1, dtype=torch.long, device="cuda"), context, in_graph)
     times = []
     for _ in range(repeats):
         pos = torch.full((1,), context, dtype=torch.long, device="cuda")
+        if loop_pos is not None:
+            loop_pos.fill_(context)
         start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
         torch.cuda.synchronize()
         start.record()
@@ -157,10 +179,12 @@ def main():
             torch._dynamo.reset()
             gc.collect()
             torch.cuda.empty_cache()
-            target = ArgmaxStep(model) if part == "argmax_in" else model
+            target = {"argmax_in": ArgmaxStep, "loop_in": LoopStep}.get(part, lambda m: m)(model)
             step = decode.compile_variant(target, config, "reduce-overhead")
             model.setup_cache(1)
-            us[name] = gpu_us_per_step(step, part == "argmax_in", args.context)
+            in_graph = {"argmax_in": True, "loop_in": "loop"}.get(part, False)
+            us[name] = gpu_us_per_step(step, in_graph, args.context,
+                                       loop_pos=target.pos if part == "loop_in" else None)
             del step
         rows.append((part, us.get("bf16", math.nan), us.get("W4A16", math.nan)))
         print(f"{part:>10}: bf16 {rows[-1][1]:7.1f} us, W4A16 {rows[-1][2]:7.1f} us per step", flush=True)
