@@ -118,29 +118,17 @@ class Loop:
     def sync_free(self, start) -> str:
         """One replayed decode step under sync debug mode "error": "ok", or the error."""
         self.pos.fill_(start)
-        self.run(1)  # the same graph just before: a replay follows
-        torch.cuda.synchronize()
-        torch.cuda.set_sync_debug_mode("error")
-        try:
-            self.run(1)
-            result = "ok"
-        except RuntimeError as error:
-            result = f"SYNC: {str(error).splitlines()[0]}"
-        finally:
-            torch.cuda.set_sync_debug_mode(0)
-        torch.cuda.synchronize()
-        return result
+        return replay_is_sync_free(lambda: self.run(1))
 
 
-def sync_free_step(step, batch, start) -> str:
-    """One replayed model step (host loop) under sync debug mode "error": "ok", or the error."""
-    token = torch.zeros(batch, 1, dtype=torch.long, device="cuda")
-    pos = torch.full((1,), start, dtype=torch.long, device="cuda")
-    decode_from(step, token, pos.clone(), 1)  # the same graph just before: a replay follows
+def replay_is_sync_free(step_once) -> str:
+    """step_once() twice (the second a replay of the graph the first ran), the second under sync
+    debug mode "error": "ok", or the error."""
+    step_once()
     torch.cuda.synchronize()
     torch.cuda.set_sync_debug_mode("error")
     try:
-        decode_from(step, token, pos, 1)
+        step_once()
         result = "ok"
     except RuntimeError as error:
         result = f"SYNC: {str(error).splitlines()[0]}"
@@ -148,6 +136,13 @@ def sync_free_step(step, batch, start) -> str:
         torch.cuda.set_sync_debug_mode(0)
     torch.cuda.synchronize()
     return result
+
+
+def sync_free_step(step, batch, start) -> str:
+    """One replayed model step (host loop) under sync debug mode "error": "ok", or the error."""
+    token = torch.zeros(batch, 1, dtype=torch.long, device="cuda")
+    pos = torch.full((1,), start, dtype=torch.long, device="cuda")
+    return replay_is_sync_free(lambda: decode_from(step, token, pos.clone(), 1))
 
 
 def run_variant(model, config, batches, context, steps, pdl=False, host_loop=False):
