@@ -218,8 +218,8 @@ class GreedyStep(nn.Module):
     `token` and advances `pos`. Compiled with mode="reduce-overhead" (the graph has no inputs but
     the model's buffers), a decode step is one CUDA-graph replay: no input copies and no argmax or
     position kernels of its own (H100, the benchmark's model, GPU time a step: W4A16 641.6 / 647.1
-    us against 671.1 / 666.4 with the argmax and `pos += 1` outside, bf16 1639.0 against 1653.6;
-    benchmarks/NOTES.md, session 26)."""
+    us against 671.1 / 666.4 with the argmax and `pos += 1` outside, bf16 1639.0 / 1589.2 against
+    1653.6 / 1649.6; benchmarks/NOTES.md, session 26)."""
 
     def __init__(self, model: Transformer, batch: int):
         super().__init__()
