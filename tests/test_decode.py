@@ -312,6 +312,37 @@ def test_decode_through_the_backend_on_cpu(caplog):
     assert max((a - b).abs().max().item() for a, b in zip(bf16_logits, expected)) > 2 * TOL["atol"]
 
 
+def test_greedy_step_through_the_backend_on_cpu():
+    # The example's decode step as it runs (GreedyStep: the argmax and the next position in the
+    # graph, no tensor inputs), fullgraph, one graph for every position; the same choices as the
+    # eagerly converted model's GreedyStep.
+    model = decode.build_model(CFG, MAX_LEN, 2, "cpu")
+    reference = decode.GreedyStep(_eager_nvfp4(model, "bf16"), 2)
+    loop = decode.GreedyStep(model, 2)
+    step = decode.compile_variant(loop, nv.Config(activations="bf16"), "default", fullgraph=True)
+    start = _tokens(2, 1)
+    loop.token.copy_(start)
+    reference.token.copy_(start)
+    counters.clear()
+    got, want = [], []
+    for _ in range(6):
+        step()
+        got.append(loop.token.clone())
+        with torch.no_grad():
+            reference()
+        want.append(reference.token.clone())
+    assert counters["stats"]["unique_graphs"] == 1 and int(loop.pos) == 6
+    assert torch.equal(torch.cat(got, 1), torch.cat(want, 1))
+
+
+def test_example_runs_on_cpu(monkeypatch, capsys):
+    # README: `python examples/decode.py --small` (bf16, W4A16, W4A4 on the CPU reference ops).
+    monkeypatch.setattr("sys.argv", ["decode.py", "--small", "--steps", "4", "--prompt-len", "4"])
+    decode.main()
+    out = capsys.readouterr().out
+    assert all(f"{name:>12}" in out for name in decode.VARIANTS) and "100.0%" in out
+
+
 # --- on a GPU, captured in CUDA graphs -----------------------------------------------------------
 
 GPU_ACTIVATIONS = ["bf16", "nvfp4"]  # W4A16, W4A4
