@@ -12,31 +12,32 @@ import gc
 
 import torch
 import triton
-from bench_decode import decode, decode_from
+from bench_decode import Loop, decode
 from torch.profiler import ProfilerActivity, profile
 
 
-def gpu_us_per_step(step, pos, steps=64, repeats=3):
-    token = torch.zeros(1, 1, dtype=torch.long, device="cuda")
+def gpu_us_per_step(loop, start, steps=64, repeats=3):
     times = []
     for _ in range(repeats):
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        loop.pos.fill_(start)
+        begin, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
         torch.cuda.synchronize()
-        start.record()
-        decode_from(step, token, pos.clone(), steps)
+        begin.record()
+        loop.run(steps)
         end.record()
         end.synchronize()
-        times.append(start.elapsed_time(end) * 1e3 / steps)
+        times.append(begin.elapsed_time(end) * 1e3 / steps)
     return sorted(times)[len(times) // 2]
 
 
-def kernels_per_step(step, pos, steps=20):
+def kernels_per_step(loop, start, steps=20):
     """-> {kernel name: (us per step, launches per step)}."""
-    token = torch.zeros(1, 1, dtype=torch.long, device="cuda")
-    decode_from(step, token, pos.clone(), 3)
+    loop.pos.fill_(start)
+    loop.run(3)
     torch.cuda.synchronize()
+    loop.pos.fill_(start)
     with profile(activities=[ProfilerActivity.CUDA]) as prof:
-        decode_from(step, token, pos.clone(), steps)
+        loop.run(steps)
         torch.cuda.synchronize()
     table = collections.defaultdict(lambda: [0.0, 0.0])
     for event in prof.events():
@@ -53,6 +54,9 @@ def main():
     parser.add_argument("--context", type=int, default=512)
     parser.add_argument("--top", type=int, default=25)
     parser.add_argument("--variants", nargs="+", default=list(decode.VARIANTS), help="of examples/decode.py")
+    parser.add_argument("--host-loop", action="store_true",
+                        help="the model step with the argmax and pos += 1 outside it (bench_decode's loop "
+                             "before session 26) instead of decode.GreedyStep")
     args = parser.parse_args()
     torch._dynamo.config.cache_size_limit = 64
     cfg = decode.ModelConfig(**{**decode.PRESETS["llama3-8b-8layers"].__dict__, "layers": args.layers})
@@ -65,13 +69,12 @@ def main():
         torch._dynamo.reset()
         gc.collect()
         torch.cuda.empty_cache()
-        step = decode.compile_variant(model, config, "reduce-overhead")
         model.setup_cache(1)
-        token = torch.zeros(1, 1, dtype=torch.long, device="cuda")
-        pos = torch.zeros(1, dtype=torch.long, device="cuda")
-        decode_from(step, token, pos, args.context)  # compile, record, fill the cache
-        step_us = gpu_us_per_step(step, pos)
-        table = kernels_per_step(step, pos)
+        loop = Loop(model, lambda module: decode.compile_variant(module, config, "reduce-overhead"), 1,
+                    args.host_loop)
+        loop.run(args.context)  # compile, record, fill the cache
+        step_us = gpu_us_per_step(loop, args.context)
+        table = kernels_per_step(loop, args.context)
         kernel_us = sum(us for us, _ in table.values())
         launches = sum(n for _, n in table.values())
         summary.append((name, step_us, kernel_us, launches))
@@ -79,7 +82,7 @@ def main():
               f"({launches:.0f} launches), gaps {step_us - kernel_us:.1f} us")
         for kernel, (us, n) in sorted(table.items(), key=lambda item: -item[1][0])[:args.top]:
             print(f"  {us:8.1f} us {n:5.0f}x  {kernel}")
-        del step
+        del loop
     print(f"\n{'variant':>12} {'step us':>8} {'kernel us':>9} {'gaps us':>8} {'launches':>8}")
     for name, step_us, kernel_us, launches in summary:
         print(f"{name:>12} {step_us:8.1f} {kernel_us:9.1f} {step_us - kernel_us:8.1f} {launches:8.0f}")
