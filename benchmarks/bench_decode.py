@@ -76,23 +76,12 @@ def decode_from(step, token, pos, steps):
     return token
 
 
-def host_loop_seconds(step, batch, start, steps) -> float:
-    """decode.decode_seconds for the host loop (before session 26)."""
-    token = torch.zeros(batch, 1, dtype=torch.long, device="cuda")
-    pos = torch.full((1,), start, dtype=torch.long, device="cuda")
-    torch.cuda.synchronize()
-    begin = time.perf_counter()
-    decode_from(step, token, pos, steps)
-    torch.cuda.synchronize()
-    return time.perf_counter() - begin
-
-
 class Loop:
     """A variant's decode loop at one batch size: GreedyStep compiled (the default), or the model
     compiled with the argmax and the position's advance outside it (host_loop)."""
 
     def __init__(self, model, compile_fn, batch, host_loop):
-        self.batch, self.host_loop = batch, host_loop
+        self.host_loop = host_loop
         if host_loop:
             self.step = compile_fn(model)
             self.token = torch.zeros(batch, 1, dtype=torch.long, device="cuda")
@@ -111,9 +100,13 @@ class Loop:
             self.step()
 
     def seconds(self, start, steps) -> float:
-        if self.host_loop:
-            return host_loop_seconds(self.step, self.batch, start, steps)
-        return decode.decode_seconds(self.step, self.loop, start, steps)
+        """Wall time of `steps` decode steps from position start (host overhead included)."""
+        self.pos.fill_(start)
+        torch.cuda.synchronize()
+        begin = time.perf_counter()
+        self.run(steps)
+        torch.cuda.synchronize()
+        return time.perf_counter() - begin
 
     def sync_free(self, start) -> str:
         """One replayed decode step under sync debug mode "error": "ok", or the error."""

@@ -14,8 +14,9 @@ Parts (each changes examples/decode.py's classes for that row only; the outputs 
     flex       attention through flex_attention, the mask as a score_mod on the device position
     pointwise  attention as broadcast products and sums (Inductor reductions, no cuBLAS)
     argmax_in  the argmax inside the compiled step (its output cloned before the next replay)
-    loop_in    the whole loop step inside the compiled step: the token and the position are
-               buffers the step reads, writes (the argmax) and advances; the loop only replays
+    loop_in    the whole loop step inside the compiled step (examples/decode.py's GreedyStep): the
+               token and the position are buffers the step reads, writes (the argmax) and
+               advances; the loop only replays
     norm_kernel  W4A16 with Config(fuse_norms=False): each RMSNorm a kernel of its own before the
                GEMMs (the model before session 25) instead of applied by the GEMMs
     matmul     decode steps as the prefill (Inductor's RoPE and cache writes, two matmuls and a
@@ -110,24 +111,11 @@ class ArgmaxStep(torch.nn.Module):
         return self.model(tokens, pos).argmax(-1, keepdim=True)
 
 
-class LoopStep(torch.nn.Module):
-    def __init__(self, model):
-        super().__init__()
-        self.model = model
-        device = model.lm_head.weight.device
-        self.register_buffer("token", torch.zeros(1, 1, dtype=torch.long, device=device))
-        self.register_buffer("pos", torch.zeros(1, dtype=torch.long, device=device))
-
-    def forward(self, tokens, pos):  # the arguments are ignored: the step reads its buffers
-        self.token.copy_(self.model(self.token, self.pos).argmax(-1, keepdim=True))
-        self.pos.add_(1)
-
-
 def run_steps(step, token, pos, steps, in_graph):
     for _ in range(steps):
         torch.compiler.cudagraph_mark_step_begin()
-        if in_graph == "loop":
-            step(None, None)
+        if in_graph == "loop":  # decode.GreedyStep: it reads and advances its own buffers
+            step()
             continue
         out = step(token, pos)
         token = out.clone() if in_graph else out.argmax(-1, keepdim=True)
@@ -179,7 +167,8 @@ def main():
             torch._dynamo.reset()
             gc.collect()
             torch.cuda.empty_cache()
-            target = {"argmax_in": ArgmaxStep, "loop_in": LoopStep}.get(part, lambda m: m)(model)
+            target = {"argmax_in": ArgmaxStep, "loop_in": lambda m: decode.GreedyStep(m, 1)}.get(
+                part, lambda m: m)(model)
             step = decode.compile_variant(target, config, "reduce-overhead")
             model.setup_cache(1)
             in_graph = {"argmax_in": True, "loop_in": "loop"}.get(part, False)

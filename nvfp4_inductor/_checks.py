@@ -80,8 +80,7 @@ def check_rms_norm_args(h, weight, eps: float) -> None:
         if tuple(weight.shape) != (h.shape[-1],):
             raise ValueError(f"weight must have shape ({h.shape[-1]},) (h's last dim); got "
                              f"{tuple(weight.shape)}")
-    if not (eps >= 0 and eps < float("inf")):
-        raise ValueError(f"eps must be finite and >= 0; got {eps}")
+    check_eps("eps", eps)
 
 
 def check_norm_input(norm_h, eps: float, x) -> None:
@@ -95,8 +94,13 @@ def check_norm_input(norm_h, eps: float, x) -> None:
     if norm_h.dim() == 0 or norm_h.shape[-1] != x.shape[-1] or norm_h.numel() != x.numel():
         raise ValueError(f"norm_h must have x's rows (shape {tuple(x.shape)} or a view of it with "
                          f"the same last dim); got {tuple(norm_h.shape)}")
+    check_eps("norm_eps", eps)
+
+
+def check_eps(name: str, eps: float) -> None:
+    """An RMSNorm's eps: finite and >= 0."""
     if not (eps >= 0 and eps < float("inf")):
-        raise ValueError(f"norm_eps must be finite and >= 0; got {eps}")
+        raise ValueError(f"{name} must be finite and >= 0; got {eps}")
 
 
 def check_silu_mul_linear_args(n: int, w_global_scale, x_global_scale) -> None:
