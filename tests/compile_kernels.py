@@ -137,7 +137,12 @@ def splitk_cases():
 
 # the grouped row-major mainloop: x's two 16-byte loads and the four rows' codes, before the loop
 # and in it (x alone has 4)
-CODES_16B_EVERY_OTHER_TILE = r"(?s)(ld\.global(\.\w+)*\.v4\.b32.*){12}"
+CODES_16B_EVERY_OTHER_TILE = r"(?s)(ld\.global(\.[\w:]+)*\.v4\.b32.*){12}"
+# The register-fed mainloop's tiled weight loads (8-byte codes, scale bytes) are marked first out of
+# L1, x's 16-byte loads are not; row-major weights are not marked (gemm_mma.TILED_WEIGHT_EVICTION)
+EVICT_FIRST = r"ld\.global\.L1::evict_first"
+TILED_EVICT_FIRST = [EVICT_FIRST + r"(\.[\w:]+)*\.v2\.b32", EVICT_FIRST + r"(\.[\w:]+)*\.b8",
+                     r"ld\.global\.v4\.b32"]
 
 
 def reg_mma_cases():
@@ -151,15 +156,16 @@ def reg_mma_cases():
         yield (f"splitk-reg-mma-{8 * b_blocks}x{bn}x{bk}", sk._splitk_kernel, SPLITK_SIGNATURE,
                _splitk_constexprs(TILED=True, REG_MMA=b_blocks, BLOCK_M=8 * max(b_blocks, 2), BLOCK_N=bn,
                                   BLOCK_K=bk),
-               warps, checks, stages)
+               warps, checks + TILED_EVICT_FIRST, stages)
         for scales, even in itertools.product(("plain", "swizzled") + (("grouped",) if b_blocks == 1 else ()),
                                               (True, False)):
             yield (f"splitk-reg-mma-rows-{8 * b_blocks}x{bn}x{bk}-{scales}-even{int(even)}",
                    sk._splitk_kernel, SPLITK_SIGNATURE,
                    _splitk_constexprs(SWIZZLED=scales == "swizzled", GROUPED=scales == "grouped", EVEN=even,
                                       REG_MMA=b_blocks, BLOCK_M=8 * max(b_blocks, 2), BLOCK_N=bn, BLOCK_K=bk),
-                   warps, checks + ([CODES_16B_EVERY_OTHER_TILE, r"!ld\.global(\.\w+)*\.v2\.b32"]
-                                    if scales == "grouped" else [r"ld\.global(\.\w+)*\.v2\.b32"]), stages)
+                   warps, checks + ["!" + EVICT_FIRST]
+                   + ([CODES_16B_EVERY_OTHER_TILE, r"!ld\.global(\.[\w:]+)*\.v2\.b32"] if scales == "grouped"
+                      else [r"ld\.global(\.[\w:]+)*\.v2\.b32"]), stages)
 
 
 @triton.jit
@@ -177,7 +183,7 @@ def pdl_cases():
     yield ("mma-mainloop-pdl1", _mma_mainloop_pdl, signature, {"PDL": 1}, 2,
            [r"(?s)^(?:(?!ld\.global).)*griddepcontrol\.wait"], 1)
     yield ("mma-mainloop-pdl2", _mma_mainloop_pdl, signature, {"PDL": 2}, 2,
-           [r"(?s)ld\.global\.v2\.b32(?:(?!ld\.global\.v4).)*griddepcontrol\.wait"], 1)
+           [r"(?s)ld\.global(\.[\w:]+)*\.v2\.b32(?:(?!ld\.global\.v4).)*griddepcontrol\.wait"], 1)
 
 
 def dot_scaled_splitk_cases():

@@ -55,6 +55,13 @@ block, the weights decoded once. Four blocks hold 32 sums and two tiles of x wor
 registers, 7 programs an SM): on tiled weights no faster than the tl.dot kernel at M = 17..32,
 so only row-major weights use it there (gemm_configs.REG_MMA_MAX_M_TILED).
 
+L1. The tiled weights' loads carry evict_first (L1 and L2): each byte is read once, and left to L1's default
+policy they pushed out x's lines, which a lane reads again every K-tile (32 bytes a tile, L1 hits
+when they stay). H100, bench_decode's W4A16 step on the GPU (benchmarks/NOTES.md, session 27):
+637.1 / 639.0 us against 644.6 / 647.0 (x read once, the bound: -11 us). Not on row-major weights,
+whose 128-byte lines serve a lane four K-tiles in a row from L1: there it cost 24% (8192 x 28672,
+M = 1, 79.9 against 64.5 us).
+
 The mainloop returns the (64, BLOCK_M) fp32 tile of gemm_splitk.splitk_mainloop's contract, so the
 eager split-K kernel and the Inductor template call either (REG_MMA): this one on CUDA for small
 M, the tl.dot one for larger M and under the Triton interpreter (which runs no inline PTX).
@@ -79,6 +86,10 @@ _WARPS: tl.constexpr = tl.constexpr(WARPS)
 _BLOCK: tl.constexpr = tl.constexpr(BLOCK_SIZE)  # k of a block scale (16)
 GROUP = 4  # LAYOUT 3: K-tiles whose plain scales a lane reads as one word
 _GROUP: tl.constexpr = tl.constexpr(GROUP)
+# The tiled weights' loads (each byte read once) are marked first out of L1 (and L2), so that they do
+# not push out x's lines, which every K-tile reads again: module docstring, "L1".
+TILED_WEIGHT_EVICTION = "evict_first"
+_TILED_WEIGHTS: tl.constexpr = tl.constexpr(TILED_WEIGHT_EVICTION)
 
 # $4: 8 codes (natural order), $5: bf16x2 s * 2^119; $0..$3: bf16x2 pairs (i, i + 4), i = 0..3,
 # each e2m1 * s * 2^-7: magnitude bits to 6..8 (+16), sign to 15 (+16).
@@ -183,19 +194,25 @@ def _load_x(x_ptr, x_word, k_ok, EVEN_K: tl.constexpr):
 
 
 @triton.jit
+def _stream(ptrs):
+    """A load of tiled weights (LAYOUT 0), each byte read once: marked first out of L1."""
+    return tl.load(ptrs, eviction_policy=_TILED_WEIGHTS)
+
+
+@triton.jit
 def _load_weights(ww_ptr, ws_ptr, tile):
     """A lane's codes of tile `tile` (rows g, g + 8, g + 16, g + 24 of its warp's 32: two words
     each) and their four e4m3 scales as two 16-bit pairs."""
     words = ww_ptr + tile * _TILE_WORDS
-    w0, w1 = tl.split(tl.load(words[:, None] + tl.arange(0, 2)[None, :]))
-    w2, w3 = tl.split(tl.load(words[:, None] + (8 * _ROW_WORDS + tl.arange(0, 2))[None, :]))
-    w4, w5 = tl.split(tl.load(words[:, None] + (16 * _ROW_WORDS + tl.arange(0, 2))[None, :]))
-    w6, w7 = tl.split(tl.load(words[:, None] + (24 * _ROW_WORDS + tl.arange(0, 2))[None, :]))
+    w0, w1 = tl.split(_stream(words[:, None] + tl.arange(0, 2)[None, :]))
+    w2, w3 = tl.split(_stream(words[:, None] + (8 * _ROW_WORDS + tl.arange(0, 2))[None, :]))
+    w4, w5 = tl.split(_stream(words[:, None] + (16 * _ROW_WORDS + tl.arange(0, 2))[None, :]))
+    w6, w7 = tl.split(_stream(words[:, None] + (24 * _ROW_WORDS + tl.arange(0, 2))[None, :]))
     scales = ws_ptr + tile * _TILE_SCALES
     row_scales: tl.constexpr = _TILE_K // _BLOCK
-    s01 = tl.load(scales).to(tl.uint32) | (tl.load(scales + 8 * row_scales).to(tl.uint32) << 8)
-    s23 = (tl.load(scales + 16 * row_scales).to(tl.uint32)
-           | (tl.load(scales + 24 * row_scales).to(tl.uint32) << 8))
+    s01 = _stream(scales).to(tl.uint32) | (_stream(scales + 8 * row_scales).to(tl.uint32) << 8)
+    s23 = (_stream(scales + 16 * row_scales).to(tl.uint32)
+           | (_stream(scales + 24 * row_scales).to(tl.uint32) << 8))
     return w0, w1, w2, w3, w4, w5, w6, w7, s01, s23
 
 
