@@ -19,6 +19,8 @@ Parts (each changes examples/decode.py's classes for that row only; the outputs 
                advances; the loop only replays
     norm_kernel  W4A16 with Config(fuse_norms=False): each RMSNorm a kernel of its own before the
                GEMMs (the model before session 25) instead of applied by the GEMMs
+    argmax2    loop_in with the argmax as two reductions (split_argmax: each 256-logit chunk's max
+               and first index, then the first chunk holding the largest; the same index)
     matmul     decode steps as the prefill (Inductor's RoPE and cache writes, two matmuls and a
                softmax: the model before session 24) instead of the decode_attention op
                (examples/decode_attention.py); every other row uses the op where its attention
@@ -41,6 +43,7 @@ import decode  # noqa: E402
 
 ATTENTION = decode.Attention.forward
 NORM = decode.RMSNorm.forward
+GREEDY = decode.GreedyStep.forward
 
 
 def _qkv(self, x, pos, cos, sin):
@@ -99,7 +102,22 @@ PARTS = {  # name -> (Attention.forward, RMSNorm.forward)
     "pointwise": (attn_pointwise, NORM), "argmax_in": (ATTENTION, NORM), "loop_in": (ATTENTION, NORM),
     "matmul": (ATTENTION, NORM),  # decode steps attend as the prefill does (decode_op off)
     "norm_kernel": (ATTENTION, NORM),  # W4A16 keeps Inductor's norm kernels (fuse_norms off)
+    "argmax2": (ATTENTION, NORM),  # loop_in with the argmax in two reductions (split_argmax)
 }
+
+
+def split_argmax(logits, chunk=256):
+    """argmax(-1, keepdim=True) of (B, V) in two reductions: each chunk's max and its first index,
+    then the first chunk holding the largest (same index as argmax, first occurrence, NaN too)."""
+    batch, vocab = logits.shape
+    vals, idx = logits.view(batch, vocab // chunk, chunk).max(-1)
+    best = vals.argmax(-1, keepdim=True)
+    return best * chunk + idx.gather(-1, best)
+
+
+def greedy_split_argmax(self):
+    self.token.copy_(split_argmax(self.model(self.token, self.pos)))
+    self.pos.add_(1)
 
 
 class ArgmaxStep(torch.nn.Module):
@@ -160,6 +178,7 @@ def main():
         decode.Attention.forward, decode.RMSNorm.forward = PARTS[part]
         for layer in model.layers:
             layer.attn.decode_op = part != "matmul"
+        decode.GreedyStep.forward = greedy_split_argmax if part == "argmax2" else GREEDY
         us = {}
         for name, config in variants.items():
             if part == "norm_kernel" and config is not None:
@@ -167,17 +186,19 @@ def main():
             torch._dynamo.reset()
             gc.collect()
             torch.cuda.empty_cache()
-            target = {"argmax_in": ArgmaxStep, "loop_in": lambda m: decode.GreedyStep(m, 1)}.get(
+            target = {"argmax_in": ArgmaxStep, "loop_in": lambda m: decode.GreedyStep(m, 1),
+                      "argmax2": lambda m: decode.GreedyStep(m, 1)}.get(
                 part, lambda m: m)(model)
             step = decode.compile_variant(target, config, "reduce-overhead")
             model.setup_cache(1)
-            in_graph = {"argmax_in": True, "loop_in": "loop"}.get(part, False)
+            in_graph = {"argmax_in": True, "loop_in": "loop", "argmax2": "loop"}.get(part, False)
             us[name] = gpu_us_per_step(step, in_graph, args.context,
-                                       loop_pos=target.pos if part == "loop_in" else None)
+                                       loop_pos=target.pos if in_graph == "loop" else None)
             del step
         rows.append((part, us.get("bf16", math.nan), us.get("W4A16", math.nan)))
         print(f"{part:>10}: bf16 {rows[-1][1]:7.1f} us, W4A16 {rows[-1][2]:7.1f} us per step", flush=True)
     decode.Attention.forward, decode.RMSNorm.forward = ATTENTION, NORM
+    decode.GreedyStep.forward = GREEDY
     base = dict((p, (b, w)) for p, b, w in rows).get("base")
     print(f"\n{'part':>10} {'bf16 us':>8} {'W4A16 us':>9} {'x bf16':>7}" + (" | vs base: bf16 us  W4A16 us" if base else ""))
     for part, b, w in rows:
