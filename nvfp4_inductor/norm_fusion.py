@@ -55,6 +55,7 @@ from torch import fx
 
 from ._fx import CONVERT as _CONVERT
 from ._fx import LINEAR, VIEWS as _VIEWS, call as _call, pairs as _pairs, val as _val, view_root
+from .kernels.gemm_configs import block_scaled_mma, rms_in_template, template_device
 
 aten = torch.ops.aten
 # the ops whose x a W4A4 linear quantizes; x is their first argument, the activation the last
@@ -141,13 +142,12 @@ def _linear_uses(y: fx.Node, activation: str = "nvfp4"):
 
 
 def _fits(h_val) -> bool:
-    from .kernels import gemm_configs
-    from .kernels.quantize import _fits_fused_amax
+    from .kernels.quantize import _fits_fused_amax  # imports Triton: only when the pass runs
 
     shape = h_val.shape
     if not all(isinstance(d, int) for d in shape) or not 0 < shape.numel() <= MAX_ROWS * shape[-1]:
         return False
-    if h_val.device.type == "cuda" and gemm_configs.block_scaled_mma(h_val.device):
+    if h_val.device.type == "cuda" and block_scaled_mma(h_val.device):
         return False
     return _fits_fused_amax(shape.numel() // shape[-1], shape[-1])
 
@@ -204,23 +204,12 @@ def fuse_rms_norms(graph: fx.Graph) -> int:
     return fused
 
 
-def _template_device(device) -> bool:
-    """Where the linear's Inductor template runs (lowerings/linear.py): CUDA, or the CPU when
-    Inductor emits Triton for it."""
-    from torch._inductor import config as inductor_config
-
-    return device.type == "cuda" or (device.type == "cpu" and inductor_config.cpu_backend == "triton")
-
-
 def _defer_fits(h_val) -> bool:
-    from .kernels import gemm_configs
-
     shape = h_val.shape
     if not all(isinstance(d, int) for d in shape) or shape.numel() == 0:
         return False
     rows = shape.numel() // shape[-1]
-    return (rows <= DEFER_MAX_ROWS and gemm_configs.rms_in_template(rows, shape[-1])
-            and _template_device(h_val.device))
+    return rows <= DEFER_MAX_ROWS and rms_in_template(rows, shape[-1]) and template_device(h_val.device)
 
 
 def _insert(graph: fx.Graph, after: fx.Node, target, args) -> fx.Node:

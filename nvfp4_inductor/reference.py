@@ -178,7 +178,7 @@ def rms_norm(h: Tensor, weight: Tensor | None, eps: float, weight_after_cast: bo
     weight (K,) multiplies in fp32 before that rounding ((h * r * w).to(dtype)), or with
     weight_after_cast after it (w * (h * r).to(dtype), rounded again: the Hugging Face Llama form)."""
     hf = h.float()
-    n = hf * rms_scale(h, eps)
+    n = hf * rms_scale(hf, eps)
     if weight is None:
         return n.to(h.dtype)
     if weight_after_cast:

@@ -396,7 +396,7 @@ def _deferred_norms(monkeypatch, model, config, *inputs) -> tuple[int, torch.Ten
         counts.append(pass_.norms_deferred)
 
     monkeypatch.setattr(rewrite.LinearToNVFP4, "__call__", recording)
-    monkeypatch.setattr(norm_fusion, "_template_device", lambda device: True)
+    monkeypatch.setattr(norm_fusion, "template_device", lambda device: True)
     torch._dynamo.reset()
     y = nv.compile(model, config)(*inputs)
     torch._dynamo.reset()

@@ -125,6 +125,14 @@ def sm90_or_later(device) -> bool:
     return device.type == "cuda" and torch.cuda.get_device_capability(device)[0] >= 9
 
 
+def template_device(device) -> bool:
+    """Where the NVFP4 GEMM's Inductor template runs (lowerings/linear.py): CUDA, or the CPU when
+    Inductor emits Triton for it."""
+    from torch._inductor import config as inductor_config
+
+    return device.type == "cuda" or (device.type == "cpu" and inductor_config.cpu_backend == "triton")
+
+
 def block_scaled_mma(device) -> bool:
     """Whether a device multiplies NVFP4 natively (sm_100 and up: tcgen05 block-scaled MMA)."""
     import torch

@@ -57,8 +57,8 @@ so only row-major weights use it there (gemm_configs.REG_MMA_MAX_M_TILED).
 
 L1. The tiled weights' loads carry evict_first (L1 and L2): each byte is read once, and left to
 L1's default policy they pushed out x's lines, which a lane reads again every K-tile (32 bytes a
-tile, L1 hits when they stay). H100, bench_decode's W4A16 step on the GPU (benchmarks/NOTES.md, session 27):
-637.1 / 639.0 us against 644.6 / 647.0 (x read once, the bound: -11 us). Not on row-major weights,
+tile, L1 hits when they stay). H100, bench_decode's W4A16 step on the GPU (benchmarks/NOTES.md,
+session 27): 637.1 / 639.0 us against 644.6 / 647.0 (x read once, the bound: -11 us). Not on row-major weights,
 whose 128-byte lines serve a lane four K-tiles in a row from L1: there it cost 24% (8192 x 28672,
 M = 1, 79.9 against 64.5 us).
 

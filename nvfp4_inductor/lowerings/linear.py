@@ -40,7 +40,6 @@ import math
 
 import sympy
 import torch
-from torch._inductor import config as inductor_config
 from torch._inductor import ir
 from torch._inductor.virtualized import V
 from torch._inductor.lowering import (
@@ -124,12 +123,9 @@ QUANTIZE_VALUES = torch.ops.nvfp4.quantize_values.default
 
 def _uses_template(x) -> bool:
     """A device Inductor emits Triton for, static sizes, at least one row."""
-    device = x.get_device()
-    triton_device = device.type == "cuda" or (device.type == "cpu"
-                                              and inductor_config.cpu_backend == "triton")
     sizes = x.get_size()
     static = all(isinstance(s, int) or getattr(s, "is_number", False) for s in sizes)
-    return triton_device and static and all(int(s) > 0 for s in sizes)
+    return gemm_configs.template_device(x.get_device()) and static and all(int(s) > 0 for s in sizes)
 
 
 def _even_rows(x) -> bool:
