@@ -1,15 +1,21 @@
 """The tiled weight layout of the skinny GEMM (kernels/gemm_splitk.py): NVFP4 codes and plain scale
-bits cut into (TILE_N, TILE_K) tiles, each tile's rows stored contiguously, tile after tile:
+bits cut into (TILE_N, TILE_K) tiles, tile after tile, each tile's codes its rows stored
+contiguously and its 256 scale bytes in the order the register-fed decode GEMM reads them
+(kernels/gemm_mma.py: thread 32u + 4g + q multiplies tile rows 32u + g + 8j, j = 0..3, at block
+q, and loads their four scales as one word):
 
     data_tiled[((tn * tiles_k + tk) * TILE_N + r) * TILE_K/2 + b] = data[tn * TILE_N + r, tk * TILE_K/2 + b]
-    scale_tiled[((tn * tiles_k + tk) * TILE_N + r) * TILE_K/16 + c] = scale[tn * TILE_N + r, tk * TILE_K/16 + c]
+    scale_tiled[(tn * tiles_k + tk) * TILE_SCALES + scale_index(r, c)] = scale[tn * TILE_N + r, tk * TILE_K/16 + c]
+    scale_index(r, c) = 128 * (r // 32) + 16 * (r % 8) + 4 * c + (r % 32) // 8
 
 zero-padded to multiples of (TILE_N, TILE_K) (zero codes and zero scales contribute nothing). A
 program of the skinny kernel then reads each K-step as one contiguous 2 KiB run (16-byte vectors,
 every sector used) instead of 64 rows x 32 bytes: measured on an H200, 1.25-1.6x bf16 cuBLAS at
 M = 1 instead of 0.76-0.85x (the row-major reads left the L1 pipe 88% busy at 15% of DRAM
-bandwidth). Weights are laid out this way once, when they are quantized by the backend; the
-interchange layout (SPEC §3) is what users and checkpoints see.
+bandwidth). The scale order: a word load a thread instead of four byte loads, the same 128-byte
+line a warp (H100, the W4A16 decode step: 634.4-634.5 us against 647.8-648.7 in the plain order,
+same call; benchmarks/NOTES.md, session 28). Weights are laid out this way once, when they are quantized
+by the backend; the interchange layout (SPEC §3) is what users and checkpoints see.
 """
 
 import torch
@@ -19,6 +25,16 @@ from .format import BLOCK_SIZE
 
 TILE_N = 64
 TILE_K = 64
+TILE_SCALES = TILE_N * TILE_K // BLOCK_SIZE  # scale bytes a tile (256)
+# A tile's scales (TILE_N rows x 4 blocks) as (r // 32, (r % 32) // 8, r % 8, c) -> stored as
+# (r // 32, r % 8, c, (r % 32) // 8): scale_index in the module docstring.
+_SCALE_DIMS = (TILE_N // 32, 4, 8, TILE_K // BLOCK_SIZE)
+_SCALE_ORDER = (0, 2, 3, 1)
+
+
+def scale_index(r: int, c: int) -> int:
+    """Tile row r, block c -> the byte of its scale in the tile's TILE_SCALES (module docstring)."""
+    return 128 * (r // 32) + 16 * (r % 8) + 4 * c + (r % 32) // 8
 # A gated MLP's gate and up weights multiplied as one GEMM whose epilogue takes silu(gate) * up
 # (nvfp4::linear_tiled_silu_mul): their rows interleaved in groups of GLU_GROUP, so that every
 # TILE_N-row tile holds 32 gate rows and the same 32 up rows.
@@ -55,16 +71,24 @@ def tile(data: Tensor, scale: Tensor) -> tuple[Tensor, Tensor]:
         padded = part.new_zeros((n_pad, k_pad // per))
         padded[:n, : k // per] = part
         out.append(padded.view(n_pad // TILE_N, TILE_N, k_pad // TILE_K, TILE_K // per)
-                   .permute(0, 2, 1, 3).reshape(-1))
-    return out[0], out[1]
+                   .permute(0, 2, 1, 3))
+    tiles = out[1].shape[:2]
+    scales = out[1].reshape(*tiles, *_SCALE_DIMS).permute(0, 1, *(2 + d for d in _SCALE_ORDER))
+    return out[0].reshape(-1), scales.reshape(-1)
 
 
 def untile(data_tiled: Tensor, scale_tiled: Tensor, n: int, k: int) -> tuple[Tensor, Tensor]:
     """The inverse of tile: -> uint8 (N, K/2) codes and plain (N, K/16) scale bits."""
     n_pad, k_pad = -(-n // TILE_N) * TILE_N, -(-k // TILE_K) * TILE_K
+    tiles = (n_pad // TILE_N, k_pad // TILE_K)
+    stored = tuple(_SCALE_DIMS[d] for d in _SCALE_ORDER)
+    back = [0] * 4
+    for i, d in enumerate(_SCALE_ORDER):
+        back[d] = i
+    scale_rows = scale_tiled.view(*tiles, *stored).permute(0, 1, *(2 + d for d in back))
     out = []
-    for part, per in ((data_tiled, 2), (scale_tiled, BLOCK_SIZE)):
-        full = (part.view(n_pad // TILE_N, k_pad // TILE_K, TILE_N, TILE_K // per)
+    for part, per in ((data_tiled, 2), (scale_rows, BLOCK_SIZE)):
+        full = (part.reshape(*tiles, TILE_N, TILE_K // per)
                 .permute(0, 2, 1, 3).reshape(n_pad, k_pad // per))
         out.append(full[:n, : k // per].contiguous())
     return out[0], out[1]

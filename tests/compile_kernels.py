@@ -138,11 +138,12 @@ def splitk_cases():
 # the grouped row-major mainloop: x's two 16-byte loads and the four rows' codes, before the loop
 # and in it (x alone has 4)
 CODES_16B_EVERY_OTHER_TILE = r"(?s)(ld\.global(\.[\w:]+)*\.v4\.b32.*){12}"
-# The register-fed mainloop's tiled weight loads (8-byte codes, scale bytes) are marked first out of
-# L1, x's 16-byte loads are not; row-major weights are not marked (gemm_mma.TILED_WEIGHT_EVICTION)
+# The register-fed mainloop's tiled weight loads (8-byte codes, a scale word a lane: no scale bytes)
+# are marked first out of L1, x's 16-byte loads are not; row-major weights are not marked
+# (gemm_mma.TILED_WEIGHT_EVICTION)
 EVICT_FIRST = r"ld\.global\.L1::evict_first"
-TILED_EVICT_FIRST = [EVICT_FIRST + r"(\.[\w:]+)*\.v2\.b32", EVICT_FIRST + r"(\.[\w:]+)*\.b8",
-                     r"ld\.global\.v4\.b32"]
+TILED_EVICT_FIRST = [EVICT_FIRST + r"(\.[\w:]+)*\.v2\.b32", EVICT_FIRST + r"(\.L2::\w+)*\.b32",
+                     r"!ld\.global(\.[\w:]+)*\.b8", r"ld\.global\.v4\.b32"]
 
 
 def reg_mma_cases():

@@ -148,7 +148,7 @@ def _reg_mma_weights(w, layout):
     """-> (codes, scale bits, tiled_n, swizzled, byte offset of row 1's second block scale)."""
     if layout == "tiled":
         data_t, scale_t = nv_tiled.tile(w.data, w.scale.view(torch.uint8))
-        return data_t, scale_t, w.shape[0], False, nv_tiled.TILE_K // 16 + 1  # tile 0, row 1, block 1
+        return data_t, scale_t, w.shape[0], False, nv_tiled.scale_index(1, 1)  # tile 0, row 1, block 1
     nan_at = 16 + 1 if w.swizzled else w.shape[1] // 16 + 1  # (SPEC §3: row r % 32 at 16 * r)
     return w.data, w.scale.view(torch.uint8), None, w.swizzled, nan_at
 
@@ -285,6 +285,10 @@ def test_register_fed_mainloop_refuses_what_it_cannot_run():
     with pytest.raises(ValueError, match="weight rows on 8-byte boundaries"):
         gemm_splitk.gemm_splitk(x[:3], rows, torch.zeros(64, 4, dtype=torch.uint8), g, None, torch.float32,
                                 False, use_asm=True, reg_mma=True)
+    odd_scales = torch.zeros(scale_t.numel() + 2, dtype=torch.uint8)[2:]  # 2 bytes off a 4-byte boundary
+    with pytest.raises(ValueError, match="tiled weights: codes on 8 bytes, scales on 4"):
+        gemm_splitk.gemm_splitk(x[:3], data_t, odd_scales, g, None, torch.float32, False, tiled_n=64,
+                                use_asm=True, reg_mma=True)
     huge = torch.empty(gemm_configs.REG_MMA_MAX_CODE_BYTES, dtype=torch.uint8, device="meta")  # int32 word offsets
     with pytest.raises(ValueError, match="fewer than 8589934592 code bytes"):
         gemm_splitk.gemm_splitk(x[:3], huge, scale_t, g, None, torch.float32, False, tiled_n=64,
@@ -305,6 +309,25 @@ def test_linear_tiled_on_cuda_matches_reference(m, activation):
                            1056, activation)
     assert got.dtype == torch.bfloat16 and got.shape == (2, m, 1056)
     assert _rel(got, want.float()) <= 1e-3
+
+
+@pytest.mark.gpu
+def test_linear_tiled_on_cuda_takes_tiled_weights_off_word_boundaries():
+    """Tiled codes or scales in views off the register-fed loads' boundaries (8 and 4 bytes) run
+    the tl.dot mainloop instead: the same result."""
+    gen = torch.Generator().manual_seed(5)
+    x = torch.randn(3, 1024, generator=gen, dtype=torch.bfloat16).cuda()
+    w = nv.quantize(torch.randn(192, 1024, generator=gen))
+    data_t, scale_t = (t.cuda() for t in OPS.tile_weight(w.data, w.scale.view(torch.uint8)))
+    want = nv.linear(x.cpu(), w).float()
+
+    def shifted(t, by):
+        out = torch.empty(t.numel() + by, dtype=t.dtype, device=t.device)[by:]
+        return out.copy_(t)
+
+    for data, scale in ((data_t, scale_t), (shifted(data_t, 4), scale_t), (data_t, shifted(scale_t, 2))):
+        got = OPS.linear_tiled(x, data, scale, w.global_scale.cuda(), None, 192, "bf16")
+        assert _rel(got.cpu(), want) <= 1e-3
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="on a GPU the gpu-marked tests run these paths")

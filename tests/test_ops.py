@@ -190,6 +190,12 @@ def test_tile_untile_round_trip_and_padding(n, k):
     tn, tk = r // tiled.TILE_N, b // (tiled.TILE_K // 2)
     flat = ((tn * tiles_k + tk) * tiled.TILE_N + r % tiled.TILE_N) * (tiled.TILE_K // 2) + b % (tiled.TILE_K // 2)
     assert data_t[flat] == data[r, b]
+    # the scales' order inside a tile: byte 128 (r // 32) + 16 (r % 8) + 4 c + (r % 32) // 8
+    for r in range(n):
+        for c in range(k // 16):
+            tn, tk, rr, cc = r // tiled.TILE_N, c // 4, r % tiled.TILE_N, c % 4
+            flat = (tn * tiles_k + tk) * 256 + 128 * (rr // 32) + 16 * (rr % 8) + 4 * cc + (rr % 32) // 8
+            assert scale_t[flat] == scale[r, c]
     padding = data_t.numel() - data.numel()
     assert int(data_t.count_nonzero()) <= data_t.numel() - padding  # the padding is zeros
 

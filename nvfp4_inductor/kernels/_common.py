@@ -200,6 +200,13 @@ def swizzled_scale_offset(row, col, cols_pad):
 
 
 @triton.jit
+def tiled_scale_offset(r, c):
+    """Tile row r, block c -> the byte of its scale in a tile of nvfp4_inductor.tiled's layout
+    (tiled.scale_index: the register-fed GEMM's word a thread)."""
+    return 128 * (r // 32) + 16 * (r % 8) + 4 * c + (r % 32) // 8
+
+
+@triton.jit
 def scale_offsets(rows, block_cols, K, scale_cols_pad, SWIZZLED: tl.constexpr):
     """Rows and block columns (broadcastable tensors) -> byte offsets of their e4m3 scales, in the
     plain (rows, K/16) layout or the swizzled one."""

@@ -20,7 +20,7 @@ import triton.language as tl
 
 from ..format import BLOCK_SIZE
 from ..tiled import TILE_K, TILE_N
-from ._common import BLOCK, e2m1_decode, e4m3_bits_to_f32, scale_offsets, store_pairs
+from ._common import BLOCK, e2m1_decode, e4m3_bits_to_f32, scale_offsets, store_pairs, tiled_scale_offset
 from .gemm_splitk import decode_tile
 
 TILE_N_: tl.constexpr = tl.constexpr(TILE_N)
@@ -36,7 +36,9 @@ def _tiled_offset(row, col, K, PER: tl.constexpr):
     """Row and column of the (N, K / PER) codes (PER 2) or scales (PER 16) -> tiled offset."""
     tiles_k = tl.cdiv(K, TILE_K_)
     tile = (row // TILE_N_) * tiles_k + col // (TILE_K_ // PER)
-    return (tile * TILE_N_ + row % TILE_N_) * (TILE_K_ // PER) + col % (TILE_K_ // PER)
+    if PER == 2:
+        return (tile * TILE_N_ + row % TILE_N_) * (TILE_K_ // PER) + col % (TILE_K_ // PER)
+    return tile * (TILE_N_ * TILE_K_ // PER) + tiled_scale_offset(row % TILE_N_, col % (TILE_K_ // PER))
 
 
 @triton.jit
@@ -103,9 +105,10 @@ def _tiles_bf16_kernel(data_ptr, scale_ptr, out_ptr, N, K, USE_ASM: tl.constexpr
     tk = tl.program_id(1)
     tile = tn.to(tl.int64) * tl.cdiv(K, TILE_K_) + tk
     packed = tl.load(data_ptr + tile * (TILE_N_ * TILE_K_ // 2) + tl.arange(0, TILE_N_ * TILE_K_ // 2))
-    s_bits = tl.load(scale_ptr + tile * (TILE_N_ * TILE_K_ // BLOCK) + tl.arange(0, TILE_N_ * TILE_K_ // BLOCK))
-    w = decode_tile(tl.reshape(packed, (TILE_N_, TILE_K_ // BLOCK, BLOCK // 2)),
-                    tl.reshape(s_bits, (TILE_N_, TILE_K_ // BLOCK)), USE_ASM, OPERAND, TILE_N_, TILE_K_)
+    s_bits = tl.load(scale_ptr + tile * (TILE_N_ * TILE_K_ // BLOCK)
+                     + tiled_scale_offset(tl.arange(0, TILE_N_)[:, None], tl.arange(0, TILE_K_ // BLOCK)[None, :]))
+    w = decode_tile(tl.reshape(packed, (TILE_N_, TILE_K_ // BLOCK, BLOCK // 2)), s_bits, USE_ASM, OPERAND,
+                    TILE_N_, TILE_K_)
     rows = tn * TILE_N_ + tl.arange(0, TILE_N_)
     cols = tk * TILE_K_ + tl.arange(0, TILE_K_)
     tl.store(out_ptr + rows.to(tl.int64)[:, None] * K + cols[None, :], (w * 128.0).to(tl.bfloat16),

@@ -1,7 +1,7 @@
 """Register-fed skinny NVFP4 GEMM for decode on sm_90: y = x @ W^T, x (M <= 32, K) bf16, W NVFP4
 in the tiled layout (nvfp4_inductor/tiled.py: 64 x 64 tiles, each tile's 64 rows of 32 bytes
-contiguous, plain e4m3 scale bits likewise; what the backend makes) or in the row-major
-interchange layout (what nv.linear takes; see Row-major weights below).
+contiguous, its 256 e4m3 scale bytes in the order the lanes below read them; what the backend
+makes) or in the row-major interchange layout (what nv.linear takes; see Row-major weights below).
 
 Why not tl.dot: at M <= 16 the GEMM is a weight stream with ~4 instructions per weight to spend on
 an H200 (SPEC §5). Through tl.dot (gemm_splitk.py) Triton stages x^T, padded to 16 columns, in
@@ -16,7 +16,10 @@ by thread i (lane l = i % 32, warp u = i // 32, g = l // 4, q = l % 4). Warp u o
 32u .. 32u + 31 of the program's 64-row tile, as two mma row blocks that share each x fragment;
 per K-step (one 64 x 64 tile) lane (g, q) holds
     W rows 32u + g + 8j, j = 0..3, k in [16q, 16q + 16): 4 x 8 bytes, one e4m3 scale each
-        (coalesced: each 8-byte load of a warp reads 256 contiguous bytes of the tile),
+        (coalesced: each 8-byte load of a warp reads 256 contiguous bytes of the tile; the four
+        scales one word, word i of the tile's scales: tiled.py orders them so, and a warp's word
+        load reads 128 contiguous bytes. Four byte loads in the plain order: the W4A16 decode step
+        13-14 us longer, H100, session 28),
     x row g (and g + 8 when M > 8), the same 16 k: 32 bytes (row M - 1 again for rows >= M:
         their products land in output columns nobody stores).
 A lane's 32 bytes of x serve 4 weight rows (32 bytes of codes). With a warp per 16 rows they
@@ -77,7 +80,7 @@ from ._common import TILE_BYTES as SWIZZLE_TILE_BYTES, swizzled_scale_offset
 _TILE_N: tl.constexpr = tl.constexpr(TILE_N)
 _TILE_K: tl.constexpr = tl.constexpr(TILE_K)
 _TILE_WORDS: tl.constexpr = tl.constexpr(TILE_N * TILE_K // 8)  # uint32 words of codes a tile
-_TILE_SCALES: tl.constexpr = tl.constexpr(TILE_N * TILE_K // BLOCK_SIZE)  # scale bytes a tile
+_TILE_SCALE_WORDS: tl.constexpr = tl.constexpr(TILE_N * TILE_K // BLOCK_SIZE // 4)  # a tile's scales (words)
 _ROW_WORDS: tl.constexpr = tl.constexpr(TILE_K // 8)  # uint32 words a tile row (8)
 WARP_ROWS = 32  # weight rows a warp multiplies: two mma row blocks sharing each x fragment
 WARPS = TILE_N // WARP_ROWS  # warps a program (a 64-row tile)
@@ -202,18 +205,15 @@ def _stream(ptrs):
 @triton.jit
 def _load_weights(ww_ptr, ws_ptr, tile):
     """A lane's codes of tile `tile` (rows g, g + 8, g + 16, g + 24 of its warp's 32: two words
-    each) and their four e4m3 scales as two 16-bit pairs."""
+    each) and their four e4m3 scales as two 16-bit pairs: one word (ws_ptr: the lane's scale word
+    of tile 0), byte j row g + 8j (the tiled layout's scale order)."""
     words = ww_ptr + tile * _TILE_WORDS
     w0, w1 = tl.split(_stream(words[:, None] + tl.arange(0, 2)[None, :]))
     w2, w3 = tl.split(_stream(words[:, None] + (8 * _ROW_WORDS + tl.arange(0, 2))[None, :]))
     w4, w5 = tl.split(_stream(words[:, None] + (16 * _ROW_WORDS + tl.arange(0, 2))[None, :]))
     w6, w7 = tl.split(_stream(words[:, None] + (24 * _ROW_WORDS + tl.arange(0, 2))[None, :]))
-    scales = ws_ptr + tile * _TILE_SCALES
-    row_scales: tl.constexpr = _TILE_K // _BLOCK
-    s01 = _stream(scales).to(tl.uint32) | (_stream(scales + 8 * row_scales).to(tl.uint32) << 8)
-    s23 = (_stream(scales + 16 * row_scales).to(tl.uint32)
-           | (_stream(scales + 24 * row_scales).to(tl.uint32) << 8))
-    return w0, w1, w2, w3, w4, w5, w6, w7, s01, s23
+    scales = _stream(ws_ptr + tile * _TILE_SCALE_WORDS)
+    return w0, w1, w2, w3, w4, w5, w6, w7, scales & 0xFFFF, scales >> 16
 
 
 @triton.jit
@@ -450,7 +450,8 @@ def mma_mainloop(x_ptr, w_ptr, w_scale_ptr, M, K, stride_xm, pid_n, tile_begin, 
     ahead (registers double-buffered). PDL (programmatic dependent launch; the caller launches
     with it): 1, wait for the previous kernel before any load; 2, load the first tile's codes and
     scales first (constants no earlier kernel writes), then wait, then read x.
-    LAYOUT 0: W in the tiled layout, addressed with 32-bit offsets (the launcher checks the size).
+    LAYOUT 0: W in the tiled layout, addressed with 32-bit offsets (the launcher checks the size),
+    codes on 8-byte and scales on 4-byte boundaries.
     Row-major W (N, K/2), rows on 8-byte boundaries (8-byte code loads; LAYOUT 3 16-byte ones where
     W starts on 16 bytes, as Triton specializes the pointer), N its rows (rows past N
     read row N - 1 again: products nobody stores), scales: 1, plain (N, K/16); 2, swizzled
@@ -467,7 +468,7 @@ def mma_mainloop(x_ptr, w_ptr, w_scale_ptr, M, K, stride_xm, pid_n, tile_begin, 
     kq = lane_k(q, LAYOUT)
     if LAYOUT == 0:
         wp = w_ptr.to(tl.pointer_type(tl.uint32)) + row * _ROW_WORDS + 2 * q
-        sp = w_scale_ptr + row * (_TILE_K // _BLOCK) + q
+        sp = w_scale_ptr.to(tl.pointer_type(tl.uint32)) + i  # word i: rows row + 8j, block q (tiled.py)
     else:
         wp, sp = row_major_pointers(w_ptr, w_scale_ptr, pid_n * _TILE_N + row, q, N, K, scale_cols, LAYOUT)
     x_rows = lane_x_rows(g, kq, M, stride_xm, NB)

@@ -44,7 +44,7 @@ from ..tiled import TILE_K, TILE_N
 from . import gemm_configs
 from . import gemm_mma
 from .gemm_mma import mma_mainloop
-from ._common import BLOCK, FP8_NAN, e2m1_decode, round_to, scale_offsets
+from ._common import BLOCK, FP8_NAN, e2m1_decode, round_to, scale_offsets, tiled_scale_offset
 
 # $4: 4 packed bytes b0..b3; $5, $6: bf16x2 block scales; $0, $1: low nibbles of (b0, b1), (b2, b3);
 # $2, $3: their high nibbles (see 1. and 2. above).
@@ -145,8 +145,8 @@ def splitk_mainloop(
             packed = tl.load(w_ptr + tile * (BLOCK_N * BLOCK_K // 2) + tl.arange(0, BLOCK_N * BLOCK_K // 2))
             packed = tl.reshape(packed, (BLOCK_N, BLOCK_K // BLOCK, BLOCK // 2))
             s_bits = tl.load(w_scale_ptr + tile * (BLOCK_N * BLOCK_K // BLOCK)
-                             + tl.arange(0, BLOCK_N * BLOCK_K // BLOCK))
-            s_bits = tl.reshape(s_bits, (BLOCK_N, BLOCK_K // BLOCK))
+                             + tiled_scale_offset(tl.arange(0, BLOCK_N)[:, None],
+                                                  tl.arange(0, BLOCK_K // BLOCK)[None, :]))
         else:
             if SWIZZLED:
                 s_ptrs = w_scale_ptr + scale_offsets(cols_n[:, None], block_cols[None, :], K,
@@ -191,7 +191,8 @@ def load_tile_group(w_ptr, w_scale_ptr, N, K, pid_n, t, BLOCK_N: tl.constexpr, B
     c = tl.arange(0, _TILE_K // 2)[None, None, None, :]
     w = tl.reshape(tl.load(w_ptr + row * (_TILE_K // 2) + c, mask=ok, other=0), (BLOCK_N, BLOCK_K // 2))
     c = tl.arange(0, _TILE_K // BLOCK)[None, None, None, :]
-    w_bits = tl.load(w_scale_ptr + row * (_TILE_K // BLOCK) + c, mask=ok, other=0)
+    scale_at = (row - r) * (_TILE_K // BLOCK) + tiled_scale_offset(r, c)  # tile * TILE_SCALES + ...
+    w_bits = tl.load(w_scale_ptr + scale_at, mask=ok, other=0)
     return w, tl.reshape(w_bits, (BLOCK_N, BLOCK_K // BLOCK))
 
 
@@ -381,7 +382,7 @@ def gemm_splitk(x, w_data, w_scale, w_g, bias, out_dtype, swizzled, config=None,
     itself, codes (M, K/2) + these plain scale bits (M, K/16), for the block-scaled MMA; g must
     then hold both global scales (w_g * x_g). Elsewhere W4A4 passes x's quantized values.
     reg_mma: run gemm_mma's register-fed mainloop (CUDA, M <= 32, x rows 4-byte aligned, W tiled
-    or in rows on 8-byte boundaries; config (16 or 32 for M > 16, 64, 64, splits, gemm_mma.WARPS,
+    (codes 8-byte, scales 4-byte aligned) or in rows on 8-byte boundaries; config (16 or 32 for M > 16, 64, 64, splits, gemm_mma.WARPS,
     stages)); None: wherever it applies and no config is given."""
     m, k = x.shape[0], x.shape[1] * (2 if x_scale is not None else 1)
     n = w_data.shape[0] if tiled_n is None else tiled_n
@@ -399,7 +400,10 @@ def gemm_splitk(x, w_data, w_scale, w_g, bias, out_dtype, swizzled, config=None,
                          "x's quantized values (nvfp4.quantize_values)")
     # sm_90+ (inline PTX), M <= 32, x rows 4-byte aligned, W tiled or in rows that start on 8-byte
     # boundaries (its 8-byte code loads): the register-fed mainloop
-    w_rows_aligned = tiled_n is not None or (w_data.data_ptr() % 8 == 0 and w_data.stride(0) % 8 == 0)
+    if tiled_n is not None:  # its 8-byte code loads and a scale word a lane
+        w_rows_aligned = w_data.data_ptr() % 8 == 0 and w_scale.data_ptr() % 4 == 0
+    else:
+        w_rows_aligned = w_data.data_ptr() % 8 == 0 and w_data.stride(0) % 8 == 0
     reg_mma_applies = (use_asm and not dot_scaled and m <= gemm_configs.REG_MMA_MAX_M and w_rows_aligned
                        and x.stride(0) % 2 == 0 and x.data_ptr() % 4 == 0)
     if reg_mma is None:  # the default: tiled weights only up to REG_MMA_MAX_M_TILED (measured)
@@ -408,7 +412,7 @@ def gemm_splitk(x, w_data, w_scale, w_g, bias, out_dtype, swizzled, config=None,
     elif reg_mma and not reg_mma_applies:
         raise ValueError(f"the register-fed mainloop needs inline PTX (CUDA), at most "
                          f"{gemm_configs.REG_MMA_MAX_M} rows of x, x rows at even element offsets and "
-                         f"weight rows on 8-byte boundaries")
+                         f"weight rows on 8-byte boundaries (tiled weights: codes on 8 bytes, scales on 4)")
     # row-major W, plain scales, K % 64 == 0, M <= 8: the register-fed mainloop reads a scale word
     # per 4 K-tiles (splits of whole groups of 4). H100, M = 1 (benchmarks/probe_mma.py --rows):
     # 4096 x 14336 27.3 -> 23.8 us, 8192 x 28672 90.8 -> 76.7; at M = 16 slower (25.5 -> 31.8 us).
