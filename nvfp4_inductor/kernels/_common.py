@@ -207,6 +207,13 @@ def tiled_scale_offset(r, c):
 
 
 @triton.jit
+def tiled_scales_by_row(s_bits):
+    """A tile's 256 scale bytes as stored (one contiguous load) -> (64, 4), [tile row, block]:
+    stored as (r // 32, r % 8, c, (r % 32) // 8) (tiled_scale_offset), permuted in registers."""
+    return tl.reshape(tl.permute(tl.reshape(s_bits, (2, 8, 4, 4)), (0, 3, 1, 2)), (64, 4))
+
+
+@triton.jit
 def scale_offsets(rows, block_cols, K, scale_cols_pad, SWIZZLED: tl.constexpr):
     """Rows and block columns (broadcastable tensors) -> byte offsets of their e4m3 scales, in the
     plain (rows, K/16) layout or the swizzled one."""

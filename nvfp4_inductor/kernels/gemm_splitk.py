@@ -44,7 +44,7 @@ from ..tiled import TILE_K, TILE_N
 from . import gemm_configs
 from . import gemm_mma
 from .gemm_mma import mma_mainloop
-from ._common import BLOCK, FP8_NAN, e2m1_decode, round_to, scale_offsets, tiled_scale_offset
+from ._common import BLOCK, FP8_NAN, e2m1_decode, round_to, scale_offsets, tiled_scale_offset, tiled_scales_by_row
 
 # $4: 4 packed bytes b0..b3; $5, $6: bf16x2 block scales; $0, $1: low nibbles of (b0, b1), (b2, b3);
 # $2, $3: their high nibbles (see 1. and 2. above).
@@ -144,9 +144,9 @@ def splitk_mainloop(
             tile = pid_n.to(tl.int64) * (k_pad // BLOCK_K) + t
             packed = tl.load(w_ptr + tile * (BLOCK_N * BLOCK_K // 2) + tl.arange(0, BLOCK_N * BLOCK_K // 2))
             packed = tl.reshape(packed, (BLOCK_N, BLOCK_K // BLOCK, BLOCK // 2))
-            s_bits = tl.load(w_scale_ptr + tile * (BLOCK_N * BLOCK_K // BLOCK)
-                             + tiled_scale_offset(tl.arange(0, BLOCK_N)[:, None],
-                                                  tl.arange(0, BLOCK_K // BLOCK)[None, :]))
+            # one contiguous load (a gather by tiled_scale_offset cost 12% at M = 64, 8192 x 28672)
+            s_bits = tiled_scales_by_row(tl.load(w_scale_ptr + tile * (BLOCK_N * BLOCK_K // BLOCK)
+                                                 + tl.arange(0, BLOCK_N * BLOCK_K // BLOCK)))
         else:
             if SWIZZLED:
                 s_ptrs = w_scale_ptr + scale_offsets(cols_n[:, None], block_cols[None, :], K,
