@@ -207,10 +207,23 @@ def tiled_scale_offset(r, c):
 
 
 @triton.jit
-def tiled_scales_by_row(s_bits):
-    """A tile's 256 scale bytes as stored (one contiguous load) -> (64, 4), [tile row, block]:
-    stored as (r // 32, r % 8, c, (r % 32) // 8) (tiled_scale_offset), permuted in registers."""
-    return tl.reshape(tl.permute(tl.reshape(s_bits, (2, 8, 4, 4)), (0, 3, 1, 2)), (64, 4))
+def tiled_row_at(p):
+    """A tile's rows in the order of its scales: place p = 32u + 4g + j holds tile row
+    32u + 8j + g (tiled.scale_index stores the scales of rows (u, g, j) block-interleaved)."""
+    return (p // 32) * 32 + (p % 4) * 8 + (p % 32) // 4
+
+
+@triton.jit
+def tiled_scales_by_place(s_bits):
+    """A tile's 256 scale bytes as stored (one contiguous load) -> (64, 4) [place, block], places
+    as tiled_row_at: each group of 16 bytes (4 places x 4 blocks) transposed."""
+    return tl.reshape(tl.permute(tl.reshape(s_bits, (16, 4, 4)), (0, 2, 1)), (64, 4))
+
+
+@triton.jit
+def tiled_places_to_rows(acc):
+    """(64, C) with rows by place (tiled_row_at) -> rows in tile order."""
+    return tl.reshape(tl.permute(tl.reshape(acc, (2, 8, 4, acc.shape[1])), (0, 2, 1, 3)), (64, acc.shape[1]))
 
 
 @triton.jit
