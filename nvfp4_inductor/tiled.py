@@ -5,7 +5,8 @@ contiguously and its 256 scale bytes in the order the register-fed decode GEMM r
 q, and loads their four scales as one word):
 
     data_tiled[((tn * tiles_k + tk) * TILE_N + r) * TILE_K/2 + b] = data[tn * TILE_N + r, tk * TILE_K/2 + b]
-    scale_tiled[(tn * tiles_k + tk) * TILE_SCALES + scale_index(r, c)] = scale[tn * TILE_N + r, tk * TILE_K/16 + c]
+    scale_tiled[(tn * tiles_k + tk) * TILE_SCALES + scale_index(r, c)]
+        = scale[tn * TILE_N + r, tk * TILE_K/16 + c],
     scale_index(r, c) = 128 * (r // 32) + 16 * (r % 8) + 4 * c + (r % 32) // 8
 
 zero-padded to multiples of (TILE_N, TILE_K) (zero codes and zero scales contribute nothing). A
@@ -14,8 +15,8 @@ every sector used) instead of 64 rows x 32 bytes: measured on an H200, 1.25-1.6x
 M = 1 instead of 0.76-0.85x (the row-major reads left the L1 pipe 88% busy at 15% of DRAM
 bandwidth). The scale order: a word load a thread instead of four byte loads, the same 128-byte
 line a warp (H100, the W4A16 decode step: 634.4-634.5 us against 647.8-648.7 in the plain order,
-same call; benchmarks/NOTES.md, session 28). Weights are laid out this way once, when they are quantized
-by the backend; the interchange layout (SPEC §3) is what users and checkpoints see.
+same call; benchmarks/NOTES.md, session 28). Weights are laid out this way once, when they are
+quantized by the backend; the interchange layout (SPEC §3) is what users and checkpoints see.
 """
 
 import torch
@@ -35,6 +36,8 @@ _SCALE_ORDER = (0, 2, 3, 1)
 def scale_index(r: int, c: int) -> int:
     """Tile row r, block c -> the byte of its scale in the tile's TILE_SCALES (module docstring)."""
     return 128 * (r // 32) + 16 * (r % 8) + 4 * c + (r % 32) // 8
+
+
 # A gated MLP's gate and up weights multiplied as one GEMM whose epilogue takes silu(gate) * up
 # (nvfp4::linear_tiled_silu_mul): their rows interleaved in groups of GLU_GROUP, so that every
 # TILE_N-row tile holds 32 gate rows and the same 32 up rows.

@@ -106,7 +106,8 @@ def _tiles_bf16_kernel(data_ptr, scale_ptr, out_ptr, N, K, USE_ASM: tl.constexpr
     tile = tn.to(tl.int64) * tl.cdiv(K, TILE_K_) + tk
     packed = tl.load(data_ptr + tile * (TILE_N_ * TILE_K_ // 2) + tl.arange(0, TILE_N_ * TILE_K_ // 2))
     s_bits = tl.load(scale_ptr + tile * (TILE_N_ * TILE_K_ // BLOCK)
-                     + tiled_scale_offset(tl.arange(0, TILE_N_)[:, None], tl.arange(0, TILE_K_ // BLOCK)[None, :]))
+                     + tiled_scale_offset(tl.arange(0, TILE_N_)[:, None],
+                                          tl.arange(0, TILE_K_ // BLOCK)[None, :]))
     w = decode_tile(tl.reshape(packed, (TILE_N_, TILE_K_ // BLOCK, BLOCK // 2)), s_bits, USE_ASM, OPERAND,
                     TILE_N_, TILE_K_)
     rows = tn * TILE_N_ + tl.arange(0, TILE_N_)

@@ -44,8 +44,8 @@ from ..tiled import TILE_K, TILE_N
 from . import gemm_configs
 from . import gemm_mma
 from .gemm_mma import mma_mainloop
-from ._common import (BLOCK, FP8_NAN, e2m1_decode, round_to, scale_offsets, tiled_places_to_rows, tiled_row_at,
-                      tiled_scale_offset, tiled_scales_by_place)
+from ._common import (BLOCK, FP8_NAN, e2m1_decode, round_to, scale_offsets, tiled_places_to_rows,
+                      tiled_row_at, tiled_scale_offset, tiled_scales_by_place)
 
 # $4: 4 packed bytes b0..b3; $5, $6: bf16x2 block scales; $0, $1: low nibbles of (b0, b1), (b2, b3);
 # $2, $3: their high nibbles (see 1. and 2. above).
@@ -390,8 +390,9 @@ def gemm_splitk(x, w_data, w_scale, w_g, bias, out_dtype, swizzled, config=None,
     itself, codes (M, K/2) + these plain scale bits (M, K/16), for the block-scaled MMA; g must
     then hold both global scales (w_g * x_g). Elsewhere W4A4 passes x's quantized values.
     reg_mma: run gemm_mma's register-fed mainloop (CUDA, M <= 32, x rows 4-byte aligned, W tiled
-    (codes 8-byte, scales 4-byte aligned) or in rows on 8-byte boundaries; config (16 or 32 for M > 16, 64, 64, splits, gemm_mma.WARPS,
-    stages)); None: wherever it applies and no config is given."""
+    (codes 8-byte, scales 4-byte aligned) or in rows on 8-byte boundaries; config (16 or 32 for
+    M > 16, 64, 64, splits, gemm_mma.WARPS, stages)); None: wherever it applies and no config is
+    given."""
     m, k = x.shape[0], x.shape[1] * (2 if x_scale is not None else 1)
     n = w_data.shape[0] if tiled_n is None else tiled_n
     if m > 64:
