@@ -27,15 +27,18 @@ from .format import BLOCK_SIZE
 TILE_N = 64
 TILE_K = 64
 TILE_SCALES = TILE_N * TILE_K // BLOCK_SIZE  # scale bytes a tile (256)
-# A tile's scales (TILE_N rows x 4 blocks) as (r // 32, (r % 32) // 8, r % 8, c) -> stored as
-# (r // 32, r % 8, c, (r % 32) // 8): scale_index in the module docstring.
-_SCALE_DIMS = (TILE_N // 32, 4, 8, TILE_K // BLOCK_SIZE)
-_SCALE_ORDER = (0, 2, 3, 1)
 
 
-def scale_index(r: int, c: int) -> int:
-    """Tile row r, block c -> the byte of its scale in the tile's TILE_SCALES (module docstring)."""
+def scale_index(r, c):
+    """Tile row r, block c (ints or tensors) -> the byte of its scale in the tile's TILE_SCALES
+    (module docstring; kernels/_common.tiled_scale_offset is the kernels' copy)."""
     return 128 * (r // 32) + 16 * (r % 8) + 4 * c + (r % 32) // 8
+
+
+def _scale_places(device) -> Tensor:
+    """(TILE_SCALES,) the stored byte of each of a tile's scales, (row, block) in row-major order."""
+    r = torch.arange(TILE_N, device=device)[:, None]
+    return scale_index(r, torch.arange(TILE_K // BLOCK_SIZE, device=device)[None, :]).reshape(-1)
 
 
 # A gated MLP's gate and up weights multiplied as one GEMM whose epilogue takes silu(gate) * up
@@ -74,24 +77,19 @@ def tile(data: Tensor, scale: Tensor) -> tuple[Tensor, Tensor]:
         padded = part.new_zeros((n_pad, k_pad // per))
         padded[:n, : k // per] = part
         out.append(padded.view(n_pad // TILE_N, TILE_N, k_pad // TILE_K, TILE_K // per)
-                   .permute(0, 2, 1, 3))
-    tiles = out[1].shape[:2]
-    scales = out[1].reshape(*tiles, *_SCALE_DIMS).permute(0, 1, *(2 + d for d in _SCALE_ORDER))
-    return out[0].reshape(-1), scales.reshape(-1)
+                   .permute(0, 2, 1, 3).reshape(-1))
+    scales = torch.empty_like(out[1]).view(-1, TILE_SCALES)
+    scales[:, _scale_places(scale.device)] = out[1].view(-1, TILE_SCALES)
+    return out[0], scales.view(-1)
 
 
 def untile(data_tiled: Tensor, scale_tiled: Tensor, n: int, k: int) -> tuple[Tensor, Tensor]:
     """The inverse of tile: -> uint8 (N, K/2) codes and plain (N, K/16) scale bits."""
     n_pad, k_pad = -(-n // TILE_N) * TILE_N, -(-k // TILE_K) * TILE_K
-    tiles = (n_pad // TILE_N, k_pad // TILE_K)
-    stored = tuple(_SCALE_DIMS[d] for d in _SCALE_ORDER)
-    back = [0] * 4
-    for i, d in enumerate(_SCALE_ORDER):
-        back[d] = i
-    scale_rows = scale_tiled.view(*tiles, *stored).permute(0, 1, *(2 + d for d in back))
+    scale_rows = scale_tiled.view(-1, TILE_SCALES)[:, _scale_places(scale_tiled.device)]
     out = []
     for part, per in ((data_tiled, 2), (scale_rows, BLOCK_SIZE)):
-        full = (part.reshape(*tiles, TILE_N, TILE_K // per)
+        full = (part.reshape(n_pad // TILE_N, k_pad // TILE_K, TILE_N, TILE_K // per)
                 .permute(0, 2, 1, 3).reshape(n_pad, k_pad // per))
         out.append(full[:n, : k // per].contiguous())
     return out[0], out[1]

@@ -194,13 +194,14 @@ def load_tile_group(w_ptr, w_scale_ptr, N, K, pid_n, t, BLOCK_N: tl.constexpr, B
     b = tl.arange(0, BLOCK_K // _TILE_K)[None, None, :, None]
     tn = pid_n * (BLOCK_N // _TILE_N) + a
     tk = t * (BLOCK_K // _TILE_K) + b
-    row = (tn.to(tl.int64) * tl.cdiv(K, _TILE_K) + tk) * _TILE_N + r  # rows of tiles, tile after tile
+    tile = tn.to(tl.int64) * tl.cdiv(K, _TILE_K) + tk  # tile after tile
     ok = (tn < tl.cdiv(N, _TILE_N)) & (tk < tl.cdiv(K, _TILE_K))
     c = tl.arange(0, _TILE_K // 2)[None, None, None, :]
-    w = tl.reshape(tl.load(w_ptr + row * (_TILE_K // 2) + c, mask=ok, other=0), (BLOCK_N, BLOCK_K // 2))
+    w = tl.reshape(tl.load(w_ptr + (tile * _TILE_N + r) * (_TILE_K // 2) + c, mask=ok, other=0),
+                   (BLOCK_N, BLOCK_K // 2))
     c = tl.arange(0, _TILE_K // BLOCK)[None, None, None, :]
-    scale_at = (row - r) * (_TILE_K // BLOCK) + tiled_scale_offset(r, c)  # tile * TILE_SCALES + ...
-    w_bits = tl.load(w_scale_ptr + scale_at, mask=ok, other=0)
+    w_bits = tl.load(w_scale_ptr + tile * (_TILE_N * _TILE_K // BLOCK) + tiled_scale_offset(r, c), mask=ok,
+                     other=0)
     return w, tl.reshape(w_bits, (BLOCK_N, BLOCK_K // BLOCK))
 
 
@@ -410,10 +411,10 @@ def gemm_splitk(x, w_data, w_scale, w_g, bias, out_dtype, swizzled, config=None,
     # sm_90+ (inline PTX), M <= 32, x rows 4-byte aligned, W tiled or in rows that start on 8-byte
     # boundaries (its 8-byte code loads): the register-fed mainloop
     if tiled_n is not None:  # its 8-byte code loads and a scale word a lane
-        w_rows_aligned = w_data.data_ptr() % 8 == 0 and w_scale.data_ptr() % 4 == 0
+        w_aligned = w_data.data_ptr() % 8 == 0 and w_scale.data_ptr() % 4 == 0
     else:
-        w_rows_aligned = w_data.data_ptr() % 8 == 0 and w_data.stride(0) % 8 == 0
-    reg_mma_applies = (use_asm and not dot_scaled and m <= gemm_configs.REG_MMA_MAX_M and w_rows_aligned
+        w_aligned = w_data.data_ptr() % 8 == 0 and w_data.stride(0) % 8 == 0
+    reg_mma_applies = (use_asm and not dot_scaled and m <= gemm_configs.REG_MMA_MAX_M and w_aligned
                        and x.stride(0) % 2 == 0 and x.data_ptr() % 4 == 0)
     if reg_mma is None:  # the default: tiled weights only up to REG_MMA_MAX_M_TILED (measured)
         reg_mma = (reg_mma_applies and config is None
