@@ -1,0 +1,140 @@
+"""What M = 9..16 (two x-row blocks) costs the register-fed GEMM (kernels/gemm_mma.py) over M = 1,
+eager, tiled weights, CUDA-graph times over weight copies beyond L2 (session 30, benchmarks/NOTES.md).
+
+    python benchmarks/probe_m16.py         # M = 1 / 8 / 16 / 9, and M = 16 with x's rows all one row
+                                           # (stride 0: x's L2 traffic of M = 1, the same instructions)
+    python benchmarks/probe_m16.py --occ   # M = 16: splits rounded up / down, register ceilings
+    ncu --kernel-name regex:_splitk_kernel --launch-skip 2 --launch-count 1 \
+        python benchmarks/probe_m16.py --ncu K N M STRIDE0   # launches for Nsight Compute
+"""
+import math
+import sys
+
+import torch
+import triton
+from bench_quantize import copy_bandwidth_gbs, stream_us
+
+import nvfp4_inductor as nv
+from nvfp4_inductor.kernels import gemm_configs
+from nvfp4_inductor.kernels.gemm_splitk import gemm_splitk
+
+ops = torch.ops.nvfp4
+SHAPES = [(4096, 4096), (4096, 6144), (4096, 14336), (14336, 4096), (4096, 28672), (8192, 28672)]
+
+
+def run(x, w, n):
+    return gemm_splitk(x, w[0], w[1], w[2], None, torch.bfloat16, False, tiled_n=n)
+
+
+def check():
+    for n, k in [(128, 256), (4096, 4096)]:
+        q = nv.quantize(torch.randn(n, k, device="cuda", dtype=torch.bfloat16))
+        w = (*ops.tile_weight(q.data, q.scale.view(torch.uint8)), q.global_scale)
+        x1 = torch.randn(1, k, device="cuda", dtype=torch.bfloat16)
+        x = x1.expand(16, k)
+        ref = x.double() @ q.dequantize(torch.float32).double().T
+        got = run(x, w, n).double()
+        err = ((got - ref).abs().max() / ref.abs().max()).item()
+        assert err < 1e-2, err
+    print("stride-0 x correct")
+
+
+def main():
+    print(f"GPU: {torch.cuda.get_device_name()}, torch {torch.__version__}, triton {triton.__version__}")
+    check()
+    print(f"device copy: {copy_bandwidth_gbs():.0f} GB/s")
+    l2 = torch.cuda.get_device_properties().L2_cache_size
+    cols = ["bf16 M16", "M1", "M8", "M16", "M16 x-stride0", "M9"]
+    print(f"{'K':>6} {'N':>6} " + " ".join(f"{c:>13}" for c in cols))
+    for k, n in SHAPES:
+        copies = max(2, math.ceil(3 * l2 / (n * k * 0.5625)))
+        w_q = [nv.quantize(torch.randn(n, k, dtype=torch.bfloat16, device="cuda")) for _ in range(copies)]
+        w_t = [(*ops.tile_weight(q.data, q.scale.view(torch.uint8)), q.global_scale) for q in w_q]
+        w_b = [torch.randn(n, k, dtype=torch.bfloat16, device="cuda") for _ in range(max(2, copies // 3))]
+        x16 = torch.randn(16, k, dtype=torch.bfloat16, device="cuda")
+        xs0 = torch.randn(1, k, dtype=torch.bfloat16, device="cuda").expand(16, k)
+        times = [stream_us(lambda w: x16 @ w.T, w_b)]
+        for x in (x16[:1], x16[:8], x16, xs0, x16[:9]):
+            times.append(stream_us(lambda w: run(x, w, n), w_t))
+        print(f"{k:>6} {n:>6} " + " ".join(f"{t:13.1f}" for t in times), flush=True)
+        del w_q, w_t, w_b
+
+
+def ncu():
+    k, n, m, s0 = (int(a) for a in sys.argv[2:6])
+    q = nv.quantize(torch.randn(n, k, dtype=torch.bfloat16, device="cuda"))
+    w = (*ops.tile_weight(q.data, q.scale.view(torch.uint8)), q.global_scale)
+    x = (torch.randn(1, k, dtype=torch.bfloat16, device="cuda").expand(m, k) if s0
+         else torch.randn(m, k, dtype=torch.bfloat16, device="cuda"))
+    for _ in range(4):
+        run(x, w, n)
+    torch.cuda.synchronize()
+
+
+class _WithMaxnreg:
+    """_splitk_kernel launched with a register ceiling."""
+    def __init__(self, kernel, maxnreg):
+        self.kernel, self.maxnreg = kernel, maxnreg
+
+    def __getitem__(self, grid):
+        launch = self.kernel[grid]
+        return lambda *a, **kw: launch(*a, maxnreg=self.maxnreg, **kw)
+
+
+def occupancy():
+    """M = 16: programs per SM against a register ceiling (maxnreg), eager."""
+    from nvfp4_inductor.kernels import gemm_splitk as sk
+    print(f"GPU: {torch.cuda.get_device_name()}, torch {torch.__version__}, triton {triton.__version__}")
+    plain = sk._splitk_kernel
+    sms = torch.cuda.get_device_properties().multi_processor_count
+    l2 = torch.cuda.get_device_properties().L2_cache_size
+    variants = [(None, 8, 0), (None, 10, 1), (None, 8, 1), (80, 12, 1), (80, 12, 0), (72, 14, 1), (None, 6, 0)]
+
+    def config_of(n, k, per_sm, fit):
+        """fit: splits = floor(per_sm * SMs / N-tiles) (the grid fits per_sm an SM); else rounded up
+        (what bcd38a6 shipped)."""
+        config = gemm_configs._skinny_config(16, n, k, sms, 64, 64, per_sm, 2, 1, 8)
+        if fit:
+            splits = max(1, min(config[3], per_sm * sms // -(-n // 64)))
+            config = config[:3] + (splits,) + config[4:]
+        return config
+    # correctness with each ceiling
+    for maxnreg, per_sm, fit in variants:
+        sk._splitk_kernel = plain if maxnreg is None else _WithMaxnreg(plain, maxnreg)
+        for n, k in [(192, 4160), (4096, 4096)]:
+            q = nv.quantize(torch.randn(n, k, device="cuda", dtype=torch.bfloat16))
+            w = (*ops.tile_weight(q.data, q.scale.view(torch.uint8)), q.global_scale)
+            x = torch.randn(16, k, device="cuda", dtype=torch.bfloat16)
+            config = config_of(n, k, per_sm, fit)
+            got = gemm_splitk(x, w[0], w[1], w[2], None, torch.float32, False, config=config, tiled_n=n,
+                              reg_mma=True).double()
+            ref = x.double() @ q.dequantize(torch.float32).double().T
+            err = ((got - ref).abs().max() / ref.abs().max()).item()
+            assert err < 1e-4, (maxnreg, per_sm, n, k, err)
+    print("correct at every ceiling")
+    print(f"{'K':>6} {'N':>6} " + " ".join(f"{str(r) + '/' + str(p) + 'cf'[f]:>12}" for r, p, f in variants)
+          + "  (maxnreg/per SM, c: splits rounded up (shipped), f: down: us (splits))")
+    for k, n in SHAPES:
+        copies = max(2, math.ceil(3 * l2 / (n * k * 0.5625)))
+        w_q = [nv.quantize(torch.randn(n, k, dtype=torch.bfloat16, device="cuda")) for _ in range(copies)]
+        w_t = [(*ops.tile_weight(q.data, q.scale.view(torch.uint8)), q.global_scale) for q in w_q]
+        x = torch.randn(16, k, dtype=torch.bfloat16, device="cuda")
+        cells = []
+        for maxnreg, per_sm, fit in variants:
+            sk._splitk_kernel = plain if maxnreg is None else _WithMaxnreg(plain, maxnreg)
+            config = config_of(n, k, per_sm, fit)
+            t = stream_us(lambda w: gemm_splitk(x, w[0], w[1], w[2], None, torch.bfloat16, False,
+                                                config=config, tiled_n=n, reg_mma=True), w_t)
+            cells.append(f"{t:7.1f} ({config[3]:>2})")
+        sk._splitk_kernel = plain
+        print(f"{k:>6} {n:>6} " + " ".join(f"{c:>12}" for c in cells), flush=True)
+        del w_q, w_t
+
+
+if __name__ == "__main__":
+    if "--ncu" in sys.argv:
+        ncu()
+    elif "--occ" in sys.argv:
+        occupancy()
+    else:
+        main()
