@@ -131,10 +131,56 @@ def occupancy():
         del w_q, w_t
 
 
+def dot_waves():
+    """M = 32 / 64 (tiled weights: the tl.dot skinny kernel, 148 / 210 registers on sm_90, so 6 / 4
+    programs of 2 warps fit an SM): the eager launcher's splits (~8 an SM, rounded up) against
+    splits rounded down to at most P an SM."""
+    print(f"GPU: {torch.cuda.get_device_name()}, torch {torch.__version__}, triton {triton.__version__}")
+    sms = torch.cuda.get_device_properties().multi_processor_count
+    l2 = torch.cuda.get_device_properties().L2_cache_size
+    bn, bk, _, warps, stages = gemm_configs.TILED_CONFIG
+    per_sm = {32: (6, 8, 12), 64: (4, 8)}
+
+    def config_of(m, n, k, p):
+        return gemm_configs._skinny_config(m, n, k, sms, bn, bk, p, warps, stages,
+                                           gemm_configs.MIN_STEPS_PER_SPLIT, at_most=True)
+
+    for n, k in [(192, 4160), (4096, 4096)]:
+        q = nv.quantize(torch.randn(n, k, device="cuda", dtype=torch.bfloat16))
+        w = (*ops.tile_weight(q.data, q.scale.view(torch.uint8)), q.global_scale)
+        for m in (32, 64):
+            x = torch.randn(m, k, device="cuda", dtype=torch.bfloat16)
+            ref = x.double() @ q.dequantize(torch.float32).double().T
+            for p in per_sm[m]:
+                got = gemm_splitk(x, w[0], w[1], w[2], None, torch.float32, False, config=config_of(m, n, k, p),
+                                  tiled_n=n, reg_mma=False).double()
+                err = ((got - ref).abs().max() / ref.abs().max()).item()
+                assert err < 1e-3, (n, k, m, p, err)
+    print("correct")
+    print(f"{'K':>6} {'N':>6} {'M':>3} {'bf16':>7} {'shipped':>12} " + "  ".join(f"{'<= ' + str(p) + ' an SM'}" for p in per_sm[32]))
+    for k, n in SHAPES:
+        copies = max(2, math.ceil(3 * l2 / (n * k * 0.5625)))
+        w_q = [nv.quantize(torch.randn(n, k, dtype=torch.bfloat16, device="cuda")) for _ in range(copies)]
+        w_t = [(*ops.tile_weight(q.data, q.scale.view(torch.uint8)), q.global_scale) for q in w_q]
+        w_b = [torch.randn(n, k, dtype=torch.bfloat16, device="cuda") for _ in range(max(2, copies // 3))]
+        for m in (32, 64):
+            x = torch.randn(m, k, dtype=torch.bfloat16, device="cuda")
+            shipped = gemm_configs.splitk_config(m, n, k, sms, tiled=True, min_steps=gemm_configs.MIN_STEPS_PER_SPLIT)
+            cells = [f"{stream_us(lambda w: x @ w.T, w_b):7.1f}"]
+            for config in [shipped] + [config_of(m, n, k, p) for p in per_sm[m]]:
+                t = stream_us(lambda w: gemm_splitk(x, w[0], w[1], w[2], None, torch.bfloat16, False,
+                                                    config=config, tiled_n=n, reg_mma=False), w_t)
+                cells.append(f"{t:7.1f} ({config[3]:>2})")
+            print(f"{k:>6} {n:>6} {m:>3} " + " ".join(f"{c:>12}" for c in cells), flush=True)
+        del w_q, w_t, w_b
+
+
 if __name__ == "__main__":
     if "--ncu" in sys.argv:
         ncu()
     elif "--occ" in sys.argv:
         occupancy()
+    elif "--dot" in sys.argv:
+        dot_waves()
     else:
         main()
