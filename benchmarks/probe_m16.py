@@ -4,15 +4,16 @@ eager, tiled weights, CUDA-graph times over weight copies beyond L2 (session 30,
     python benchmarks/probe_m16.py         # M = 1 / 8 / 16 / 9, and M = 16 with x's rows all one row
                                            # (stride 0: x's L2 traffic of M = 1, the same instructions)
     python benchmarks/probe_m16.py --occ   # M = 16: splits rounded up / down, register ceilings
+    python benchmarks/probe_m16.py --dot   # M = 32 / 64 (the tl.dot kernel): splits rounded up / down
     ncu --kernel-name regex:_splitk_kernel --launch-skip 2 --launch-count 1 \
         python benchmarks/probe_m16.py --ncu K N M STRIDE0   # launches for Nsight Compute
 """
-import math
 import sys
 
 import torch
 import triton
 from bench_quantize import copy_bandwidth_gbs, stream_us
+from probe_mma import _weights
 
 import nvfp4_inductor as nv
 from nvfp4_inductor.kernels import gemm_configs
@@ -47,10 +48,7 @@ def main():
     cols = ["bf16 M16", "M1", "M8", "M16", "M16 x-stride0", "M9"]
     print(f"{'K':>6} {'N':>6} " + " ".join(f"{c:>13}" for c in cols))
     for k, n in SHAPES:
-        copies = max(2, math.ceil(3 * l2 / (n * k * 0.5625)))
-        w_q = [nv.quantize(torch.randn(n, k, dtype=torch.bfloat16, device="cuda")) for _ in range(copies)]
-        w_t = [(*ops.tile_weight(q.data, q.scale.view(torch.uint8)), q.global_scale) for q in w_q]
-        w_b = [torch.randn(n, k, dtype=torch.bfloat16, device="cuda") for _ in range(max(2, copies // 3))]
+        w_b, w_q, w_t = _weights(k, n, l2)
         x16 = torch.randn(16, k, dtype=torch.bfloat16, device="cuda")
         xs0 = torch.randn(1, k, dtype=torch.bfloat16, device="cuda").expand(16, k)
         times = [stream_us(lambda w: x16 @ w.T, w_b)]
@@ -115,9 +113,7 @@ def occupancy():
     print(f"{'K':>6} {'N':>6} " + " ".join(f"{str(r) + '/' + str(p) + 'cf'[f]:>12}" for r, p, f in variants)
           + "  (maxnreg/per SM, c: splits rounded up (shipped), f: down: us (splits))")
     for k, n in SHAPES:
-        copies = max(2, math.ceil(3 * l2 / (n * k * 0.5625)))
-        w_q = [nv.quantize(torch.randn(n, k, dtype=torch.bfloat16, device="cuda")) for _ in range(copies)]
-        w_t = [(*ops.tile_weight(q.data, q.scale.view(torch.uint8)), q.global_scale) for q in w_q]
+        w_b, w_q, w_t = _weights(k, n, l2)
         x = torch.randn(16, k, dtype=torch.bfloat16, device="cuda")
         cells = []
         for maxnreg, per_sm, fit in variants:
@@ -128,7 +124,7 @@ def occupancy():
             cells.append(f"{t:7.1f} ({config[3]:>2})")
         sk._splitk_kernel = plain
         print(f"{k:>6} {n:>6} " + " ".join(f"{c:>12}" for c in cells), flush=True)
-        del w_q, w_t
+        del w_b, w_q, w_t
 
 
 def dot_waves():
@@ -159,10 +155,7 @@ def dot_waves():
     print("correct")
     print(f"{'K':>6} {'N':>6} {'M':>3} {'bf16':>7} {'shipped':>12} " + "  ".join(f"{'<= ' + str(p) + ' an SM'}" for p in per_sm[32]))
     for k, n in SHAPES:
-        copies = max(2, math.ceil(3 * l2 / (n * k * 0.5625)))
-        w_q = [nv.quantize(torch.randn(n, k, dtype=torch.bfloat16, device="cuda")) for _ in range(copies)]
-        w_t = [(*ops.tile_weight(q.data, q.scale.view(torch.uint8)), q.global_scale) for q in w_q]
-        w_b = [torch.randn(n, k, dtype=torch.bfloat16, device="cuda") for _ in range(max(2, copies // 3))]
+        w_b, w_q, w_t = _weights(k, n, l2)
         for m in (32, 64):
             x = torch.randn(m, k, dtype=torch.bfloat16, device="cuda")
             shipped = gemm_configs.splitk_config(m, n, k, sms, tiled=True, min_steps=gemm_configs.MIN_STEPS_PER_SPLIT)
