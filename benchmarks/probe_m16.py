@@ -86,39 +86,36 @@ def occupancy():
     plain = sk._splitk_kernel
     sms = torch.cuda.get_device_properties().multi_processor_count
     l2 = torch.cuda.get_device_properties().L2_cache_size
-    variants = [(None, 8, 0), (None, 10, 1), (None, 8, 1), (80, 12, 1), (80, 12, 0), (72, 14, 1), (None, 6, 0)]
+    # (maxnreg, programs per SM planned (splits rounded up), at most this many an SM or None)
+    variants = [(None, 8, None), (None, 8, 10), (None, 10, 10), (None, 8, 8), (80, 12, 12), (80, 12, None),
+                (72, 14, 14), (None, 6, None)]
 
-    def config_of(n, k, per_sm, fit):
-        """fit: splits = floor(per_sm * SMs / N-tiles) (the grid fits per_sm an SM); else rounded up
-        (what bcd38a6 shipped)."""
-        config = gemm_configs._skinny_config(16, n, k, sms, 64, 64, per_sm, 2, 1, 8)
-        if fit:
-            splits = max(1, min(config[3], per_sm * sms // -(-n // 64)))
-            config = config[:3] + (splits,) + config[4:]
-        return config
+    def config_of(n, k, per_sm, max_per_sm):
+        return gemm_configs._skinny_config(16, n, k, sms, 64, 64, per_sm, 2, 1, 8, max_per_sm)
+
     # correctness with each ceiling
-    for maxnreg, per_sm, fit in variants:
+    for maxnreg, per_sm, max_per_sm in variants:
         sk._splitk_kernel = plain if maxnreg is None else _WithMaxnreg(plain, maxnreg)
         for n, k in [(192, 4160), (4096, 4096)]:
             q = nv.quantize(torch.randn(n, k, device="cuda", dtype=torch.bfloat16))
             w = (*ops.tile_weight(q.data, q.scale.view(torch.uint8)), q.global_scale)
             x = torch.randn(16, k, device="cuda", dtype=torch.bfloat16)
-            config = config_of(n, k, per_sm, fit)
+            config = config_of(n, k, per_sm, max_per_sm)
             got = gemm_splitk(x, w[0], w[1], w[2], None, torch.float32, False, config=config, tiled_n=n,
                               reg_mma=True).double()
             ref = x.double() @ q.dequantize(torch.float32).double().T
             err = ((got - ref).abs().max() / ref.abs().max()).item()
             assert err < 1e-4, (maxnreg, per_sm, n, k, err)
     print("correct at every ceiling")
-    print(f"{'K':>6} {'N':>6} " + " ".join(f"{str(r) + '/' + str(p) + 'cf'[f]:>12}" for r, p, f in variants)
-          + "  (maxnreg/per SM, c: splits rounded up (shipped), f: down: us (splits))")
+    print(f"{'K':>6} {'N':>6} " + " ".join(f"{f'{r}/{p}/{c}':>12}" for r, p, c in variants)
+          + "  (maxnreg / per SM rounded up / at most: us (splits))")
     for k, n in SHAPES:
         w_b, w_q, w_t = _weights(k, n, l2)
         x = torch.randn(16, k, dtype=torch.bfloat16, device="cuda")
         cells = []
-        for maxnreg, per_sm, fit in variants:
+        for maxnreg, per_sm, max_per_sm in variants:
             sk._splitk_kernel = plain if maxnreg is None else _WithMaxnreg(plain, maxnreg)
-            config = config_of(n, k, per_sm, fit)
+            config = config_of(n, k, per_sm, max_per_sm)
             t = stream_us(lambda w: gemm_splitk(x, w[0], w[1], w[2], None, torch.bfloat16, False,
                                                 config=config, tiled_n=n, reg_mma=True), w_t)
             cells.append(f"{t:7.1f} ({config[3]:>2})")
@@ -139,7 +136,7 @@ def dot_waves():
 
     def config_of(m, n, k, p):
         return gemm_configs._skinny_config(m, n, k, sms, bn, bk, p, warps, stages,
-                                           gemm_configs.MIN_STEPS_PER_SPLIT, at_most=True)
+                                           gemm_configs.MIN_STEPS_PER_SPLIT, max_per_sm=p)
 
     for n, k in [(192, 4160), (4096, 4096)]:
         q = nv.quantize(torch.randn(n, k, device="cuda", dtype=torch.bfloat16))

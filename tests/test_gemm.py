@@ -390,9 +390,9 @@ def test_splitk_config_fills_the_gpu():
     (1, 4096, 4096, 16),   # 64 steps, at least 4 a split (REG_MMA_MIN_STEPS at M <= 8)
     (16, 4096, 4096, 8),   # at least 8 a split above M = 8
     (1, 28672, 4096, 5),   # 448 tile rows: 16 programs per SM of 132 leave ~5 splits
-    (16, 28672, 4096, 2),  # at most 8 programs per SM above M = 8 (3 splits: 10.2 an SM)
-    (16, 14336, 4096, 4),  # 224 tile rows: 1056 / 224 = 4.7, rounded down
-    (9, 4096, 14336, 16),  # 64 tile rows: 16.5 rounded down
+    (16, 28672, 4096, 2),  # ~8 programs per SM above M = 8, at most 10 (3 splits: 10.2 an SM)
+    (16, 14336, 4096, 5),  # 224 tile rows: 1056 / 224 = 4.7 rounded up (5.9 fit)
+    (9, 4096, 14336, 17),  # 64 tile rows: 16.5 rounded up
     (1, 4096, 14336, 33),  # 224 steps, 2112 programs over 64 tile rows (32 ranges of 7 steps)
     (32, 28672, 4096, 2),  # 6 programs per SM above M = 16
 ])
@@ -400,8 +400,8 @@ def test_register_fed_config(m, n, k, splits):
     """The register-fed mainloop's split rule, eager and template alike (min_steps None)."""
     config = gemm_configs.splitk_config(m, n, k, 132, reg_mma=True)
     assert config == (16 if m <= 16 else 32, 64, 64, splits, gemm_mma.WARPS, 1)
-    if 8 < m <= 16:  # one wave of at most REG_MMA_PROGRAMS_PER_SM_TWO_B an SM
-        assert -(-n // 64) * splits <= gemm_configs.REG_MMA_PROGRAMS_PER_SM_TWO_B * 132
+    if 8 < m <= 16:  # one wave: at most REG_MMA_MAX_PER_SM_TWO_B an SM
+        assert -(-n // 64) * splits <= gemm_configs.REG_MMA_MAX_PER_SM_TWO_B * 132
     template = gemm_configs.template_configs(m, n, k, 132, reg_mma=True)[0]
     if m <= gemm_configs.REG_MMA_MAX_M_TILED:
         assert (template.split, template.tiles_per_split) == gemm_configs.split_ranges(k, 64, splits)

@@ -58,13 +58,15 @@ TILED_CONFIG_WIDE_N = (64, 64, 16, 2, 4)
 # M <= 8, 16 programs per SM (4096 x 14336, M = 1: 17.2 us vs 18.3 / 17.4 with 8 / 24; 8192 x 28672:
 # 51.0 vs 55.7 / 55.8); at M = 16 (80 registers) 8 per SM (20.2 vs 24.1 us; 60.4 vs 69.3).
 REG_MMA_CONFIG = (64, 64, 16, 2, 1)
-# M > 8. Its 88 registers (sm_90, Triton 3.6's ptxas) leave room for 10 programs of 64 threads an SM,
-# so the splits are rounded down here (at most 8 an SM): rounded up, the N = 28672 weights planned
-# 3 splits, 10.2 programs an SM, and the last 24 programs ran as a second wave. H100, eager, M = 16
-# (benchmarks/probe_m16.py --occ, session 30): 4096 x 28672 38.1 -> 31.9 us, 8192 x 28672 71.3 ->
-# 59.5, the four other shapes within 0.1 us; a ceiling of 80 registers (12 programs an SM fit, 20
-# bytes spilled) was no faster.
-REG_MMA_PROGRAMS_PER_SM_TWO_B = 8
+REG_MMA_PROGRAMS_PER_SM_TWO_B = 8  # M > 8
+# ... and at most this many: at M = 9..16 the kernel holds 88 registers (sm_90, Triton 3.6's ptxas),
+# so 10 programs of 64 threads fit an SM. Rounded up to ~8 an SM, the splits of the N = 28672
+# weights planned 10.2 an SM and the last 24 programs ran as a second wave. H100, eager, M = 16
+# (benchmarks/probe_m16.py --occ, session 30, two runs): 4096 x 28672 38.1 / 38.6 -> 32.0 / 32.6 us,
+# 8192 x 28672 71.3 / 71.4 -> 59.2 / 59.8 (2 splits); rounding down to 8 an SM instead cost the mid
+# shapes 0.1-0.5 us (4096 x 14336, 4 splits against 5), to 10 an SM 0.8 (14336 x 4096, 20 against
+# 17); a ceiling of 80 registers (12 an SM, 20 bytes spilled) was no faster.
+REG_MMA_MAX_PER_SM_TWO_B = 10
 REG_MMA_PROGRAMS_PER_SM_FOUR_B = 6  # M > 16 (142 registers: 7 programs of 64 threads fit an SM;
 # 4 / 6 / 7 each best on two of six shapes, probe_mma.py --m32)
 REG_MMA_MAX_M = 32  # x rows in 1, 2 or 4 blocks of 8 (an mma each)
@@ -115,15 +117,15 @@ def splitk_config(m: int, n: int, k: int, num_sms: int, tiled: bool = False,
             per_sm = REG_MMA_GROUPED_PER_SM
         if min_steps is None:
             min_steps = REG_MMA_GROUPED_MIN_STEPS if grouped else REG_MMA_MIN_STEPS[m > 8]
-        at_most = 8 < m <= 16
+        max_per_sm = REG_MMA_MAX_PER_SM_TWO_B if 8 < m <= 16 else None
     elif tiled:
         block_n, block_k, per_sm, warps, stages = TILED_CONFIG_WIDE_N if wide else TILED_CONFIG
-        at_most = False
+        max_per_sm = None
     else:
         block_n, block_k, per_sm, warps, stages = SPLITK_CONFIG_WIDE_N if wide else SPLITK_CONFIG
-        at_most = False
+        max_per_sm = None
     return _skinny_config(m, n, k, num_sms, block_n, block_k, per_sm, warps, stages, min_steps or 1,
-                          at_most)
+                          max_per_sm)
 
 
 @functools.cache
@@ -173,14 +175,17 @@ MIN_STEPS_PER_SPLIT = 8
 
 
 def _skinny_config(m, n, k, num_sms, block_n, block_k, per_sm, warps, stages, min_steps=1,
-                   at_most=False):
+                   max_per_sm=None):
     """M padded to a power of two >= 16; K split so that about per_sm programs run on each SM
-    (at_most: no more than per_sm), in ranges of at least min_steps K-steps."""
+    (rounded up; at most max_per_sm, what fits an SM: one wave), in ranges of at least min_steps
+    K-steps."""
     block_m = max(16, 1 << (m - 1).bit_length())
     steps = -(-k // block_k)
-    slots, tiles_n = per_sm * num_sms, -(-n // block_n)
-    by_sm = slots // tiles_n if at_most else -(-slots // tiles_n)
-    splits = max(1, min(steps // min_steps, by_sm))
+    tiles_n = -(-n // block_n)
+    splits = -(-per_sm * num_sms // tiles_n)
+    if max_per_sm is not None:
+        splits = min(splits, max_per_sm * num_sms // tiles_n)
+    splits = max(1, min(steps // min_steps, splits))
     return block_m, block_n, block_k, splits, warps, stages
 
 
