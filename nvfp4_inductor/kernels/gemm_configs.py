@@ -62,10 +62,11 @@ REG_MMA_PROGRAMS_PER_SM_TWO_B = 8  # M > 8
 # ... and at most this many: at M = 9..16 the kernel holds 88 registers (sm_90, Triton 3.6's ptxas),
 # so 10 programs of 64 threads fit an SM. Rounded up to ~8 an SM, the splits of the N = 28672
 # weights planned 10.2 an SM and the last 24 programs ran as a second wave. H100, eager, M = 16
-# (benchmarks/probe_m16.py --occ, session 30, two runs): 4096 x 28672 38.1 / 38.6 -> 32.0 / 32.6 us,
-# 8192 x 28672 71.3 / 71.4 -> 59.2 / 59.8 (2 splits); rounding down to 8 an SM instead cost the mid
-# shapes 0.1-0.5 us (4096 x 14336, 4 splits against 5), to 10 an SM 0.8 (14336 x 4096, 20 against
-# 17); a ceiling of 80 registers (12 an SM, 20 bytes spilled) was no faster.
+# (benchmarks/probe_m16.py --occ, session 30, three runs): 4096 x 28672 38.1 / 38.6 / 38.7 -> 32.0 /
+# 32.6 / 32.4 us, 8192 x 28672 71.3 / 71.4 / 71.0 -> 59.2 / 59.8 / 59.4 (2 splits); rounding down
+# to 8 an SM instead cost the mid shapes 0.1-0.5 us (4096 x 14336, 4 splits against 5), to 10 an SM
+# 0.8 (14336 x 4096, 20 against 17); a ceiling of 80 registers (12 an SM, 20 bytes spilled) was no
+# faster.
 REG_MMA_MAX_PER_SM_TWO_B = 10
 REG_MMA_PROGRAMS_PER_SM_FOUR_B = 6  # M > 16 (142 registers: 7 programs of 64 threads fit an SM;
 # 4 / 6 / 7 each best on two of six shapes, probe_mma.py --m32)
