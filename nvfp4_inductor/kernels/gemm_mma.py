@@ -438,6 +438,17 @@ def sums_tile(c, NB: tl.constexpr):
 
 
 @triton.jit
+def _step(w, xs, sw, c, wp, sp, xw_ptr, first, t, tile_end, x_rows, kq, K, LAYOUT: tl.constexpr,
+          NB: tl.constexpr, EVEN_K: tl.constexpr):
+    """K-tile t of the mainloop: the next tile's loads (the last tile's again at the end: an L1
+    hit, never out of bounds), then this tile's mma on w, xs -> (w, xs of the next tile, sw, c)."""
+    t_next = tl.minimum(t + 1, tile_end - 1)
+    w1, sw, xs1 = _load_tile(wp, sp, sw, xw_ptr, first, t_next, x_rows, kq, K, LAYOUT, NB, EVEN_K)
+    c = _mma_tile(w, xs, c, NB)
+    return w1, xs1, sw, c
+
+
+@triton.jit
 def mma_mainloop(x_ptr, w_ptr, w_scale_ptr, M, K, stride_xm, pid_n, tile_begin, tile_end,
                  NB: tl.constexpr, EVEN_K: tl.constexpr, PDL: tl.constexpr = 0, N=0,
                  scale_cols=0, LAYOUT: tl.constexpr = 0):
@@ -483,11 +494,18 @@ def mma_mainloop(x_ptr, w_ptr, w_scale_ptr, M, K, stride_xm, pid_n, tile_begin, 
     if PDL == 2:
         tl.extra.cuda.gdc_wait()
     xs = _load_xs(xw_ptr, x_rows, xw, k + kq < K, NB, EVEN_K)
-    for t in range(tile_begin, tile_end):
-        # the next tile's loads (the last tile's again at the end: an L1 hit, never out of bounds)
-        t_next = tl.minimum(t + 1, tile_end - 1)
-        w1, sw, xs1 = _load_tile(wp, sp, sw, xw_ptr, first, t_next, x_rows, kq, K, LAYOUT, NB, EVEN_K)
-        c = _mma_tile(w, xs, c, NB)
-        w, xs = w1, xs1
+    # M <= 8: the loop unrolled twice, which drops the double buffer's register moves (sm_90 SASS: 421
+    # instructions for two tiles against 215 for one; 56 registers against 54). H100 (session 30,
+    # benchmarks/results/unroll_session30_h100.txt): eager tiled M = 1 0.0-1.4 us faster on six
+    # shapes, the W4A16 decode step 625.4 / 626.6 us against 636.6 / 639.4. At M = 9..16 it held
+    # 102 registers against 96 and was 0.1-2.3 us slower: not unrolled there.
+    if NB == 1:
+        for t in tl.range(tile_begin, tile_end, loop_unroll_factor=2):
+            w, xs, sw, c = _step(w, xs, sw, c, wp, sp, xw_ptr, first, t, tile_end, x_rows, kq, K, LAYOUT, NB,
+                                 EVEN_K)
+    else:
+        for t in range(tile_begin, tile_end):
+            w, xs, sw, c = _step(w, xs, sw, c, wp, sp, xw_ptr, first, t, tile_end, x_rows, kq, K, LAYOUT, NB,
+                                 EVEN_K)
     return sums_tile(c, NB)
 
