@@ -23,19 +23,27 @@ ops = torch.ops.nvfp4
 SHAPES = [(4096, 4096), (4096, 6144), (4096, 14336), (14336, 4096), (4096, 28672), (8192, 28672)]
 
 
+def tiled_weight(n, k):
+    """A fresh random (n, k) NVFP4 weight -> (q, (tiled codes, tiled scales, global scale))."""
+    q = nv.quantize(torch.randn(n, k, device="cuda", dtype=torch.bfloat16))
+    return q, (*ops.tile_weight(q.data, q.scale.view(torch.uint8)), q.global_scale)
+
+
+def rel_err(got, x, q):
+    """max |got - x @ W^T| / max |x @ W^T| against float64."""
+    ref = x.double() @ q.dequantize(torch.float32).double().T
+    return ((got.double() - ref).abs().max() / ref.abs().max()).item()
+
+
 def run(x, w, n):
     return gemm_splitk(x, w[0], w[1], w[2], None, torch.bfloat16, False, tiled_n=n)
 
 
 def check():
     for n, k in [(128, 256), (4096, 4096)]:
-        q = nv.quantize(torch.randn(n, k, device="cuda", dtype=torch.bfloat16))
-        w = (*ops.tile_weight(q.data, q.scale.view(torch.uint8)), q.global_scale)
-        x1 = torch.randn(1, k, device="cuda", dtype=torch.bfloat16)
-        x = x1.expand(16, k)
-        ref = x.double() @ q.dequantize(torch.float32).double().T
-        got = run(x, w, n).double()
-        err = ((got - ref).abs().max() / ref.abs().max()).item()
+        q, w = tiled_weight(n, k)
+        x = torch.randn(1, k, device="cuda", dtype=torch.bfloat16).expand(16, k)
+        err = rel_err(run(x, w, n), x, q)
         assert err < 1e-2, err
     print("stride-0 x correct")
 
@@ -60,8 +68,7 @@ def main():
 
 def ncu():
     k, n, m, s0 = (int(a) for a in sys.argv[2:6])
-    q = nv.quantize(torch.randn(n, k, dtype=torch.bfloat16, device="cuda"))
-    w = (*ops.tile_weight(q.data, q.scale.view(torch.uint8)), q.global_scale)
+    _, w = tiled_weight(n, k)
     x = (torch.randn(1, k, dtype=torch.bfloat16, device="cuda").expand(m, k) if s0
          else torch.randn(m, k, dtype=torch.bfloat16, device="cuda"))
     for _ in range(4):
@@ -97,14 +104,12 @@ def occupancy():
     for maxnreg, per_sm, max_per_sm in variants:
         sk._splitk_kernel = plain if maxnreg is None else _WithMaxnreg(plain, maxnreg)
         for n, k in [(192, 4160), (4096, 4096)]:
-            q = nv.quantize(torch.randn(n, k, device="cuda", dtype=torch.bfloat16))
-            w = (*ops.tile_weight(q.data, q.scale.view(torch.uint8)), q.global_scale)
+            q, w = tiled_weight(n, k)
             x = torch.randn(16, k, device="cuda", dtype=torch.bfloat16)
             config = config_of(n, k, per_sm, max_per_sm)
             got = gemm_splitk(x, w[0], w[1], w[2], None, torch.float32, False, config=config, tiled_n=n,
-                              reg_mma=True).double()
-            ref = x.double() @ q.dequantize(torch.float32).double().T
-            err = ((got - ref).abs().max() / ref.abs().max()).item()
+                              reg_mma=True)
+            err = rel_err(got, x, q)
             assert err < 1e-4, (maxnreg, per_sm, n, k, err)
     print("correct at every ceiling")
     print(f"{'K':>6} {'N':>6} " + " ".join(f"{f'{r}/{p}/{c}':>12}" for r, p, c in variants)
@@ -139,15 +144,13 @@ def dot_waves():
                                            gemm_configs.MIN_STEPS_PER_SPLIT, max_per_sm=p)
 
     for n, k in [(192, 4160), (4096, 4096)]:
-        q = nv.quantize(torch.randn(n, k, device="cuda", dtype=torch.bfloat16))
-        w = (*ops.tile_weight(q.data, q.scale.view(torch.uint8)), q.global_scale)
+        q, w = tiled_weight(n, k)
         for m in (32, 64):
             x = torch.randn(m, k, device="cuda", dtype=torch.bfloat16)
-            ref = x.double() @ q.dequantize(torch.float32).double().T
             for p in per_sm[m]:
                 got = gemm_splitk(x, w[0], w[1], w[2], None, torch.float32, False, config=config_of(m, n, k, p),
-                                  tiled_n=n, reg_mma=False).double()
-                err = ((got - ref).abs().max() / ref.abs().max()).item()
+                                  tiled_n=n, reg_mma=False)
+                err = rel_err(got, x, q)
                 assert err < 1e-3, (n, k, m, p, err)
     print("correct")
     print(f"{'K':>6} {'N':>6} {'M':>3} {'bf16':>7} {'shipped':>12} " + "  ".join(f"{'<= ' + str(p) + ' an SM'}" for p in per_sm[32]))

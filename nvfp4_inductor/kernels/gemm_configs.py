@@ -110,6 +110,7 @@ def splitk_config(m: int, n: int, k: int, num_sms: int, tiled: bool = False,
     weights, M <= 16; row-major, M <= 32); grouped: its grouped k-mapping (row-major weights, plain
     scales, M <= 8: REG_MMA_GROUPED_*)."""
     wide = n >= 16384
+    max_per_sm = None
     if reg_mma:
         block_n, block_k, per_sm, warps, stages = REG_MMA_CONFIG
         if m > 8:
@@ -118,13 +119,12 @@ def splitk_config(m: int, n: int, k: int, num_sms: int, tiled: bool = False,
             per_sm = REG_MMA_GROUPED_PER_SM
         if min_steps is None:
             min_steps = REG_MMA_GROUPED_MIN_STEPS if grouped else REG_MMA_MIN_STEPS[m > 8]
-        max_per_sm = REG_MMA_MAX_PER_SM_TWO_B if 8 < m <= 16 else None
+        if 8 < m <= 16:
+            max_per_sm = REG_MMA_MAX_PER_SM_TWO_B
     elif tiled:
         block_n, block_k, per_sm, warps, stages = TILED_CONFIG_WIDE_N if wide else TILED_CONFIG
-        max_per_sm = None
     else:
         block_n, block_k, per_sm, warps, stages = SPLITK_CONFIG_WIDE_N if wide else SPLITK_CONFIG
-        max_per_sm = None
     return _skinny_config(m, n, k, num_sms, block_n, block_k, per_sm, warps, stages, min_steps or 1,
                           max_per_sm)
 
