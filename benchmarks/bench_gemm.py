@@ -2,8 +2,9 @@
 
     python benchmarks/bench_gemm.py [--ms 4096]
 
-Times are CUDA-graph replays cycling through enough weight copies to overflow L2 (each call
-reads its weights from HBM, as in a real model). W4A4 includes quantizing x. The floor is the
+Times are CUDA-graph replays cycling through weight copies, each format's set 3x the L2 (each call
+reads its weights from HBM, as in a real model), at least 32 calls a replay. W4A4 includes
+quantizing x. The floor is the
 NVFP4 bytes (weights 0.5625 B/element, x and y in bf16) over the copy bandwidth measured here.
 """
 
@@ -21,8 +22,17 @@ SHAPES = [(4096, 4096), (4096, 14336), (14336, 4096), (8192, 28672)]  # (K, N)
 MS = [1, 16, 64, 256, 4096]
 
 
-def cycled_us(fn, weights) -> float:
-    return stream_us(fn, weights, rounds=2)
+def weight_copies(k: int, n: int, l2: int):
+    """-> (bf16 (N, K) weights, NVFP4 weights, their tiled parts + global scale): fresh random
+    copies, each format's set 3x the L2 in its own bytes (the NVFP4 set needs 3.56x more copies)."""
+    def copies(nbytes):
+        return max(2, math.ceil(3 * l2 / nbytes))
+
+    w_bf16 = [torch.randn(n, k, dtype=torch.bfloat16, device="cuda") for _ in range(copies(n * k * 2))]
+    w_fp4 = [nv.quantize(torch.randn(n, k, dtype=torch.bfloat16, device="cuda"))
+             for _ in range(copies(n * k * 0.5625))]
+    w_tiled = [(*torch.ops.nvfp4.tile_weight(q.data, q.scale.view(torch.uint8)), q.global_scale) for q in w_fp4]
+    return w_bf16, w_fp4, w_tiled
 
 
 def main() -> None:
@@ -43,19 +53,16 @@ def main() -> None:
           f" {'deq16 x':>7} {'floor x':>7}")
     ops = torch.ops.nvfp4
     for k, n in SHAPES:
-        copies = max(2, math.ceil(3 * l2 / (n * k * 2)))
-        w_bf16 = [torch.randn(n, k, dtype=torch.bfloat16, device="cuda") for _ in range(copies)]
-        w_fp4 = [nv.quantize(w) for w in w_bf16]
-        w_tiled = [(*ops.tile_weight(q.data, q.scale.view(torch.uint8)), q.global_scale) for q in w_fp4]
+        w_bf16, w_fp4, w_tiled = weight_copies(k, n, l2)
         for m in ms:
             x = torch.randn(m, k, dtype=torch.bfloat16, device="cuda")
-            bf16 = cycled_us(lambda w: x @ w.T, w_bf16)
-            w4a16 = cycled_us(lambda w: nv.linear(x, w), w_fp4)
-            w4a4 = cycled_us(lambda w: nv.linear(x, w, activation="nvfp4"), w_fp4)
-            t16 = cycled_us(lambda w: ops.linear_tiled(x, *w, None, n, "bf16"), w_tiled)
-            t4 = cycled_us(lambda w: ops.linear_tiled(x, *w, None, n, "nvfp4"), w_tiled)
+            bf16 = stream_us(lambda w: x @ w.T, w_bf16)
+            w4a16 = stream_us(lambda w: nv.linear(x, w), w_fp4)
+            w4a4 = stream_us(lambda w: nv.linear(x, w, activation="nvfp4"), w_fp4)
+            t16 = stream_us(lambda w: ops.linear_tiled(x, *w, None, n, "bf16"), w_tiled)
+            t4 = stream_us(lambda w: ops.linear_tiled(x, *w, None, n, "nvfp4"), w_tiled)
             gemm_configs.FORCE_PATH = "dequant_cublas"
-            deq16 = cycled_us(lambda w: nv.linear(x, w), w_fp4)
+            deq16 = stream_us(lambda w: nv.linear(x, w), w_fp4)
             gemm_configs.FORCE_PATH = None
             floor = (n * k * 0.5625 + 2 * m * k + 2 * m * n) / copy / 1e3
             times = (w4a16, w4a4, t16, t4, deq16, floor)

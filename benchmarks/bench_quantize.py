@@ -53,9 +53,14 @@ def graph_us(fn, calls: int = 50, reps: int = 20) -> float:
     return sorted(times)[len(times) // 2]
 
 
-def stream_us(fn, inputs, rounds: int = 3, reps: int = 10) -> float:
+def stream_us(fn, inputs, rounds: int = 3, reps: int = 10, min_calls: int = 32) -> float:
     """Time of one fn(x), from CUDA-graph replays of calls cycling through `inputs` (together
-    larger than L2): the GPU's time alone, without the host's launch overhead."""
+    larger than L2): the GPU's time alone, without the host's launch overhead. At least
+    `min_calls` calls a replay (more rounds where there are few inputs): a replay's start is not
+    free (H100, an empty kernel: 12.1 us a replay of 1 launch, 19.3 of 4, 31.4 of 32, 0.8 a
+    launch at 128), and with 4 calls a replay it weighed ~0.5-1 us on each 8-17 us kernel
+    (session 31, benchmarks/NOTES.md)."""
+    rounds = max(rounds, math.ceil(min_calls / len(inputs)))
     return graph_us(lambda: [fn(x) for x in inputs], calls=rounds, reps=reps) / len(inputs)
 
 

@@ -12,8 +12,8 @@ import sys
 
 import torch
 import triton
+from bench_gemm import weight_copies
 from bench_quantize import copy_bandwidth_gbs, stream_us
-from probe_mma import _weights
 
 import nvfp4_inductor as nv
 from nvfp4_inductor.kernels import gemm_configs
@@ -56,7 +56,7 @@ def main():
     cols = ["bf16 M16", "M1", "M8", "M16", "M16 x-stride0", "M9"]
     print(f"{'K':>6} {'N':>6} " + " ".join(f"{c:>13}" for c in cols))
     for k, n in SHAPES:
-        w_b, w_q, w_t = _weights(k, n, l2)
+        w_b, w_q, w_t = weight_copies(k, n, l2)
         x16 = torch.randn(16, k, dtype=torch.bfloat16, device="cuda")
         xs0 = torch.randn(1, k, dtype=torch.bfloat16, device="cuda").expand(16, k)
         times = [stream_us(lambda w: x16 @ w.T, w_b)]
@@ -115,7 +115,7 @@ def occupancy():
     print(f"{'K':>6} {'N':>6} " + " ".join(f"{f'{r}/{p}/{c}':>12}" for r, p, c in variants)
           + "  (maxnreg / per SM rounded up / at most: us (splits))")
     for k, n in SHAPES:
-        w_b, w_q, w_t = _weights(k, n, l2)
+        w_b, w_q, w_t = weight_copies(k, n, l2)
         x = torch.randn(16, k, dtype=torch.bfloat16, device="cuda")
         cells = []
         for maxnreg, per_sm, max_per_sm in variants:
@@ -155,7 +155,7 @@ def dot_waves():
     print("correct")
     print(f"{'K':>6} {'N':>6} {'M':>3} {'bf16':>7} {'shipped':>12} " + "  ".join(f"{'<= ' + str(p) + ' an SM'}" for p in per_sm[32]))
     for k, n in SHAPES:
-        w_b, w_q, w_t = _weights(k, n, l2)
+        w_b, w_q, w_t = weight_copies(k, n, l2)
         for m in (32, 64):
             x = torch.randn(m, k, dtype=torch.bfloat16, device="cuda")
             shipped = gemm_configs.splitk_config(m, n, k, sms, tiled=True, min_steps=gemm_configs.MIN_STEPS_PER_SPLIT)

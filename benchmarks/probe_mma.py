@@ -16,6 +16,7 @@ import sys
 
 import torch
 import triton
+from bench_gemm import weight_copies
 from bench_quantize import copy_bandwidth_gbs, stream_us
 
 import nvfp4_inductor as nv
@@ -124,14 +125,6 @@ def min_steps_sweep() -> None:
 BLOCK_SHAPES = SHAPES[:4] + [(4096, 6144), (4096, 28672)]  # and the decoder block's merged q / k / v, gate / up
 
 
-def _weights(k: int, n: int, l2: int):
-    """-> (bf16 copies, NVFP4 copies, their tiled parts + global scale), each set beyond L2."""
-    copies = max(2, math.ceil(3 * l2 / (n * k * 0.5625)))
-    w_bf16 = [torch.randn(n, k, dtype=torch.bfloat16, device="cuda") for _ in range(max(2, copies // 3))]
-    w_q = [nv.quantize(torch.randn(n, k, dtype=torch.bfloat16, device="cuda")) for _ in range(copies)]
-    return w_bf16, w_q, [(*ops.tile_weight(q.data, q.scale.view(torch.uint8)), q.global_scale) for q in w_q]
-
-
 def _reg_mma_us(x, n: int, k: int, sms: int, per_sm: int, w_tiled) -> tuple[float, int]:
     """-> (us, splits) of the register-fed kernel above M = 8 with per_sm programs per SM planned."""
     config = gemm_configs._skinny_config(x.shape[0], n, k, sms, 64, 64, per_sm, gemm_mma.WARPS, 1,
@@ -151,7 +144,7 @@ def per_sm_sweep() -> None:
     print(f"{'K':>6} {'N':>6} {'M':>3} {'bf16':>7} " + " ".join(f"{'per SM ' + str(p):>14}" for p in per_sm)
           + "  (us, splits)")
     for k, n in BLOCK_SHAPES:
-        w_bf16, w_q, w_tiled = _weights(k, n, l2)
+        w_bf16, w_q, w_tiled = weight_copies(k, n, l2)
         for m in (9, 16):
             x = torch.randn(m, k, dtype=torch.bfloat16, device="cuda")
             cells = []
@@ -186,7 +179,7 @@ def m32_compare() -> None:
     cols = ["bf16", "tiled-dot"] + [f"reg{p}" for p in per_sm] + ["rows-reg", "rows-deq"]
     _print_header(cols, 9)
     for k, n in BLOCK_SHAPES:
-        w_bf16, w_q, w_tiled = _weights(k, n, l2)
+        w_bf16, w_q, w_tiled = weight_copies(k, n, l2)
         for m in (17, 32):
             x = torch.randn(m, k, dtype=torch.bfloat16, device="cuda")
             old = gemm_configs.splitk_config(m, n, k, sms, tiled=True, min_steps=gemm_configs.MIN_STEPS_PER_SPLIT)
@@ -254,7 +247,7 @@ def splits_sweep(rows: bool = False) -> None:
     l2 = torch.cuda.get_device_properties().L2_cache_size
     sms = torch.cuda.get_device_properties().multi_processor_count
     for k, n in BLOCK_SHAPES:
-        _, w_q, w_tiled = _weights(k, n, l2)
+        _, w_q, w_tiled = weight_copies(k, n, l2)
         weights = [(q.data, q.scale.view(torch.uint8), q.global_scale) for q in w_q] if rows else w_tiled
         for m in (1, 16):
             x = torch.randn(m, k, dtype=torch.bfloat16, device="cuda")
@@ -291,7 +284,7 @@ def sum_compare() -> None:
     shipped = getattr(gemm_configs, "SPLIT_SUM_PER_THREAD_BY_ROWS", {})
     print("us, run 1 / run 2 of each variant (" + ", ".join(SUM_VARIANTS) + ")")
     for k, n in BLOCK_SHAPES:
-        w_bf16, w_q, w_tiled = _weights(k, n, l2)
+        w_bf16, w_q, w_tiled = weight_copies(k, n, l2)
         layouts = {"tiled": (w_tiled, n), "rows": ([(q.data, q.scale.view(torch.uint8), q.global_scale) for q in w_q], None)}
         for m in (1, 8, 16):
             x = torch.randn(m, k, dtype=torch.bfloat16, device="cuda")
