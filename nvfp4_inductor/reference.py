@@ -152,7 +152,7 @@ def quantize(
     if global_scale is None:
         global_scale = compute_global_scale(x, per_row)
     else:
-        global_scale = global_scale.to(torch.float32, copy=True)
+        global_scale = global_scale.to(torch.float32, memory_format=torch.contiguous_format, copy=True)
     x_blocks = x.float().reshape(*lead, k // BLOCK_SIZE, BLOCK_SIZE)
     g_blocks = _row_broadcast(global_scale, len(lead))
     scale = block_scales(x_blocks, g_blocks)

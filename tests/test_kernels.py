@@ -63,6 +63,28 @@ def test_quantize_kernel_matches_reference(kernel_device, shape, swizzle, mode):
     _assert_quantize_matches(x, g, per_row, swizzle)
 
 
+def test_static_row_scales_with_any_strides(kernel_device):
+    """A per-row static scale given as a transposed view: each row still gets its own scale (the
+    kernel reads the scales as a contiguous list of rows), and the returned scale is contiguous,
+    as the fake kernel says."""
+    gen = torch.Generator().manual_seed(11)
+    x = (torch.randn(4, 6, 32, generator=gen) * 3).to(torch.bfloat16).to(kernel_device)
+    g_t = (torch.rand(6, 4, generator=gen) * 1e-3 + 1e-4).to(kernel_device).t()
+    assert not g_t.is_contiguous()
+    got = _assert_quantize_matches(x, g_t, True, False)
+    want = _reference_quantize(x, g_t.contiguous(), True, False)
+    for a, b in zip(got, want):
+        assert torch.equal(a.cpu(), b)
+    assert got[2].is_contiguous() and _reference_quantize(x, g_t, True, False)[2].is_contiguous()
+    data, scale, g = (t.to(kernel_device) for t in want)
+    g_strided = g.t().contiguous().t()  # the same per-row scales, other strides
+    assert not g_strided.is_contiguous()
+    for rows in (None, torch.tensor([5, 0, 3], device=kernel_device)):
+        want_x = dequantize_kernels.dequantize(data, scale, g, False, torch.float32, rows)
+        got_x = dequantize_kernels.dequantize(data, scale, g_strided, False, torch.float32, rows)
+        assert torch.equal(got_x, want_x)
+
+
 @pytest.mark.parametrize("swizzle", [False, True])
 @pytest.mark.parametrize("mode", ["dynamic", "static", "static_row"])
 def test_quantize_row_tiles_beyond_the_grid_rows(kernel_device, monkeypatch, swizzle, mode):

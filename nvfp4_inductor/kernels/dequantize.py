@@ -121,6 +121,8 @@ def dequantize(data, scale, global_scale, swizzled: bool, dtype, indices=None, t
     rows of the 2-D data named by them, as indices.shape + (K,). global_scale None: leave it out
     (e2m1 * block scale only). tiled_nk = (N, K): data and scale are nvfp4_inductor.tiled's 1-D
     layout of an (N, K) weight."""
+    if global_scale is not None:  # per row: read as a contiguous list of the rows' scales
+        global_scale = global_scale.contiguous()
     if tiled_nk is not None and global_scale is None and dtype == torch.bfloat16 and indices is None:
         n, k = tiled_nk
         out = torch.empty((n, k), dtype=dtype, device=data.device)

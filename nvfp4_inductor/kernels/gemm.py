@@ -165,6 +165,7 @@ def linear(x, w_data, w_scale, w_g, bias, w_swizzled: bool, activation: str):
 
     lead, k = x.shape[:-1], x.shape[-1]
     n = w_data.shape[0]
+    w_g = w_g.contiguous()  # per row: the kernels read it as a contiguous list
     x2 = x.reshape(-1, k)
     if x2.stride(-1) != 1:
         x2 = x2.contiguous()
@@ -235,6 +236,7 @@ def linear_tiled(x, w_data, w_scale, w_g, bias, n: int, activation: str, norm_h=
     from .dequantize import dequantize
 
     lead, k = x.shape[:-1], x.shape[-1]
+    w_g = w_g.contiguous()  # per row: the kernels read it as a contiguous list
     x2 = x.reshape(-1, k)
     if x2.stride(-1) != 1:
         x2 = x2.contiguous()

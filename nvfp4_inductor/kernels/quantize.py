@@ -440,8 +440,8 @@ def quantize(x: torch.Tensor, global_scale: torch.Tensor | None, per_row: bool, 
     amax_m, amax_k = AMAX_TILE
     sm90 = sm90_or_later(x.device)
     pdl = LAUNCH_PDL and sm90
-    if global_scale is not None:
-        mode, g_in = (G_STATIC_ROW if per_row else G_STATIC), global_scale
+    if global_scale is not None:  # per row: read as a contiguous list of the rows' scales
+        mode, g_in = (G_STATIC_ROW if per_row else G_STATIC), global_scale.contiguous()
     elif per_row:
         mode, g_in, write_g = G_STATIC_ROW, g_out, False
         if m:
