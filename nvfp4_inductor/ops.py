@@ -319,6 +319,7 @@ def _never_called(ctx, *grads):
 # Quantization is a step function: its outputs (codes, scales, the global scale) carry no
 # gradient, rather than requiring one that backward cannot give.
 quantize.register_autograd(_never_called, setup_context=_no_gradient)
+quantize_weight.register_autograd(_never_called, setup_context=_no_gradient)
 
 
 @torch.library.custom_op("nvfp4::tile_weight", mutates_args=())

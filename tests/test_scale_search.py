@@ -374,3 +374,16 @@ def test_device_global_scale_is_the_correctly_rounded_quotient():
     on_gpu = reference.global_scale_from_amax(amax.cuda()).cpu()
     assert torch.equal(on_gpu, reference.global_scale_from_amax(amax))
     assert torch.equal(on_gpu, (amax.double() / 2688).float())  # correctly rounded
+
+
+def test_searched_weights_carry_no_gradient():
+    # quantize's outputs carry no gradient whatever the method: a W4A16 linear on a weight searched
+    # from a Linear that requires grad backpropagates to x (it raised: quantize_weight had no
+    # autograd formula)
+    linear = nn.Linear(32, 16)
+    for method in ("rtn", "mse"):
+        q = nv.quantize(linear.weight, method=method)
+        assert not (q.data.requires_grad or q.scale.requires_grad or q.global_scale.requires_grad)
+        x = torch.randn(2, 32, requires_grad=True)
+        nv.linear(x, q).sum().backward()
+        assert x.grad is not None and x.grad.shape == x.shape
