@@ -143,13 +143,19 @@ def _install_compile_callbacks() -> bool:
 def compile(model, config: Config | None = None, *, mode=None, options=None, **compile_kwargs):
     """torch.compile(model, backend="nvfp4") for inference: every call runs under torch.no_grad(),
     and whenever Dynamo traces during a call it does so preparing freezing, so the weights are
-    quantized once, at compile time."""
+    quantized once, at compile time. The Config comes as config, or as options["nvfp4"] (what
+    torch.compile(backend="nvfp4", options=...) takes), not both."""
+    options = dict(options or {})
+    if CONFIG_KEY in options:
+        if config is not None:
+            raise ValueError(f"a Config given twice: as config and as options['{CONFIG_KEY}']")
+        config = options.pop(CONFIG_KEY)
     if config is not None:
         if not isinstance(config, Config):
             raise TypeError(f"config must be an nvfp4_inductor.Config; got {type(config).__name__}")
         _check_weight_method(config)
     # torch.compile takes mode or options, not both: the mode travels as the options it stands for.
-    options = {**_inductor_patches(mode, options or {}), CONFIG_KEY: config or Config()}
+    options = {**_inductor_patches(mode, options), CONFIG_KEY: config or Config()}
     compiled = torch.compile(model, backend="nvfp4", options=options, **compile_kwargs)
 
     def run(*args, **kwargs):

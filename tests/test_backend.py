@@ -263,6 +263,19 @@ def test_modes_options_and_bad_config():
     torch._dynamo.reset()
     with pytest.raises(Exception, match="must be an nvfp4_inductor.Config"):
         torch.compile(model, backend="nvfp4", options={"nvfp4": "bf16"})(x)
+    # nv.compile takes the Config as torch.compile's options carry it too (it was dropped for the
+    # default Config), and a Config given both ways is an error
+    torch._dynamo.reset()
+    every_layer = nv.Config(activations="bf16", skip_output_head=False)  # not the default Config
+    with torch.no_grad():
+        h = nv.linear(torch.relu(nv.linear(x, nv.quantize(model.up.weight), model.up.bias)),
+                      nv.quantize(model.down.weight))
+        want = nv.linear(h, nv.quantize(model.lm_head.weight), model.lm_head.bias)
+    assert torch.equal(nv.compile(model, options={"nvfp4": every_layer})(x), want)
+    with pytest.raises(TypeError, match="must be an nvfp4_inductor.Config"):
+        nv.compile(model, options={"nvfp4": "bf16"})
+    with pytest.raises(ValueError, match="a Config given twice"):
+        nv.compile(model, nv.Config(), options={"nvfp4": nv.Config()})
 
 
 def test_converted_model_compiles_through_the_backend(caplog):
