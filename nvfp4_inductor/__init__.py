@@ -17,10 +17,11 @@ from .api import (
 )
 
 from .backend import compile  # noqa: A004  (nvfp4_inductor.compile, like torch.compile)
-from .calibrate import collect_hessians
+from .calibrate import collect_hessians, collect_input_scales
 
 __all__ = [
     "NVFP4", "quantize", "dequantize", "dequantize_rows", "swizzle_scales", "unswizzle_scales",
     "linear", "Config", "convert", "NVFP4Linear", "ConversionReport", "compile", "collect_hessians",
+    "collect_input_scales",
 ]
 __version__ = "0.1.0"

@@ -48,7 +48,8 @@ def _scale_bits(name: str, scale) -> Tensor:
     return scale.view(torch.uint8)
 
 
-def _global_scale_tensor(global_scale, x: Tensor, per_row: bool) -> Tensor | None:
+def _global_scale_tensor(global_scale, x: Tensor, per_row: bool,
+                         name: str = "global_scale") -> Tensor | None:
     """None, a positive finite Python number, or an fp32 tensor -> None or an fp32 tensor."""
     if global_scale is None or isinstance(global_scale, Tensor):
         if isinstance(global_scale, Tensor) and not per_row and global_scale.numel() == 1:
@@ -56,13 +57,13 @@ def _global_scale_tensor(global_scale, x: Tensor, per_row: bool) -> Tensor | Non
         return global_scale
     if isinstance(global_scale, bool) or not isinstance(global_scale, numbers.Real):
         raise TypeError(
-            f"global_scale must be None, a float or a float32 tensor; got {type(global_scale).__name__}"
+            f"{name} must be None, a float or a float32 tensor; got {type(global_scale).__name__}"
         )
     if per_row:
-        raise ValueError("per_row=True needs a global_scale tensor of shape x.shape[:-1], not a number")
+        raise ValueError(f"per_row=True needs a {name} tensor of shape x.shape[:-1], not a number")
     g = torch.tensor(float(global_scale), dtype=torch.float32)  # the value used: fp32
     if not (math.isfinite(g.item()) and g.item() > 0):
-        raise ValueError(f"global_scale must be finite and > 0 in float32; got {global_scale} "
+        raise ValueError(f"{name} must be finite and > 0 in float32; got {global_scale} "
                          f"({g.item()} in float32)")
     return g.to(x.device)
 
@@ -155,11 +156,16 @@ def unswizzle_scales(swizzled: Tensor, rows: int, cols: int) -> Tensor:
     return ops.unswizzle_scales(_scale_bits("swizzled", swizzled), rows, cols).view(swizzled.dtype)
 
 
-def linear(x: Tensor, w_q: NVFP4, bias: Tensor | None = None, *, activation: str = "bf16") -> Tensor:
+def linear(x: Tensor, w_q: NVFP4, bias: Tensor | None = None, *, activation: str = "bf16",
+           x_global_scale=None) -> Tensor:
     """y = x @ W^T (+ bias): x (..., K), w_q NVFP4 (N, K) -> (..., N) in x.dtype.
 
-    activation "bf16": x is used as bf16 (W4A16); "nvfp4": x is quantized on the fly with a
-    dynamic per-tensor global scale (W4A4).
+    activation "bf16": x is used as bf16 (W4A16); "nvfp4": x is quantized on the fly (W4A4) with a
+    per-tensor global scale, computed from x on the device, or x_global_scale where given (a
+    float, or an fp32 tensor of shape (); a calibrated static scale, see collect_input_scales:
+    x's amax is then not computed, and values beyond 6 * 448 * x_global_scale saturate; the
+    product of the two global scales multiplies the result, as in the CUDA kernels).
+    W4A4 has no gradient for x: a backward through it raises.
     """
     _checks.check_tensor("x", x, _checks.FLOAT_DTYPES)
     w_scale, g = _check_nvfp4("w_q", w_q)
@@ -167,4 +173,15 @@ def linear(x: Tensor, w_q: NVFP4, bias: Tensor | None = None, *, activation: str
         _checks.check_tensor("bias", bias, _checks.FLOAT_DTYPES)
     if not isinstance(activation, str):
         raise TypeError(f"activation must be a str, one of {_checks.ACTIVATIONS}; got {activation!r}")
-    return ops.linear(x, w_q.data, w_scale, g, bias, w_q.swizzled, activation)
+    if x_global_scale is None:
+        return ops.linear(x, w_q.data, w_scale, g, bias, w_q.swizzled, activation)
+    if activation != "nvfp4":
+        raise ValueError(f'x_global_scale quantizes x: it needs activation="nvfp4"; got {activation!r}')
+    g_x = _global_scale_tensor(x_global_scale, x, False, "x_global_scale")
+    _checks.check_global_scale("x_global_scale", g_x, x.shape[:-1], False, "x", x)
+    # W4A4 as its CUDA kernels compute it: x's codes times their block scales (exact in bf16, and
+    # in x.dtype) multiplied as W4A16, the two global scales applied as one product (g * g_x) in
+    # the epilogue. (The CPU reference of dynamic W4A4 applies g_x to x first: fp32 rounding apart.)
+    # A backward through it raises, as W4A4's does (quantize_values has no gradient).
+    values, g_x = ops.quantize_values(x, g_x)
+    return ops.linear(values.to(x.dtype), w_q.data, w_scale, g * g_x, bias, w_q.swizzled, "bf16")

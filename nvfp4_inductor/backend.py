@@ -30,13 +30,18 @@ def _inductor_patches(mode, options: dict) -> dict:
     return patches
 
 
-def _check_weight_method(config: Config) -> None:
+def _check_no_calibration_data(config: Config) -> None:
     if config.weight_method == "hessian":
         raise ValueError(
             'backend="nvfp4" cannot use weight_method="hessian" (the graph has no calibration '
             "data keyed by its parameter names): run nvfp4_inductor.convert(model, "
             'Config(weight_method="hessian", hessians=collect_hessians(model, batches))) first, '
             "then compile the converted model")
+    if config.input_scales is not None:
+        raise ValueError(
+            'backend="nvfp4" cannot use Config.input_scales (the graph has no calibration data keyed '
+            'by its parameter names): run nvfp4_inductor.convert(model, Config(activations="nvfp4", '
+            'input_scales=collect_input_scales(model, batches))) first, then compile the converted model')
 
 
 def nvfp4_backend(gm: torch.fx.GraphModule, example_inputs, mode=None, options=None):
@@ -45,7 +50,7 @@ def nvfp4_backend(gm: torch.fx.GraphModule, example_inputs, mode=None, options=N
     config = options.pop(CONFIG_KEY, None) or Config()
     if not isinstance(config, Config):
         raise TypeError(f"options['{CONFIG_KEY}'] must be an nvfp4_inductor.Config; got {config!r}")
-    _check_weight_method(config)
+    _check_no_calibration_data(config)
     patches = _inductor_patches(mode, options)
     lifted = sum(isinstance(t, nn.Parameter) for t in example_inputs)
     if torch.is_grad_enabled() or lifted:
@@ -153,7 +158,7 @@ def compile(model, config: Config | None = None, *, mode=None, options=None, **c
     if config is not None:
         if not isinstance(config, Config):
             raise TypeError(f"config must be an nvfp4_inductor.Config; got {type(config).__name__}")
-        _check_weight_method(config)
+        _check_no_calibration_data(config)
     # torch.compile takes mode or options, not both: the mode travels as the options it stands for.
     options = {**_inductor_patches(mode, options), CONFIG_KEY: config or Config()}
     compiled = torch.compile(model, backend="nvfp4", options=options, **compile_kwargs)

@@ -39,6 +39,11 @@ class Config:
     hessians: for "hessian", {layer name: (in_features/16, 16, 16) fp32}, e.g. from
         nvfp4_inductor.collect_hessians; every converted layer needs one. Not supported under
         backend="nvfp4" (convert() first, then compile).
+    input_scales: {layer name: fp32 () global scale of its input}, e.g. from
+        nvfp4_inductor.collect_input_scales: W4A4 layers (activations "nvfp4", or "auto" where it
+        means W4A4) then quantize their input with this static (calibrated) scale instead of one
+        computed from each input; every converted layer needs one. Not supported under
+        backend="nvfp4" (convert() first, then compile).
     merge_linears: under backend="nvfp4", linears that read the same input (q / k / v, gate /
         up) become one GEMM at decode sizes (at most 64 rows), each weight keeping its own global
         scale (nvfp4_inductor/rewrite.py).
@@ -54,6 +59,7 @@ class Config:
     min_weight_numel: int = 0
     weight_method: str = "rtn"
     hessians: dict | None = field(default=None, compare=False)  # tensors: not hashed / compared
+    input_scales: dict | None = field(default=None, compare=False)
     merge_linears: bool = True
     fuse_norms: bool = True
 
@@ -69,6 +75,13 @@ class Config:
             raise TypeError(f"hessians must be a dict {{layer name: tensor}} or None; got "
                             f"{type(self.hessians).__name__}")
         _checks.check_weight_method(self.weight_method, self.hessians)
+        if self.input_scales is not None:
+            if not isinstance(self.input_scales, dict):
+                raise TypeError(f"input_scales must be a dict {{layer name: tensor}} or None; got "
+                                f"{type(self.input_scales).__name__}")
+            if self.activations == "bf16":
+                raise ValueError('input_scales quantize activations: they need activations="nvfp4" '
+                                 '(or "auto", W4A4 where the GPU multiplies NVFP4); got "bf16"')
         _checks.check_bool("merge_linears", self.merge_linears)
         _checks.check_bool("fuse_norms", self.fuse_norms)
 
@@ -86,16 +99,31 @@ def _resolve_activation(mode: str, x: torch.Tensor) -> str:
     return "bf16"
 
 
+def _checked_input_scale(name: str, input_scale) -> torch.Tensor:
+    """A static global scale of x: an fp32 tensor of one element, finite and > 0 -> its 0-d view."""
+    _checks.check_tensor(name, input_scale, (torch.float32,))
+    if input_scale.numel() != 1:
+        raise ValueError(f"{name} must hold one per-tensor scale; got shape {tuple(input_scale.shape)}")
+    value = input_scale.detach().reshape(())
+    if not (torch.isfinite(value) and value > 0):  # set once, not per call: a sync is fine
+        raise ValueError(f"{name} must be finite and > 0; got {value.item()}")
+    return value
+
+
 class NVFP4Linear(nn.Module):
-    """y = x @ W^T + b with W held as NVFP4 (ModelOpt names: weight, weight_scale, weight_scale_2).
+    """y = x @ W^T + b with W held as NVFP4 (ModelOpt names: weight, weight_scale, weight_scale_2;
+    input_scale, where set, the static global scale W4A4 quantizes x with: see
+    collect_input_scales. None: computed from each x on the device).
 
     Module casts (`.half()`, `.to(torch.bfloat16)`, ...) change the bias, never the NVFP4 buffers
     (only their device). The state dict holds the plain (N, K/16) scale layout whatever the module
-    holds (a swizzled weight's scales are unswizzled on save and swizzled back on load)."""
+    holds (a swizzled weight's scales are unswizzled on save and swizzled back on load), and
+    input_scale where set (loading one sets it)."""
 
-    _NVFP4_BUFFERS = ("weight", "weight_scale", "weight_scale_2")
+    _NVFP4_BUFFERS = ("weight", "weight_scale", "weight_scale_2", "input_scale")
 
-    def __init__(self, weight: api.NVFP4, bias: torch.Tensor | None, activations: str = "auto"):
+    def __init__(self, weight: api.NVFP4, bias: torch.Tensor | None, activations: str = "auto",
+                 input_scale: torch.Tensor | None = None):
         super().__init__()
         if not isinstance(weight, api.NVFP4):
             raise TypeError(f"weight must be an nvfp4_inductor.NVFP4; got {type(weight).__name__}")
@@ -110,12 +138,23 @@ class NVFP4Linear(nn.Module):
         self.register_buffer("weight", weight.data)
         self.register_buffer("weight_scale", weight.scale)
         self.register_buffer("weight_scale_2", weight.global_scale)
+        self.register_buffer("input_scale", None)
+        if input_scale is not None:
+            self.set_input_scale(input_scale)
         self.bias = None if bias is None else nn.Parameter(bias.detach(), requires_grad=False)
+
+    def set_input_scale(self, input_scale: torch.Tensor | None) -> None:
+        """Set (an fp32 tensor with one element, finite and > 0; it is moved to the weight's
+        device) or clear (None) the static global scale of x for W4A4."""
+        if input_scale is not None:
+            input_scale = _checked_input_scale("input_scale", input_scale).to(self.weight.device, copy=True)
+        self.input_scale = input_scale
 
     def _apply(self, fn, recurse=True):
         """Module casts move the NVFP4 buffers to fn's device but keep their dtypes: `.half()`
         would otherwise turn the e4m3 scales into fp16 and round the fp32 global scale."""
-        before = {name: self._buffers[name] for name in self._NVFP4_BUFFERS}
+        before = {name: self._buffers[name] for name in self._NVFP4_BUFFERS
+                  if self._buffers[name] is not None}
         super()._apply(fn, recurse)
         for name, old in before.items():
             new = self._buffers[name]
@@ -134,6 +173,9 @@ class NVFP4Linear(nn.Module):
         plain = (self.out_features, self.in_features // BLOCK_SIZE)
         if self.swizzled and key in state_dict and tuple(state_dict[key].shape) == plain:
             state_dict[key] = api.swizzle_scales(state_dict[key].to(self.weight_scale.dtype))
+        key = prefix + "input_scale"
+        if self.input_scale is None and key in state_dict:  # a calibrated checkpoint: a slot to load into
+            self.input_scale = torch.empty((), dtype=torch.float32, device=self.weight.device)
         super()._load_from_state_dict(state_dict, prefix, *args, **kwargs)
 
     @classmethod
@@ -152,12 +194,15 @@ class NVFP4Linear(nn.Module):
                          torch.Size((self.out_features, self.in_features)), self.swizzled)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return api.linear(x, self.nvfp4_weight(), self.bias,
-                          activation=_resolve_activation(self.activations, x))
+        activation = _resolve_activation(self.activations, x)
+        x_global_scale = self.input_scale if activation == "nvfp4" else None  # W4A16 has no use for it
+        return api.linear(x, self.nvfp4_weight(), self.bias, activation=activation,
+                          x_global_scale=x_global_scale)
 
     def extra_repr(self) -> str:
+        static = ", static input_scale" if self.input_scale is not None else ""
         return (f"in_features={self.in_features}, out_features={self.out_features}, "
-                f"bias={self.bias is not None}, activations={self.activations}")
+                f"bias={self.bias is not None}, activations={self.activations}{static}")
 
 
 @dataclass
@@ -248,6 +293,19 @@ def _layer_hessians(config: Config, layers) -> dict:
     return found
 
 
+def _layer_input_scales(config: Config, layers) -> dict:
+    """Config.input_scales for the layers to convert, checked before any layer is replaced (a
+    missing one is an error: that layer would quantize x with a scale of its own instead)."""
+    if config.input_scales is None:
+        return {}
+    missing = [name for name, _ in layers if name not in config.input_scales]
+    if missing:
+        raise ValueError(f"Config.input_scales has no input scale for layers {missing} "
+                         "(collect_input_scales(model, batches) collects one per nn.Linear)")
+    return {name: _checked_input_scale(f"input_scales[{name!r}]", config.input_scales[name])
+            for name, _ in layers}
+
+
 def convert(model: nn.Module, config: Config | None = None) -> ConversionReport:
     """Replace, in place, every eligible nn.Linear of model by an NVFP4Linear; returns a report.
 
@@ -282,7 +340,9 @@ def convert(model: nn.Module, config: Config | None = None) -> ConversionReport:
         if "" in own:  # convert(nn.Linear(...)): nothing holds it to swap
             reason = "the model itself: use NVFP4Linear.from_linear(model)"
         targets.append((own, module, reason))
-    hessians = _layer_hessians(config, [(own[0], m) for own, m, reason in targets if reason is None])
+    converting = [(own[0], m) for own, m, reason in targets if reason is None]
+    hessians = _layer_hessians(config, converting)
+    input_scales = _layer_input_scales(config, converting)
     for own, module, reason in targets:
         if reason is not None:
             report.skipped.update(dict.fromkeys(own, reason))
@@ -290,6 +350,7 @@ def convert(model: nn.Module, config: Config | None = None) -> ConversionReport:
         with torch.no_grad():
             replacement = NVFP4Linear.from_linear(module, config.activations, config.weight_method,
                                                   hessians.get(own[0]))
+            replacement.set_input_scale(input_scales.get(own[0]))
         for name in own:
             parent_name, _, child = name.rpartition(".")
             parent = model.get_submodule(parent_name) if parent_name else model

@@ -123,28 +123,28 @@ def _(x, global_scale, per_row, swizzle):
 
 
 @torch.library.custom_op("nvfp4::quantize_values", mutates_args=())
-def quantize_values(x: Tensor) -> tuple[Tensor, Tensor]:
-    """(..., K) float -> (values bf16 (..., K), global scale fp32 ()): x quantized to NVFP4 (dynamic
-    per-tensor scale, as quantize) and decoded without its global scale, e2m1 * block scale, which
-    is exact in bf16. W4A4 on GPUs without FP4 tensor cores multiplies these (one kernel instead of
-    quantize + dequantize, and no decode of x inside the GEMM); the global scale joins the weight's
-    in the epilogue."""
-    _checks.check_quantize_args(x, None, False)
-    return reference.quantize_values(x)
+def quantize_values(x: Tensor, global_scale: Tensor | None = None) -> tuple[Tensor, Tensor]:
+    """(..., K) float -> (values bf16 (..., K), global scale fp32 ()): x quantized to NVFP4 (per-tensor
+    scale, as quantize: dynamic when None, else the given fp32 () one) and decoded without its
+    global scale, e2m1 * block scale, which is exact in bf16. W4A4 on GPUs without FP4 tensor
+    cores multiplies these (one kernel instead of quantize + dequantize, and no decode of x inside
+    the GEMM); the global scale joins the weight's in the epilogue."""
+    _checks.check_quantize_args(x, global_scale, False)
+    return reference.quantize_values(x, global_scale)
 
 
 @quantize_values.register_fake
-def _(x):
-    _checks.check_quantize_args(x, None, False)
+def _(x, global_scale=None):
+    _checks.check_quantize_args(x, global_scale, False)
     return x.new_empty(x.shape, dtype=torch.bfloat16), x.new_empty((), dtype=torch.float32)
 
 
 @quantize_values.register_kernel("cuda")
-def _(x):
+def _(x, global_scale=None):
     from .kernels.quantize import quantize as quantize_triton
 
-    _checks.check_quantize_args(x, None, False)
-    values, _, g = quantize_triton(x, None, False, False, values=True)
+    _checks.check_quantize_args(x, global_scale, False)
+    values, _, g = quantize_triton(x, global_scale, False, False, values=True)
     return values, g
 
 
@@ -320,6 +320,20 @@ def _never_called(ctx, *grads):
 # gradient, rather than requiring one that backward cannot give.
 quantize.register_autograd(_never_called, setup_context=_no_gradient)
 quantize_weight.register_autograd(_never_called, setup_context=_no_gradient)
+
+
+def _values_setup_context(ctx, inputs, output):
+    ctx.mark_non_differentiable(output[1])  # the global scale
+
+
+def _values_backward(ctx, grad_values, grad_g):
+    """quantize_values' values stand for x in W4A4 (nv.linear with a static x_global_scale
+    multiplies them as W4A16 does): as nvfp4::linear's W4A4, an error rather than zeros."""
+    raise RuntimeError("W4A4 (activation='nvfp4') quantizes x, which has no gradient; use "
+                       "activation='bf16' (W4A16) to backpropagate through an NVFP4 linear")
+
+
+quantize_values.register_autograd(_values_backward, setup_context=_values_setup_context)
 
 
 @torch.library.custom_op("nvfp4::tile_weight", mutates_args=())

@@ -166,10 +166,11 @@ def quantize(
     return data, scale, global_scale
 
 
-def quantize_values(x: Tensor) -> tuple[Tensor, Tensor]:
-    """(..., K) float -> (values bf16 (..., K), g fp32 ()): x quantized with a dynamic per-tensor
-    global scale and decoded without it, e2m1 * block scale (exact in bf16)."""
-    data, scale, g = quantize(x, None, False)
+def quantize_values(x: Tensor, global_scale: Tensor | None = None) -> tuple[Tensor, Tensor]:
+    """(..., K) float -> (values bf16 (..., K), g fp32 ()): x quantized with a per-tensor global
+    scale (computed from x when None, else the given one, e.g. calibrated) and decoded without
+    it, e2m1 * block scale (exact in bf16)."""
+    data, scale, g = quantize(x, global_scale, False)
     return dequantize(data, scale, torch.ones_like(g), torch.bfloat16), g
 
 
