@@ -179,10 +179,11 @@ def check_linear_args(x, w_data, w_scale, w_global_scale, bias, w_swizzled, acti
     if activation not in ACTIVATIONS:
         raise ValueError(f"activation must be one of {ACTIVATIONS}; got {activation!r}")
     check_float_input("x", x)
-    k = check_nvfp4("w", w_data, w_scale, w_global_scale, w_swizzled)
+    # named as nv.linear's argument (w_q), what the user passed
+    k = check_nvfp4("w_q", w_data, w_scale, w_global_scale, w_swizzled)
     if w_data.dim() != 2:
-        raise ValueError(f"w.data must be 2-D (N, K/2); got shape {tuple(w_data.shape)}")
-    check_same_device("w.data", w_data, "x", x)
+        raise ValueError(f"w_q.data must be 2-D (N, K/2); got shape {tuple(w_data.shape)}")
+    check_same_device("w_q.data", w_data, "x", x)
     if x.shape[-1] != k:
         raise ValueError(f"x.shape[-1] = {x.shape[-1]} does not match the weight's K = {k}")
     _check_bias(bias, w_data.shape[0], x)

@@ -1,7 +1,7 @@
 """Eager model conversion: `convert(model, config)` swaps `nn.Linear` layers for `NVFP4Linear`,
 which keeps only the NVFP4 weight (the bf16 copy is freed) and runs `nvfp4_inductor.linear`.
 
-The weight is stored under the ModelOpt checkpoint names (SPEC §4): `weight` uint8 (N, K/2),
+The weight is stored under the ModelOpt checkpoint names: `weight` uint8 (N, K/2),
 `weight_scale` float8_e4m3fn (N, K/16), `weight_scale_2` fp32 (the decode global scale).
 """
 
@@ -27,7 +27,7 @@ class Config:
     """User options for NVFP4 conversion.
 
     activations: "bf16" (W4A16), "nvfp4" (W4A4), or "auto": W4A4 where the GPU multiplies NVFP4
-        natively (sm_100), else W4A16.
+        natively (sm_100 and newer), else W4A16.
     include: called with (qualified name, module); a layer is converted only where it returns
         True. None converts every eligible layer.
     skip_output_head: leave layers whose last name component is one of OUTPUT_HEAD_NAMES in bf16.

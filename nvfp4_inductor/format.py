@@ -1,4 +1,5 @@
-"""NVFP4 format constants: the one place the magic numbers live (SPEC §1-§3).
+"""NVFP4 format constants: the one place the magic numbers live (the README's
+numerics contract).
 
 An NVFP4 tensor is FP4 E2M1 codes, one FP8 E4M3 scale per 16 consecutive elements along K,
 and one FP32 global scale (per tensor, or per row).

@@ -1,7 +1,7 @@
 """The NVFP4 contract in executable form: pure torch, fp32 inside, any device.
 
 Every kernel in this package (eager Triton, Inductor-generated) must reproduce these codes and
-scales bit for bit. The exact fp32 operation order, chosen once (SPEC §2):
+scales bit for bit. The exact fp32 operation order, chosen once:
 
     amax   = max |x| over the finite elements (per tensor, or per row)
     g      = amax / 2688                      (fp32 division); g = 1 where that is 0
@@ -11,7 +11,8 @@ scales bit for bit. The exact fp32 operation order, chosen once (SPEC §2):
     code   = signbit(x) << 3 | e2m1_rne_index(|y|)         (saturating at 6)
 
 Multiplying by a per-block reciprocal rather than dividing every element is a choice for the
-kernels: a memory-bound quantizer on an H200 has ~8 instructions per byte moved (SPEC §5), and a
+kernels: a memory-bound quantizer on an H200 has ~8 instructions per byte moved (its issue rate over
+its HBM bandwidth), and a
 correctly rounded fp32 division costs about ten. It is also what the widely used CUDA NVFP4
 quantizers do. Ties stay ties wherever s * g is a power of two (the reciprocal is then exact).
 

@@ -1,11 +1,11 @@
 """Weight scale search: the pure-torch reference (a brute-force sweep) for `method="mse"` and
 `method="hessian"`, and the CPU implementation of `nvfp4::quantize_weight`.
 
-Round-to-nearest (`method="rtn"`, SPEC §2) takes the block scale `e4m3(block_amax / (6 g))`. For
-weights quantized once, another of the 126 finite positive E4M3 scales (bits 0x01..0x7E) often
-gives a smaller error. The global scale g is the SPEC's; only the per-block scale changes; the
-codes are always the reference's RNE encoding for the chosen scale (`reference.quantize`'s order:
-`r = 1 / (float(s) * g)`, `y = x * r`).
+Round-to-nearest (`method="rtn"`, the README's numerics contract) takes the block scale
+`e4m3(block_amax / (6 g))`. For weights quantized once, another of the 126 finite positive E4M3
+scales (bits 0x01..0x7E) often gives a smaller error. The global scale g is the contract's; only the
+per-block scale changes; the codes are always the reference's RNE encoding for the chosen scale
+(`reference.quantize`'s order: `r = 1 / (float(s) * g)`, `y = x * r`).
 
 Error of a block x (16 fp32) under scale bits c, in units of g^2 (g is common to every candidate
 of a tensor, so it does not change the choice), in this fp32 order, which every kernel follows:
@@ -27,7 +27,7 @@ fp32 numbers as "mse" and chooses the same scales.
 
 Choice: the RTN bits c0 are kept if no candidate has a strictly smaller error; otherwise the
 smallest bits among those with the smallest error. Blocks holding NaN / Inf, or a global scale
-that is not finite and > 0, keep RTN (the NaN scale: SPEC's non-finite policy); all-zero blocks
+that is not finite and > 0, keep RTN (the NaN scale: the non-finite policy); all-zero blocks
 keep RTN (every candidate ties).
 
 Working in scaled units (d = y - q rather than x - q s g) is what makes the MSE search's upper

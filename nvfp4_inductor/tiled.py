@@ -16,7 +16,8 @@ M = 1 instead of 0.76-0.85x (the row-major reads left the L1 pipe 88% busy at 15
 bandwidth). The scale order: a word load a thread instead of four byte loads, the same 128-byte
 line a warp (H100, the W4A16 decode step: 634.4-634.5 us against 647.8-648.7 in the plain order,
 same call; benchmarks/NOTES.md, session 28). Weights are laid out this way once, when they are
-quantized by the backend; the interchange layout (SPEC §3) is what users and checkpoints see.
+quantized by the backend; the interchange layout (the README's numerics contract) is what users and
+checkpoints see.
 """
 
 import torch

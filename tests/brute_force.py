@@ -1,4 +1,5 @@
-"""Independent brute-force oracles for the NVFP4 rounding rules (SPEC §2), used by the tests.
+"""Independent brute-force oracles for the NVFP4 rounding rules (the README's numerics contract),
+used by the tests.
 
 They search every candidate value instead of using the reference's thresholds, so they check the
 reference rather than restate it.

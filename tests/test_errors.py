@@ -69,7 +69,7 @@ CASES = [
     ("unswizzle negative", lambda: nv.unswizzle_scales(torch.zeros(128, 4, dtype=E4M3), -1, 4), ValueError, "rows and cols must be >= 0"),
     # linear
     ("linear K mismatch", lambda: nv.linear(torch.randn(4, 48), _w()), ValueError, r"x.shape\[-1\] = 48 does not match the weight's K = 64"),
-    ("linear 3-D weight", lambda: nv.linear(X, nv.quantize(torch.randn(2, 8, 64))), ValueError, "w.data must be 2-D"),
+    ("linear 3-D weight", lambda: nv.linear(X, nv.quantize(torch.randn(2, 8, 64))), ValueError, "w_q.data must be 2-D"),
     ("linear int x", lambda: nv.linear(X.int(), _w()), TypeError, "x must have dtype"),
     ("linear bias shape", lambda: nv.linear(X, _w(), torch.zeros(31)), ValueError, r"bias must have shape \(32,\)"),
     ("linear bias dtype", lambda: nv.linear(X, _w(), torch.zeros(32, dtype=torch.int64)), TypeError, "bias must have dtype"),
@@ -78,7 +78,7 @@ CASES = [
     ("linear x NVFP4", lambda: nv.linear(_w(k=64), _w()), TypeError, "x must be a torch.Tensor, got NVFP4"),
     ("linear bias a float", lambda: nv.linear(X, _w(), 1.0), TypeError, "bias must be a torch.Tensor"),
     ("linear activation not str", lambda: nv.linear(X, _w(), activation=None), TypeError, "activation must be a str"),
-    ("linear device", lambda: nv.linear(X.to("meta"), _w()), ValueError, "w.data is on cpu but x is on meta"),
+    ("linear device", lambda: nv.linear(X.to("meta"), _w()), ValueError, "w_q.data is on cpu but x is on meta"),
 ]
 
 

@@ -149,7 +149,7 @@ def _reg_mma_weights(w, layout):
     if layout == "tiled":
         data_t, scale_t = nv_tiled.tile(w.data, w.scale.view(torch.uint8))
         return data_t, scale_t, w.shape[0], False, nv_tiled.scale_index(1, 1)  # tile 0, row 1, block 1
-    nan_at = 16 + 1 if w.swizzled else w.shape[1] // 16 + 1  # (SPEC §3: row r % 32 at 16 * r)
+    nan_at = 16 + 1 if w.swizzled else w.shape[1] // 16 + 1  # (the swizzled layout: row r % 32 at 16 * r)
     return w.data, w.scale.view(torch.uint8), None, w.swizzled, nan_at
 
 

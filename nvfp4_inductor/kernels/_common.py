@@ -1,5 +1,5 @@
 """Triton helpers shared by every NVFP4 kernel: the format's rounding and layouts, bit-exact
-with `nvfp4_inductor.reference` (SPEC §2, §3).
+with `nvfp4_inductor.reference` (the README's numerics contract and layouts).
 
 Conversions are written with fp32 and integer bit operations: they cost a few instructions, round
 exactly as the reference on any target, and also run right under the Triton interpreter (whose
@@ -193,7 +193,8 @@ def e2m1_decode(codes):
 
 @triton.jit
 def swizzled_scale_offset(row, col, cols_pad):
-    """Row and column of the padded (rows_pad, cols_pad) scale matrix -> byte offset (SPEC §3)."""
+    """Row and column of the padded (rows_pad, cols_pad) scale matrix -> byte offset (the swizzled
+    layout)."""
     tile = (row // TILE_ROWS) * (cols_pad // TILE_COLS) + col // TILE_COLS
     inner = (row % ROW_GROUP) * (TILE_ROWS // ROW_GROUP * TILE_COLS) + (row % TILE_ROWS) // ROW_GROUP * TILE_COLS
     return tile * TILE_BYTES + inner + col % TILE_COLS

@@ -4,12 +4,12 @@ contiguous, its 256 e4m3 scale bytes in the order the lanes below read them; wha
 makes) or in the row-major interchange layout (what nv.linear takes; see Row-major weights below).
 
 Why not tl.dot: at M <= 16 the GEMM is a weight stream with ~4 instructions per weight to spend on
-an H200 (SPEC §5). Through tl.dot (gemm_splitk.py) Triton stages x^T, padded to 16 columns, in
-shared memory every K-step, and joins the decoded nibbles into its operand layout with byte
-permutes: ~5.7 SASS instructions a weight, the kernel issue- and shared-memory-bound at 40-50% of
-the HBM floor (benchmarks/NOTES.md). Here every warp issues mma.sync.m16n8k16 itself (inline
-PTX) on operands that never leave registers, in a mapping chosen so that each lane loads exactly
-the bytes it multiplies.
+an H200 (its issue rate over its HBM bandwidth). Through tl.dot (gemm_splitk.py) Triton stages x^T,
+padded to 16 columns, in shared memory every K-step, and joins the decoded nibbles into its operand
+layout with byte permutes: ~5.7 SASS instructions a weight, the kernel issue- and
+shared-memory-bound at 40-50% of the HBM floor (benchmarks/NOTES.md). Here every warp issues
+mma.sync.m16n8k16 itself (inline PTX) on operands that never leave registers, in a mapping chosen so
+that each lane loads exactly the bytes it multiplies.
 
 Lanes and data. All tensors are 1-D of BLOCK = 32 * WARPS elements (WARPS = 2), element i held
 by thread i (lane l = i % 32, warp u = i // 32, g = l // 4, q = l % 4). Warp u owns rows

@@ -2,7 +2,8 @@
 scales, x (M <= 64, K) bf16.
 
 At small M the GEMM is a weight stream: every weight byte is read once and used M times, so the
-kernel must decode weights at HBM speed, about 8 instructions per weight byte on an H200 (SPEC §5).
+kernel must decode weights at HBM speed, about 8 instructions per weight byte on an H200 (its issue
+rate over its HBM bandwidth).
 
 1. Word-level decode (`_decode_words`, inline PTX, pack=4): one instance gets 4 packed bytes in a
    32-bit register. A byte permute spreads two of them 16 bits apart ([b0, 0, b1, 0]); then one
