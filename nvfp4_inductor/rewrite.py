@@ -82,9 +82,24 @@ def _weight_of(node: fx.Node, params) -> fx.Node | None:
 TILE_WEIGHT = torch.ops.nvfp4.tile_weight.default
 
 
+def _aliases_its_input(node: fx.Node) -> bool:
+    """node's output may share its input's storage: a view op (its schema's return aliases an
+    argument: view, reshape, permute, unsqueeze, slice, select, t, expand, ...; _unsafe_view, whose
+    schema says nothing, shares it too) or an item of one."""
+    if node.op != "call_function":
+        return False
+    if _call(node, *_VIEWS):
+        return True
+    if node.target is operator.getitem:
+        return _aliases_its_input(node.args[0]) if isinstance(node.args[0], fx.Node) else False
+    schema = getattr(node.target, "_schema", None)
+    return schema is not None and any(r.alias_info is not None and not r.alias_info.is_write
+                                      for r in schema.returns)
+
+
 def _reaches_output(node: fx.Node) -> bool:
-    """node, or a view of it, is an output of the graph."""
-    return any(user.op == "output" or (_call(user, *_VIEWS) and _reaches_output(user))
+    """node, or a tensor sharing its storage, is an output of the graph."""
+    return any(user.op == "output" or (_aliases_its_input(user) and _reaches_output(user))
                for user in node.users)
 
 

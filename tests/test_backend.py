@@ -219,6 +219,35 @@ def test_merged_linears_return_their_own_tensors():
         assert out.is_contiguous() and out.view(-1).shape == (192,)
 
 
+class _QK(nn.Module):
+    """Two linears on one x (merged at decode), returned through views that are not reshapes."""
+
+    def __init__(self):
+        super().__init__()
+        self.q, self.k = nn.Linear(64, 128, bias=False), nn.Linear(64, 64, bias=False)
+
+    def forward(self, x):
+        return self.q(x).unsqueeze(0), self.k(x).t(), self.k(x)[1:]
+
+
+def test_merged_linears_returned_through_any_view_are_their_own_tensors():
+    """Outputs that reach the graph's output through permute / unsqueeze / slice / select shared
+    the merged GEMM's storage with its strides (found by an audit: q.view(-1) raised)."""
+    torch.manual_seed(0)
+    model = _QK().to(torch.bfloat16).eval()
+    x = torch.randn(3, 64, dtype=torch.bfloat16)
+    got = nv.compile(model, nv.Config(activations="bf16"))(x)
+    with torch.no_grad():
+        want = model(x)
+    storages = {t.untyped_storage().data_ptr() for t in got}
+    assert len(storages) >= 2  # the k outputs may share one tensor; q is its own
+    assert got[0].untyped_storage().data_ptr() not in {t.untyped_storage().data_ptr() for t in got[1:]}
+    for g, w in zip(got, want):
+        assert g.shape == w.shape and g.stride() == w.stride()
+    assert got[0].view(-1).shape == (3 * 128,)
+    assert torch.equal(got[0], nv.linear(x, nv.quantize(model.q.weight)).unsqueeze(0))
+
+
 def test_backend_judges_layers_by_module_path(caplog):
     """Output heads by the last component of the module path, as convert() judges them: mlm_head
     and pre_classifier are hidden layers; Config.include sees the module path too."""
