@@ -42,10 +42,11 @@ the template's tiles reads h whole, its loads in flight with the partial sums'
 (templates/nvfp4_tiled_gemm.py.jinja, RMS). The result is the norm's up to rounding: the factor
 multiplies fp32 products instead of h before its rounding to bf16 (the same error against float64
 as the norm then the linear, 2.4e-3 relative on random 4096-wide rows; benchmarks/NOTES.md, session 25).
-For static h of at most DEFER_MAX_ROWS rows and at most gemm_configs.RMS_MAX_ELEMENTS elements
+For static bf16 h (in fp16, h * w rounded before the norm's factor can overflow where the normalized
+output does not) of at most DEFER_MAX_ROWS rows and at most gemm_configs.RMS_MAX_ELEMENTS elements
 (rows and K rounded up to powers of two: 1 row of 4096), on a device the template runs on, where
-every use of the norm's output is the x of a W4A16 linear. (Sums of squares split like the
-products, for any size, cost more than the norm's kernel at 16 rows: NOTES, session 25.)
+every use of the norm's output is the x of a W4A16 linear. (Sums of squares split like the products,
+for any size, cost more than the norm's kernel at 16 rows: NOTES, session 25.)
 """
 
 import operator
@@ -128,10 +129,14 @@ def _linear_uses(y: fx.Node, activation: str = "nvfp4"):
     """The linears with these activations reading y (through views) as x, none of them with a
     deferred norm -> list, or None where anything else does."""
     linears, pending = [], [y]
+    width = _val(y).shape[-1]
     while pending:
         node = pending.pop()
         for user in node.users:
-            if _call(user, *_VIEWS) and user.args[0] is node:
+            # views that keep the norm's rows (its last dim): the fused kernel and the deferred norm
+            # take x's rows as h's
+            if (_call(user, *_VIEWS) and user.args[0] is node and _val(user) is not None
+                    and _val(user).shape[-1] == width):
                 pending.append(user)
             elif (_call(user, *LINEARS) and user.args[-1] == activation and user.args[0] is node
                   and node not in user.args[1:] and not user.kwargs):
@@ -225,7 +230,10 @@ def defer_rms_norms(graph: fx.Graph) -> int:
     for every norm whose output only W4A16 linears read as x; -> how many."""
     fused = 0
     for y in list(graph.nodes):
-        match = match_rms_norm(y) if _val(y) is not None else None
+        # bf16 only: x = h * w is rounded to h's dtype before the norm's factor, which in fp16
+        # overflows where eager's normalized y does not (|h * w| > 65504)
+        y_val = _val(y)
+        match = match_rms_norm(y) if isinstance(y_val, torch.Tensor) and y_val.dtype == torch.bfloat16 else None
         linears = _linear_uses(y, "bf16") if match else None
         if not linears or not _defer_fits(_val(match[0])):
             continue

@@ -268,6 +268,59 @@ def test_rms_norm_stays_where_it_cannot_fuse(kernel_device, m, also_return, dtyp
     torch._dynamo.reset()
 
 
+class NormViewLinear(nn.Module):
+    """A norm of rows of 32 whose output a view regroups into rows of 64 before the linear."""
+
+    def __init__(self, width=32):
+        super().__init__()
+        self.norm, self.linear = nn.RMSNorm(width), nn.Linear(2 * width, 64, bias=False)
+
+    def forward(self, h):
+        return self.linear(self.norm(h).reshape(-1, self.linear.in_features))
+
+
+def _defer_anywhere(monkeypatch):
+    """The W4A16 norm deferral runs where the template does; on the CPU the test lets it run
+    (Inductor's C++ backend then calls the eager op, with its own deferred norm): the pass is
+    what is tested."""
+    monkeypatch.setattr(norm_fusion, "template_device", lambda device: True)
+
+
+@pytest.mark.parametrize("activations, width", [("bf16", 32), ("nvfp4", 32), ("nvfp4", 24)])
+def test_norm_output_regrouped_by_a_view_is_not_fused(kernel_device, monkeypatch, activations, width):
+    """The W4A16 deferred norm and the W4A4 fused norm take x's rows as h's: a view that changes
+    the last dim (rows of 32 -> 64; a norm of 24 whose rows are not a multiple of 16 at all) keeps
+    Inductor's norm (compiling failed on both, found by an audit)."""
+    _defer_anywhere(monkeypatch)
+    torch._dynamo.reset()
+    torch.manual_seed(width)
+    model = NormViewLinear(width).to(device=kernel_device, dtype=torch.bfloat16).eval()
+    h = torch.randn(norm_fusion.MAX_ROWS, width, device=kernel_device, dtype=torch.bfloat16)  # fused sizes
+    y, code = run_and_get_code(nv.compile(model, nv.Config(activations=activations)), h)
+    source = "\n".join(code)
+    assert "norm_h" not in source and "rms_norm_quantize_values" not in source
+    with torch.no_grad():
+        want = _linear_eager(model.linear, model.norm(h).reshape(-1, 2 * width), activations)
+    assert _rel_err(y, want) < 2**-7
+
+
+def test_fp16_norm_is_not_deferred(kernel_device, monkeypatch):
+    """fp16: x = h * w would be rounded to fp16 before the norm's factor and overflow where the
+    normalized y does not (found by an audit: inf outputs); the norm stays a kernel."""
+    _defer_anywhere(monkeypatch)
+    torch._dynamo.reset()
+    model = NormLinear("after_cast", 256, 192).to(device=kernel_device, dtype=torch.float16).eval()
+    with torch.no_grad():
+        model.norm.weight[0] = 200.0
+    x = torch.randn(2, 256, device=kernel_device, dtype=torch.float16)
+    x[:, 0] = 400.0  # h * w = 80000 > 65504
+    y, code = run_and_get_code(nv.compile(model, nv.Config(activations="bf16")), x)
+    assert "norm_h" not in "\n".join(code)
+    with torch.no_grad():
+        want = _linear_eager(model.linear, model.norm(x), "bf16")
+    assert torch.isfinite(y).all() and _rel_err(y, want) < 2**-7
+
+
 def _norm_times_weight(norm, h):
     """The x a deferred norm leaves its linears: h times the norm's weight, rounded as it rounds."""
     weight = getattr(norm, "weight", None)
@@ -404,15 +457,16 @@ def _deferred_norms(monkeypatch, model, config, *inputs) -> tuple[int, torch.Ten
 
 
 @pytest.mark.parametrize("m, k, also_return, fuse, dtype, deferred", [
-    (1, 256, False, True, torch.bfloat16, 1), (1, 4096, False, True, torch.float16, 1),
+    (1, 256, False, True, torch.bfloat16, 1), (1, 4096, False, True, torch.bfloat16, 1),
+    (1, 4096, False, True, torch.float16, 0),
     (norm_fusion.DEFER_MAX_ROWS + 1, 16, False, True, torch.bfloat16, 0),
     (2, 4096, False, True, torch.bfloat16, 0),
     (1, 256, True, True, torch.bfloat16, 0), (1, 256, False, False, torch.bfloat16, 0)])
 def test_w4a16_rms_norm_is_deferred_only_where_it_fits(monkeypatch, m, k, also_return, fuse, dtype, deferred):
     """Decode rows (at most DEFER_MAX_ROWS) whose h the template reads whole (1 x 4096, not
     2 x 4096), only W4A16 linears reading the norm (not a graph output too), Config.fuse_norms
-    on; fp16 too (the linear's output keeps x's dtype). Numerics of each against the norm then
-    the linear (CPU: the eager op's deferred norm)."""
+    on; bf16 only (fp16's h * w can overflow: test_fp16_norm_is_not_deferred). Numerics of each
+    against the norm then the linear (CPU: the eager op's deferred norm)."""
     torch.manual_seed(m)
     model = NormLinear("example", k, 192, also_return).to(dtype=dtype).eval()
     x = torch.randn(m, k, dtype=dtype) * 3
