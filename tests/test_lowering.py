@@ -127,6 +127,22 @@ def test_odd_shapes(template_inductor, m, k, n, lead):
     assert TEMPLATE_MARK in _run(template_inductor, m, k, n, lead=lead)
 
 
+@pytest.mark.parametrize("dtype", [torch.float16, torch.float32])
+@pytest.mark.parametrize("m", [1, 5])
+def test_fp16_and_fp32_models_multiply_x_rounded_to_bf16(template_inductor, dtype, m):
+    """W4A16 in an fp16 / fp32 model: the template multiplies x rounded to bf16, as the eager op
+    (on the GPU the register-fed mainloop read an fp16 x's words as bf16 pairs: inf outputs)."""
+    torch.manual_seed(m)
+    model = LinearBlock(128, 192, torch.relu).to(device=template_inductor, dtype=dtype).eval()
+    x = torch.randn(m, 128, device=template_inductor, dtype=dtype) * 3
+    residual = torch.randn(m, 192, device=template_inductor, dtype=dtype)
+    y, code = run_and_get_code(nv.compile(model, nv.Config(activations="bf16")), x, residual)
+    assert TEMPLATE_MARK in "\n".join(code)
+    with torch.no_grad():
+        want = _eager(model, x, residual)
+    assert y.dtype == dtype and torch.isfinite(y).all() and _rel_err(y, want) < 2**-7
+
+
 def test_empty_input(template_inductor):
     """No template for zero rows (no empty grid); Inductor then drops the empty computation."""
     model = LinearBlock(64, 32, torch.relu).to(device=template_inductor, dtype=torch.bfloat16).eval()

@@ -181,6 +181,10 @@ def lower_linear_tiled(x, w_data, w_scale, w_global_scale, bias, n, activation, 
     else:
         if activation == "nvfp4":
             x2, x_g = fallback_handler(QUANTIZE_VALUES, add_to_fallback_set=False)(x2)
+        elif x2.get_dtype() != torch.bfloat16:
+            # W4A16 multiplies x rounded to bf16; the register-fed mainloop reads x's words as bf16
+            # pairs (an fp16 x read so came out inf: found by an audit)
+            x2 = to_dtype(x2, torch.bfloat16)
         inputs = realize_inputs(x2, w_data, w_scale)
         extern_choice = extern_mm_tiled_f32
     if activation == "nvfp4" and not glu:  # (the GLU template multiplies them itself)
