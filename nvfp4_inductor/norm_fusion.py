@@ -233,7 +233,8 @@ def defer_rms_norms(graph: fx.Graph) -> int:
         # bf16 only: x = h * w is rounded to h's dtype before the norm's factor, which in fp16
         # overflows where eager's normalized y does not (|h * w| > 65504)
         y_val = _val(y)
-        match = match_rms_norm(y) if isinstance(y_val, torch.Tensor) and y_val.dtype == torch.bfloat16 else None
+        bf16 = isinstance(y_val, torch.Tensor) and y_val.dtype == torch.bfloat16
+        match = match_rms_norm(y) if bf16 else None
         linears = _linear_uses(y, "bf16") if match else None
         if not linears or not _defer_fits(_val(match[0])):
             continue
