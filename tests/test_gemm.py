@@ -13,6 +13,7 @@ import triton.language as tl
 import nvfp4_inductor as nv
 from nvfp4_inductor import tiled as nv_tiled
 from nvfp4_inductor.kernels import gemm, gemm_configs, gemm_mma, gemm_splitk
+from pdl import late_copy
 
 OPS = torch.ops.nvfp4
 
@@ -328,6 +329,39 @@ def test_linear_tiled_on_cuda_takes_tiled_weights_off_word_boundaries():
     for data, scale in ((data_t, scale_t), (shifted(data_t, 4), scale_t), (data_t, shifted(scale_t, 2))):
         got = OPS.linear_tiled(x, data, scale, w.global_scale.cuda(), None, 192, "bf16")
         assert _rel(got.cpu(), want) <= 1e-3
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("m, tiled, activation", [(1, True, "bf16"), (1, True, "nvfp4"), (16, True, "bf16"),
+                                                  (33, True, "bf16"), (1, False, "bf16"), (20, False, "bf16")])
+@pytest.mark.parametrize("late", ["x", "codes"])
+def test_skinny_gemm_waits_for_a_pdl_producer(m, tiled, activation, late):
+    """The skinny GEMM is launched with programmatic dependent launch (gemm_splitk.LAUNCH_PDL): it
+    may start while the kernel before it runs, so it must wait before it reads x or the weights. The
+    producer releases it at once and writes x (or the weight codes) ~0.5 ms later; a GEMM that read
+    early would see zeros. Register-fed (M = 1 / 16 / 20) and tl.dot (M = 33, tiled) mainloops; W4A4
+    quantizes x in a kernel of its own first (on PDL too)."""
+    assert gemm_splitk.LAUNCH_PDL and gemm_configs.sm90_or_later(torch.device("cuda"))
+    gen = torch.Generator().manual_seed(m + tiled)
+    x = torch.randn(m, 1024, generator=gen, dtype=torch.bfloat16).cuda()
+    w = nv.quantize(torch.randn(4096, 1024, generator=gen).cuda())
+    data_t, scale_t = OPS.tile_weight(w.data, w.scale.view(torch.uint8))
+    if tiled:
+        def linear(x, codes):
+            return OPS.linear_tiled(x, codes, scale_t, w.global_scale, None, 4096, activation)
+        codes = data_t
+    else:
+        def linear(x, codes):
+            return nv.linear(x, w._replace(data=codes), activation=activation)
+        codes = w.data
+    want = linear(x, codes)  # also compiles the kernels outside the timed sequence
+    operands = {"x": x, "codes": codes}
+    target = torch.zeros_like(operands[late])
+    operands[late] = target
+    torch.cuda.synchronize()
+    late_copy(x if late == "x" else codes, target)
+    got = linear(operands["x"], operands["codes"])
+    assert torch.equal(got, want)
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="on a GPU the gpu-marked tests run these paths")

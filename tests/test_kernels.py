@@ -13,6 +13,7 @@ import triton.language as tl
 
 import nvfp4_inductor as nv
 from inputs import DISTS, sample
+from pdl import late_copy
 from nvfp4_inductor.format import GLOBAL_SCALE_DIVISOR
 from nvfp4_inductor.kernels import _common
 from nvfp4_inductor.kernels import dequantize as dequantize_kernels
@@ -400,18 +401,6 @@ def test_quantize_large_shapes_on_gpu(shape):
                                    OPS.dequantize(*want, swizzle, torch.float32), rtol=0, atol=0)
 
 
-@triton.jit
-def _late_writer_kernel(src_ptr, dst_ptr, n, spins, BLOCK: tl.constexpr):
-    """Lets the next kernel launch at once (PDL), then spins, then copies src to dst."""
-    tl.extra.cuda.gdc_launch_dependents()
-    acc = tl.zeros([BLOCK], tl.float32)
-    for _ in range(spins):
-        acc = acc * 0.5 + 1.0
-    offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
-    x = tl.load(src_ptr + offs, mask=offs < n)
-    tl.store(dst_ptr + offs, x + (acc * 0.0).to(x.dtype), mask=offs < n)
-
-
 def _quantize_outputs(x, g=None):
     q = nv.quantize(x, g)
     return q.data, q.scale, q.global_scale
@@ -433,8 +422,7 @@ def test_quantize_waits_for_a_pdl_producer(shape, mode):
                 "static": lambda x: _quantize_outputs(x, g)}[mode]
     quantize(x)  # compiled outside the timed sequence
     torch.cuda.synchronize()
-    _late_writer_kernel[(triton.cdiv(src.numel(), 1024),)](src, x, src.numel(), 200_000, BLOCK=1024,
-                                                            launch_pdl=True)
+    late_copy(src, x)
     got = quantize(x)
     want = quantize(src)
     for a, b in zip(got, want):

@@ -329,6 +329,7 @@ def _splitk_kernel(
     TILED: tl.constexpr, DOT_SCALED: tl.constexpr, REG_MMA: tl.constexpr, UNSCALE: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
     SUM_ROWS: tl.constexpr, SUM_SPLITS: tl.constexpr, GROUPED: tl.constexpr = False,
+    PDL: tl.constexpr = False,
 ):
     pid_n = tl.program_id(0)
     pid_k = tl.program_id(1)
@@ -338,12 +339,14 @@ def _splitk_kernel(
     else:
         tiles = tl.cdiv(K, BLOCK_K)
     tile_end = tl.minimum(tile_begin + tiles_per_split, tiles)
+    if PDL and REG_MMA == 0:
+        tl.extra.cuda.gdc_wait()
     if DOT_SCALED:  # sm_100, W tiled and x NVFP4: the tensor core applies the block scales
         acc = dot_scaled_mainloop(x_ptr, x_scale_ptr, w_ptr, w_scale_ptr, M, N, K, stride_xm, pid_n,
                                   tile_begin, tile_end, BLOCK_M, BLOCK_N, BLOCK_K)
     elif REG_MMA > 0:  # sm_90+, M <= 8 * REG_MMA <= 32: mma.sync on registers (gemm_mma.py)
         acc = mma_mainloop(x_ptr, w_ptr, w_scale_ptr, M, K, stride_xm, pid_n, tile_begin, tile_end,
-                           REG_MMA, EVEN, 0, N, w_scale_cols,
+                           REG_MMA, EVEN, 1 if PDL else 0, N, w_scale_cols,
                            0 if TILED else (2 if SWIZZLED else (3 if GROUPED else 1)))
     else:
         acc = splitk_mainloop(x_ptr, w_ptr, w_scale_ptr, M, N, K, stride_xm, w_scale_cols, pid_n,
@@ -370,6 +373,14 @@ def _splitk_kernel(
 # buffer per (device, stream): launches on one stream run in order, on two streams they could
 # overlap. A buffer first used in a CUDA-graph capture belongs to that graph's memory pool.
 _counters: dict = {}
+# Launch with programmatic dependent launch on sm_90+: every program waits for the previous kernel
+# (griddepcontrol.wait) before any global load or store, so only the launch and the programs' set-up
+# overlap that kernel's tail; the next launch is not released early. H100, M = 1 / 16, tiled weights,
+# CUDA-graph replays (benchmarks/probe_eager_pdl.py, session 32, off / on alternating twice): W4A16
+# M = 1 4096^2 7.5 -> 7.2 us, 4096 x 14336 15.4 -> 15.1, 14336 x 4096 15.8 -> 15.4, 8192 x 28672
+# 48.6 -> 48.2; M = 16 0.3-0.4 faster on all four; W4A4 equal or faster. Released after the
+# mainloop as the template does: M = 16 W4A16 slower (4096^2 10.0 -> 10.5, 14336 x 4096 19.5 -> 20.9).
+LAUNCH_PDL = True
 
 
 def split_counters(device, tiles: int) -> torch.Tensor:
@@ -460,6 +471,7 @@ def gemm_splitk(x, w_data, w_scale, w_g, bias, out_dtype, swizzled, config=None,
     else:
         partial = counters = out
     sum_rows, sum_splits = gemm_configs.split_sum_tile(m, splits, block_n, warps)
+    pdl = LAUNCH_PDL and x.is_cuda and gemm_configs.sm90_or_later(x.device)
     _splitk_kernel[(tiles_n, splits)](
         x, x_scale if dot_scaled else x, w_data, w_scale, w_g, bias if bias is not None else w_g, out,
         partial, counters,
@@ -473,6 +485,7 @@ def gemm_splitk(x, w_data, w_scale, w_g, bias, out_dtype, swizzled, config=None,
         REG_MMA=gemm_configs.reg_mma_blocks(m) if reg_mma else 0,
         UNSCALE=1.0 if dot_scaled else 2.0**7, GROUPED=grouped,
         BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_K=block_k, SUM_ROWS=sum_rows, SUM_SPLITS=sum_splits,
+        PDL=pdl, launch_pdl=pdl,
         num_warps=warps, num_stages=stages,
     )
     return out
