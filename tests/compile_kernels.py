@@ -187,6 +187,22 @@ def pdl_cases():
            [r"(?s)ld\.global(\.[\w:]+)*\.v2\.b32(?:(?!ld\.global\.v4).)*griddepcontrol\.wait"], 1)
 
 
+def eager_pdl_cases():
+    """The eager skinny GEMM on PDL (gemm_splitk.LAUNCH_PDL): no global load or store before its
+    wait, and no early release of the next launch; register-fed and tl.dot mainloops."""
+    signature = {**SPLITK_SIGNATURE, "PDL": "constexpr"}
+    bn, bk, _, warps, stages = gemm_configs.REG_MMA_CONFIG
+    wait_first = [PDL_WAIT_FIRST[0], "!" + PDL_WAIT_FIRST[1]]
+    for b_blocks in (1, 2):
+        yield (f"splitk-reg-mma-{8 * b_blocks}x{bn}x{bk}-pdl", sk._splitk_kernel, signature,
+               {**_splitk_constexprs(TILED=True, REG_MMA=b_blocks, BLOCK_M=16, BLOCK_N=bn, BLOCK_K=bk), "PDL": True},
+               warps, [MMA_SYNC_BF16] + wait_first, stages)
+    bn, bk, _, warps, stages = gemm_configs.TILED_CONFIG
+    yield (f"splitk-tiled-64x{bn}x{bk}-pdl", sk._splitk_kernel, signature,
+           {**_splitk_constexprs(TILED=True, BLOCK_M=64, BLOCK_N=bn, BLOCK_K=bk), "PDL": True},
+           warps, [MMA_SYNC_BF16] + wait_first, stages)
+
+
 def dot_scaled_splitk_cases():
     """sm_100: the skinny kernel's block-scaled mainloop (tiled W, NVFP4 x) -> tcgen05 MMA."""
     _, bn, bk, _, warps, stages = gemm_configs.dot_scaled_splitk_config(16, 4096, 4096, 148)
@@ -206,6 +222,7 @@ def cases(sm):
     yield from splitk_cases()
     yield from reg_mma_cases()
     yield from pdl_cases()
+    yield from eager_pdl_cases()
     block_m, block_k, num_warps = qk.LARGE_TILE
     for dtype, mode, swizzle in itertools.product(DTYPES, range(4), [False, True]):
         yield (f"quantize-{dtype}-g{mode}-swizzle{int(swizzle)}", qk._quantize_kernel,
