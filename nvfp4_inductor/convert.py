@@ -141,7 +141,8 @@ class NVFP4Linear(nn.Module):
         self.register_buffer("input_scale", None)
         if input_scale is not None:
             self.set_input_scale(input_scale)
-        self.bias = None if bias is None else nn.Parameter(bias.detach(), requires_grad=False)
+        # the bias trains as nn.Linear's would (W4A16 passes it a gradient); the weight is data
+        self.bias = None if bias is None else nn.Parameter(bias.detach(), requires_grad=bias.requires_grad)
 
     def set_input_scale(self, input_scale: torch.Tensor | None) -> None:
         """Set (an fp32 tensor with one element, finite and > 0; it is moved to the weight's
@@ -168,15 +169,26 @@ class NVFP4Linear(nn.Module):
             destination[prefix + "weight_scale"] = api.unswizzle_scales(
                 self.weight_scale, self.out_features, self.in_features // BLOCK_SIZE)
 
-    def _load_from_state_dict(self, state_dict, prefix, *args, **kwargs):
+    def _load_from_state_dict(self, state_dict, prefix, local_metadata, strict, missing_keys,
+                              unexpected_keys, error_msgs):
         key = prefix + "weight_scale"
         plain = (self.out_features, self.in_features // BLOCK_SIZE)
         if self.swizzled and key in state_dict and tuple(state_dict[key].shape) == plain:
             state_dict[key] = api.swizzle_scales(state_dict[key].to(self.weight_scale.dtype))
         key = prefix + "input_scale"
-        if self.input_scale is None and key in state_dict:  # a calibrated checkpoint: a slot to load into
-            self.input_scale = torch.empty((), dtype=torch.float32, device=self.weight.device)
-        super()._load_from_state_dict(state_dict, prefix, *args, **kwargs)
+        if key in state_dict:
+            # checked as set_input_scale checks it, before anything is loaded: a zero, negative or
+            # NaN scale would make every W4A4 output NaN, and a failed load must not leave a slot
+            try:
+                state_dict[key] = _checked_input_scale(key, state_dict[key])
+            except (TypeError, ValueError) as error:
+                error_msgs.append(str(error))
+                del state_dict[key]
+            else:
+                if self.input_scale is None:  # a calibrated checkpoint: a slot to load into
+                    self.input_scale = torch.empty((), dtype=torch.float32, device=self.weight.device)
+        super()._load_from_state_dict(state_dict, prefix, local_metadata, strict, missing_keys,
+                                      unexpected_keys, error_msgs)
 
     @classmethod
     def from_linear(cls, linear: nn.Linear, activations: str = "auto", method: str = "rtn",
@@ -209,11 +221,13 @@ class NVFP4Linear(nn.Module):
 class ConversionReport:
     """Which layers were converted, and which were left in bf16 and why (name -> reason)."""
 
-    converted: list[str] = field(default_factory=list)
+    converted: list[str] = field(default_factory=list)  # every name of a converted layer
     skipped: dict[str, str] = field(default_factory=dict)
+    layers: int = 0  # converted layers (a layer registered under two names counts once)
 
     def __str__(self) -> str:
-        lines = [f"NVFP4: converted {len(self.converted)} linear layers, skipped {len(self.skipped)}"]
+        names = f" ({len(self.converted)} names)" if len(self.converted) != self.layers else ""
+        lines = [f"NVFP4: converted {self.layers} linear layers{names}, skipped {len(self.skipped)}"]
         lines += [f"  skipped {name}: {reason}" for name, reason in self.skipped.items()]
         return "\n".join(lines)
 
@@ -336,24 +350,49 @@ def convert(model: nn.Module, config: Config | None = None) -> ConversionReport:
         own = paths[key]
         tied_to = [m or "the model" for m in holders.get(id(module.weight), []) if m not in own]
         reader = next((readers[p] for p in own if p in readers), None)
-        reason = _skip_reason(own[0], module, config, tied_to, reader)
+        # every name the layer is reachable under must pass (an output head also registered under
+        # another name stays an output head; Config.include sees each name)
+        reasons = {}
+        for path in own:
+            reason = _skip_reason(path, module, config, tied_to, reader)
+            if reason is not None:
+                reasons = {p: reason if p == path else f"{reason} (as {path})" for p in own}
+                break
         if "" in own:  # convert(nn.Linear(...)): nothing holds it to swap
-            reason = "the model itself: use NVFP4Linear.from_linear(model)"
-        targets.append((own, module, reason))
-    converting = [(own[0], m) for own, m, reason in targets if reason is None]
+            reasons = dict.fromkeys(own, "the model itself: use NVFP4Linear.from_linear(model)")
+        targets.append((own, module, reasons))
+    converting = [(own[0], m) for own, m, reasons in targets if not reasons]
     hessians = _layer_hessians(config, converting)
     input_scales = _layer_input_scales(config, converting)
-    for own, module, reason in targets:
-        if reason is not None:
-            report.skipped.update(dict.fromkeys(own, reason))
+    for own, module, reasons in targets:
+        if reasons:
+            report.skipped.update(reasons)
             continue
         with torch.no_grad():
             replacement = NVFP4Linear.from_linear(module, config.activations, config.weight_method,
                                                   hessians.get(own[0]))
             replacement.set_input_scale(input_scales.get(own[0]))
+        _carry_module_state(module, replacement)
         for name in own:
             parent_name, _, child = name.rpartition(".")
             parent = model.get_submodule(parent_name) if parent_name else model
             setattr(parent, child, replacement)
         report.converted += own
+        report.layers += 1
     return report
+
+
+# nn.Module's hook dicts: moved (the same dict objects, so the handles a user holds still remove
+# them) from a replaced Linear to its NVFP4Linear
+_HOOK_DICTS = ("_forward_pre_hooks", "_forward_pre_hooks_with_kwargs", "_forward_hooks",
+               "_forward_hooks_with_kwargs", "_forward_hooks_always_called", "_backward_pre_hooks",
+               "_backward_hooks", "_state_dict_pre_hooks", "_state_dict_hooks",
+               "_load_state_dict_pre_hooks", "_load_state_dict_post_hooks")
+
+
+def _carry_module_state(old: nn.Module, new: nn.Module) -> None:
+    """The replaced Linear's train / eval mode and its hooks go to its replacement."""
+    new.train(old.training)
+    for name in _HOOK_DICTS + ("_is_full_backward_hook",):
+        if name in old.__dict__:
+            setattr(new, name, old.__dict__[name])

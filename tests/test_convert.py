@@ -170,6 +170,48 @@ def test_convert_handles_shared_tied_and_special_linears():
         assert model(torch.randn(2, 32)).shape == (2, 10)
     lone = nn.Linear(32, 32)
     assert nv.convert(lone).skipped == {"": "the model itself: use NVFP4Linear.from_linear(model)"}
+    assert report.layers == 3 and "converted 3 linear layers (4 names)" in str(report)
+
+
+class _TwoNames(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.proj = nn.Linear(32, 32)
+        self.lm_head = self.proj  # the output head, registered first under another name
+        self.c = nn.Linear(32, 32)
+
+
+def test_a_layer_under_two_names_passes_the_skip_rules_under_both():
+    model = _TwoNames()
+    report = nv.convert(model, nv.Config(activations="bf16"))
+    assert report.converted == ["c"] and type(model.lm_head) is nn.Linear
+    assert report.skipped == {"proj": "output head (Config.skip_output_head) (as lm_head)",
+                              "lm_head": "output head (Config.skip_output_head)"}
+    report = nv.convert(_TwoNames(), nv.Config(skip_output_head=False, include=lambda name, _: name != "lm_head"))
+    assert report.converted == ["c"] and report.skipped["proj"] == "excluded by Config.include (as lm_head)"
+
+
+def test_replacements_keep_hooks_mode_and_a_trainable_bias():
+    model = nn.Sequential(nn.Linear(32, 32), nn.Linear(32, 32)).eval()
+    seen = []
+    handle = model[0].register_forward_hook(lambda module, args, out: seen.append(type(module).__name__))
+    model[1].register_forward_pre_hook(lambda module, args: (args[0] * 2,))
+    x = torch.randn(2, 32)
+    nv.convert(model, nv.Config(activations="bf16"))
+    assert not model[0].training and not model[1].training
+    y = model(x)
+    assert seen == ["NVFP4Linear"]
+    w0, w1 = (model[i].nvfp4_weight() for i in range(2))
+    with torch.no_grad():
+        want = nv.linear(nv.linear(x, w0, model[0].bias) * 2, w1, model[1].bias)
+    assert torch.equal(y.detach(), want)
+    handle.remove()  # the user's handle still removes the moved hook
+    model(x)
+    assert seen == ["NVFP4Linear"]
+    y.sum().backward()  # W4A16 passes the bias a gradient, as README's Gradients section says
+    assert model[0].bias.grad is not None and model[1].bias.grad is not None
+    frozen = nn.Linear(32, 32).requires_grad_(False)
+    assert not nv.NVFP4Linear.from_linear(frozen, "bf16").bias.requires_grad
 
 
 def test_convert_skips_linears_a_transformer_layer_reads_directly():

@@ -167,6 +167,16 @@ def test_input_scale_in_state_dicts_and_module_casts():
         assert torch.equal(fresh(x), static(x))
     static.half()
     assert static[0].input_scale.dtype == torch.float32 and torch.equal(static[0].input_scale, scales["0"])
+    # a checkpoint's scale is checked as set_input_scale checks it; a failed load leaves no slot
+    for bad, match in ((torch.tensor(0.0), "finite and > 0"), (torch.tensor(float("nan")), "finite and > 0"),
+                       (torch.tensor([1.0, 2.0]), "one per-tensor scale"), (torch.tensor(1), "dtype")):
+        dynamic = copy.deepcopy(model)
+        nv.convert(dynamic, nv.Config(activations="nvfp4", skip_output_head=False))
+        with pytest.raises(RuntimeError, match=match):
+            dynamic.load_state_dict({**state, "0.input_scale": bad}, strict=False)
+        assert dynamic[0].input_scale is None
+    fresh.load_state_dict({**state, "0.input_scale": scales["0"].reshape(1) * 2})  # shape (1,) loads
+    assert fresh[0].input_scale.shape == () and torch.equal(fresh[0].input_scale, scales["0"] * 2)
 
 
 def test_backend_rejects_input_scales_and_compiles_a_calibrated_model():
