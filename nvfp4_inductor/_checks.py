@@ -256,6 +256,16 @@ def check_weight_method(method, hessian) -> None:
         raise ValueError(f'hessian is only used with method="hessian"; got method={method!r}')
 
 
+def check_hessian_values(name: str, hessian) -> None:
+    """Calibration blocks of X^T X are finite with a diagonal >= 0. A NaN (one NaN activation while
+    calibrating) made the search keep RTN silently, a negative diagonal chose far worse scales.
+    Reads the values (a host sync: the eager search and convert() only, never the fake kernel)."""
+    if not torch.isfinite(hessian).all():
+        raise ValueError(f"{name} is not finite (a NaN or Inf input while calibrating?)")
+    if (torch.diagonal(hessian, dim1=-2, dim2=-1) < 0).any():
+        raise ValueError(f"{name} has a negative diagonal entry: not X^T X")
+
+
 def check_quantize_weight_args(x, global_scale, method: str, hessian) -> None:
     """Weights (..., K) for a scale search: a per-tensor global scale (given or dynamic) and, for
     "hessian", fp32 matrices (K/16, 16, 16) on x's device."""

@@ -296,13 +296,7 @@ def _layer_hessians(config: Config, layers) -> dict:
         expected = (module.in_features // BLOCK_SIZE, BLOCK_SIZE, BLOCK_SIZE)
         if tuple(h.shape) != expected:
             raise ValueError(f"hessians[{name!r}] must have shape {expected}; got {tuple(h.shape)}")
-        # X^T X is finite with a diagonal >= 0; a NaN (one NaN activation while calibrating) made
-        # the search fall back to RTN silently, a negative diagonal chose far worse scales.
-        if not torch.isfinite(h).all():
-            raise ValueError(f"hessians[{name!r}] is not finite (a NaN or Inf input while "
-                             "calibrating?)")
-        if (torch.diagonal(h, dim1=1, dim2=2) < 0).any():
-            raise ValueError(f"hessians[{name!r}] has a negative diagonal entry: not X^T X")
+        _checks.check_hessian_values(f"hessians[{name!r}]", h)
         found[name] = h.to(module.weight.device)
     return found
 

@@ -66,6 +66,8 @@ def quantize_weight(
     """(..., K) weights -> quantize's outputs, block scales chosen by method ("rtn", "mse",
     "hessian" with H (K/16, 16, 16) fp32); per-tensor global scale, dynamic when None."""
     _checks.check_quantize_weight_args(x, global_scale, method, hessian)
+    if hessian is not None:
+        _checks.check_hessian_values("hessian", hessian)
     lead, k = x.shape[:-1], x.shape[-1]
     data, scale, g = scale_search.quantize(x, global_scale, method, hessian)
     scale = scale.view(torch.uint8)
@@ -91,6 +93,8 @@ def _(x, global_scale, method, hessian, swizzle):
     _checks.check_quantize_weight_args(x, global_scale, method, hessian)
     if method == "rtn":
         return quantize_triton(x, global_scale, False, swizzle)
+    if hessian is not None:
+        _checks.check_hessian_values("hessian", hessian)
     lead, k = x.shape[:-1], x.shape[-1]
     data, scale, g, _ = search(x, global_scale, method, hessian)
     if swizzle:

@@ -132,19 +132,21 @@ def search_scales(
     """(..., K) weights + fp32 g () -> (chosen e4m3 bits uint8 (..., K/16), their errors fp32),
     by evaluating every candidate (the brute force the kernels are tested against)."""
     blocks = _blocks(x)
-    rows, groups = blocks.shape[:2]
+    groups = blocks.shape[1]
     g = global_scale.float()
     rtn_bits = reference.block_scales(blocks, g).view(torch.uint8).long().reshape(-1)
     flat = blocks.reshape(-1, BLOCK_SIZE)
     u = None
-    if method == "hessian":
-        u = hessian_operand(hessian).to(flat.device).expand(rows, groups, BLOCK_SIZE, BLOCK_SIZE)
-        u = u.reshape(-1, BLOCK_SIZE, BLOCK_SIZE)
+    if method == "hessian":  # (groups, 16, 16); block b (row-major over (rows, groups)) takes u[b % groups]
+        u = hessian_operand(hessian).to(flat.device)
     bits = torch.empty_like(rtn_bits)
     errors = torch.empty(flat.shape[0], dtype=torch.float32, device=flat.device)
     for start in range(0, flat.shape[0], _CHUNK_BLOCKS):
         part = slice(start, start + _CHUNK_BLOCKS)
-        table = candidate_errors(flat[part], g, None if u is None else u[part])
+        u_part = None
+        if u is not None:  # this chunk's operands (u expanded to every block took rows x K/16 KiB)
+            u_part = u[torch.arange(start, min(start + _CHUNK_BLOCKS, flat.shape[0]), device=u.device) % groups]
+        table = candidate_errors(flat[part], g, u_part)
         bits[part] = choose_bits(table, rtn_bits[part])
         errors[part] = table.gather(1, bits[part].unsqueeze(-1)).squeeze(-1)
     shape = (*x.shape[:-1], groups)

@@ -257,10 +257,33 @@ def test_quantize_api_and_validation():
         (dict(method="hessian", hessian=eye[:1]), ValueError, r"shape \(2, 16, 16\)"),
         (dict(method="hessian", hessian=eye.double()), TypeError, "hessian must have dtype"),
         (dict(method="hessian", hessian=eye.numpy()), TypeError, "torch.Tensor"),
+        # values convert() already refused: NaN kept RTN silently, -H chose the worst scales
+        (dict(method="hessian", hessian=torch.full_like(eye, float("nan"))), ValueError, "not finite"),
+        (dict(method="hessian", hessian=-eye), ValueError, "negative diagonal"),
     ]
     for kwargs, error, match in bad:
         with pytest.raises(error, match=match):
             nv.quantize(x, **kwargs)
+
+
+def test_hessian_brute_force_in_chunks(monkeypatch):
+    """The brute force takes each block's Hessian by its column group, chunk by chunk (chunks of 7
+    blocks here: boundaries inside rows) -- the same as one chunk holding every block."""
+    x = _weights(9, 48, seed=31)
+    hessian = _hessian(48, seed=32)
+    g = reference.compute_global_scale(x)
+    want = scale_search.search_scales(x, g, "hessian", hessian)
+    monkeypatch.setattr(scale_search, "_CHUNK_BLOCKS", 7)
+    got = scale_search.search_scales(x, g, "hessian", hessian)
+    assert torch.equal(got[0], want[0])
+    torch.testing.assert_close(got[1], want[1], rtol=0, atol=0, equal_nan=True)
+    # and each block's error is the quadratic form with its own group's H (errors are in units
+    # of g^2: the module docstring)
+    w_hat = reference.dequantize(scale_search.encode(x, want[0], g), want[0].view(torch.float8_e4m3fn),
+                                 g).reshape(9, 3, 16)
+    d = x.float().reshape(9, 3, 16) - w_hat
+    quad = torch.einsum("rgi,gij,rgj->rg", d, hessian, d)
+    torch.testing.assert_close(want[1] * g * g, quad, rtol=1e-4, atol=1e-6, equal_nan=True)
 
 
 def test_config_and_convert_with_methods():
