@@ -353,8 +353,10 @@ class LinearToNVFP4(_compat.CustomGraphPass):
             retiled = graph.call_function(TILE_WEIGHT, (
                 interleaved(data, [k // 2]), interleaved(scale, [k // BLOCK_SIZE])))
             parts = [graph.call_function(operator.getitem, (retiled, i)) for i in range(2)]
+            # per row (2n,), or one fused gate_up weight's per-tensor scale (): one a row either way
+            g = graph.call_function(aten.expand.default, (y.args[3], [2 * n]))
             out = graph.call_function(torch.ops.nvfp4.linear_tiled_silu_mul.default, (
-                y.args[0], *parts, interleaved(y.args[3], []), None, n, y.args[6]))
+                y.args[0], *parts, interleaved(g, []), None, n, y.args[6]))
             if viewed:
                 out.meta["val"] = gate.meta["val"]
                 out = graph.call_function(aten.view.default, (out, list(node.meta["val"].shape)))

@@ -587,6 +587,37 @@ def test_linears_reading_one_input_merge_into_one_gemm(caplog):
     assert ((y.float() - want.float()).norm() / want.float().norm()).item() < 1e-2
 
 
+class FusedGateUp(nn.Module):
+    """One bias-less gate_up projection whose output halves are sliced (a checkpoint's fused
+    layout): one weight, so one per-tensor global scale for both halves."""
+
+    def __init__(self, gate_first=True):
+        super().__init__()
+        self.gate_up = nn.Linear(64, 256, bias=False)
+        self.gate_first = gate_first
+
+    def forward(self, x):
+        h = self.gate_up(x)
+        gate, up = (h[..., :128], h[..., 128:256]) if self.gate_first else (h[..., 128:256], h[..., :128])
+        return torch.nn.functional.silu(gate) * up
+
+
+@pytest.mark.parametrize("gate_first", [True, False])
+def test_a_fused_gate_up_projection_takes_the_gated_epilogue(gate_first):
+    """Its per-tensor global scale (0-d) goes to every interleaved row (it crashed compilation: a
+    slice of a 0-d tensor)."""
+    torch.manual_seed(0)
+    model = FusedGateUp(gate_first).to(torch.bfloat16).eval()
+    x = torch.randn(2, 64, dtype=torch.bfloat16)
+    y, code = _compiled_code(model, x)
+    assert "\n".join(code).count("torch.ops.nvfp4.linear_tiled_silu_mul.default(") == 1
+    with torch.no_grad():
+        h = nv.linear(x, nv.quantize(model.gate_up.weight))
+        gate, up = (h[..., :128], h[..., 128:]) if gate_first else (h[..., 128:], h[..., :128])
+        want = nv.reference.silu_mul(gate, up)
+    assert torch.equal(y, want)
+
+
 @pytest.mark.parametrize("rows, width", [(65, 64), (3, 80)])
 def test_linears_stay_apart_above_decode_size_or_off_the_tile(rows, width):
     """More than MERGE_MAX_M rows (prefill keeps cuBLAS's scalar alpha), or an N that is not a

@@ -537,6 +537,24 @@ def test_gate_up_template_applies_silu_mul(template_inductor, activations, m, ml
     assert err < (2**-6 if activations == "bf16" else 0.08), err
 
 
+def test_fused_gate_up_template_applies_silu_mul(template_inductor):
+    """One gate_up weight sliced in halves (a per-tensor global scale for both): the same gated
+    template, each interleaved row taking that scale."""
+    from test_backend import FusedGateUp
+
+    torch.manual_seed(3)
+    model = FusedGateUp().to(device=template_inductor, dtype=torch.bfloat16).eval()
+    x = torch.randn(3, 64, device=template_inductor, dtype=torch.bfloat16)
+    y, code = run_and_get_code(nv.compile(model, nv.Config(activations="bf16")), x)
+    kernels = [line for line in "\n".join(code).splitlines() if ".run(" in line]
+    assert len(kernels) == 1 and "triton_tem" in kernels[0], kernels
+    with torch.no_grad():
+        h = _linear_eager(model.gate_up, x, "bf16")
+        expected = nn.functional.silu(h[:, :128]) * h[:, 128:]
+    err = _rel_err(y, expected)
+    assert err < 2**-6, err
+
+
 class ScaledLinear(nn.Module):
     """linear(x * s), or linear(RMSNorm(x)) with norm: a producer kernel in front of the linear. s
     holds powers of two, so x * s is exact in bf16 and the eager reference sees the same activation
