@@ -537,6 +537,33 @@ def test_gate_up_template_applies_silu_mul(template_inductor, activations, m, ml
     assert err < (2**-6 if activations == "bf16" else 0.08), err
 
 
+class TransposedInput(nn.Module):
+    """A linear whose x is a column-major view: given so, or transposed in the graph."""
+
+    def __init__(self, in_graph):
+        super().__init__()
+        self.linear = nn.Linear(64, 80)
+        self.in_graph = in_graph
+
+    def forward(self, x):
+        return self.linear(torch.relu(x).t() if self.in_graph else x)
+
+
+@pytest.mark.parametrize("in_graph", [False, True])
+def test_template_reads_a_column_major_x(template_inductor, in_graph):
+    """The template reads x's rows as runs of K: an x with another K stride is copied first (it
+    was read as if contiguous)."""
+    torch.manual_seed(4)
+    model = TransposedInput(in_graph).to(device=template_inductor, dtype=torch.bfloat16).eval()
+    x = torch.randn(64, 5, device=template_inductor, dtype=torch.bfloat16)
+    x_in = x if in_graph else x.t()
+    y, code = run_and_get_code(nv.compile(model, nv.Config(activations="bf16")), x_in)
+    assert "triton_tem" in "\n".join(code)
+    expected = _linear_eager(model.linear, torch.relu(x).t().contiguous() if in_graph else x_in.contiguous(), "bf16")
+    err = _rel_err(y, expected)
+    assert err < 2**-7, err
+
+
 def test_fused_gate_up_template_applies_silu_mul(template_inductor):
     """One gate_up weight sliced in halves (a per-tensor global scale for both): the same gated
     template, each interleaved row taking that scale."""

@@ -128,6 +128,15 @@ def _uses_template(x) -> bool:
     return gemm_configs.template_device(x.get_device()) and static and all(int(s) > 0 for s in sizes)
 
 
+def _unit_k_stride(x):
+    """x (M, K) in row-major order (K's stride 1, any row stride), as the template's mainloops
+    read x's rows: a column-major x (a transposed view, or a copy Inductor lays out like one) was
+    read as if row-major (found by an audit). A flexible layout is frozen so, a fixed one copied."""
+    if x.get_stride()[-1] == 1 and not isinstance(x.get_layout(), ir.FlexibleLayout):
+        return x
+    return ir.ExternKernel.require_stride_order(x, [1, 0])
+
+
 def _even_rows(x) -> bool:
     """x's rows start at even element offsets (a static layout): 4-byte aligned bf16 pairs."""
     layout = x.get_layout()
@@ -185,6 +194,7 @@ def lower_linear_tiled(x, w_data, w_scale, w_global_scale, bias, n, activation, 
             # W4A16 multiplies x rounded to bf16; the register-fed mainloop reads x's words as bf16
             # pairs (an fp16 x read so came out inf: found by an audit)
             x2 = to_dtype(x2, torch.bfloat16)
+        x2 = _unit_k_stride(realize_inputs(x2))
         inputs = realize_inputs(x2, w_data, w_scale)
         extern_choice = extern_mm_tiled_f32
     if activation == "nvfp4" and not glu:  # (the GLU template multiplies them itself)
