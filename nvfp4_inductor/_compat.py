@@ -127,3 +127,14 @@ def template_launch_options() -> bool:
     from torch._inductor.select_algorithm import TritonTemplate
 
     return "triton_meta" in inspect.signature(TritonTemplate.generate).parameters
+
+
+def is_module_tensor_input(placeholder, example) -> bool:
+    """Whether a graph input is one of the module's parameters or buffers that Dynamo lifted (as it
+    does while freezing is off): Parameters arrive as such; buffers as plain tensors, whose
+    placeholder Dynamo marks a static input ("_dynamo_static_input_type" in its tensor_dict,
+    torch 2.11 and 2.13; so are inputs a user marks with mark_static_address)."""
+    if isinstance(example, torch.nn.Parameter):
+        return True
+    return (isinstance(example, torch.Tensor)
+            and "_dynamo_static_input_type" in placeholder.meta.get("tensor_dict", {}))

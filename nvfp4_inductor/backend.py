@@ -52,11 +52,15 @@ def nvfp4_backend(gm: torch.fx.GraphModule, example_inputs, mode=None, options=N
         raise TypeError(f"options['{CONFIG_KEY}'] must be an nvfp4_inductor.Config; got {config!r}")
     _check_no_calibration_data(config)
     patches = _inductor_patches(mode, options)
-    lifted = sum(isinstance(t, nn.Parameter) for t in example_inputs)
+    # the module's tensors as graph inputs (weights only: 2-D floating point): a Linear's parameter,
+    # or a weight held in a buffer (such a model has no parameter to count)
+    placeholders = gm.graph.find_nodes(op="placeholder")
+    lifted = sum(_compat.is_module_tensor_input(node, t) and t.dim() == 2 and t.is_floating_point()
+                 for node, t in zip(placeholders, example_inputs))
     if torch.is_grad_enabled() or lifted:
         why = ("gradients are enabled: run inference under torch.no_grad()" if torch.is_grad_enabled()
-               else f"{lifted} parameters arrived as graph inputs (Dynamo lifts them as constants "
-                    "only while freezing is on)")
+               else f"{lifted} parameters or buffers arrived as graph inputs (Dynamo lifts them as "
+                    "constants only while freezing is on)")
         warnings.warn(f"backend='nvfp4' compiled this graph without NVFP4: {why}. Use "
                       "nvfp4_inductor.compile(model), which sets both up, or "
                       "nvfp4_inductor.convert(model) first.", stacklevel=2)

@@ -268,10 +268,36 @@ def test_backend_judges_layers_by_module_path(caplog):
 def test_plain_torch_compile_warns_and_keeps_bf16():
     model = _block()
     x = torch.randn(4, 64, dtype=torch.bfloat16)
-    with torch.no_grad(), pytest.warns(UserWarning, match="parameters arrived as graph inputs"):
+    with torch.no_grad(), pytest.warns(UserWarning, match="parameters or buffers arrived as graph inputs"):
         y = torch.compile(model, backend="nvfp4")(x)
     with torch.no_grad():
         assert torch.equal(y, model(x))
+
+
+class BufferWeight(nn.Module):
+    """A linear whose weight is a buffer (no parameters at all)."""
+
+    def __init__(self):
+        super().__init__()
+        self.register_buffer("w", torch.randn(64, 64, dtype=torch.bfloat16))
+
+    def forward(self, x):
+        return torch.nn.functional.linear(x, self.w)
+
+
+def test_plain_torch_compile_warns_for_a_weight_in_a_buffer():
+    """Buffers arrive as plain tensors, not Parameters: they count too (the backend compiled such
+    a model in bf16 without a word)."""
+    torch.manual_seed(0)
+    model = BufferWeight().eval()
+    x = torch.randn(4, 64, dtype=torch.bfloat16)
+    with torch.no_grad(), pytest.warns(UserWarning, match="1 parameters or buffers arrived as graph inputs"):
+        y = torch.compile(model, backend="nvfp4")(x)
+    with torch.no_grad():
+        assert torch.equal(y, model(x))
+        torch._dynamo.reset()
+        want = nv.linear(x, nv.quantize(model.w))
+        assert torch.equal(nv.compile(model, nv.Config(activations="bf16"))(x), want)  # frozen: NVFP4
 
 
 def test_grad_enabled_warns_and_keeps_bf16():
