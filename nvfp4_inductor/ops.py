@@ -368,6 +368,10 @@ def linear_tiled(
 ) -> Tensor:
     """nvfp4::linear with W (N = n rows) in the tiled layout -> (..., N) in x.dtype.
 
+    The tiled layout pads N and K to whole 64 x 64 tiles and records neither: n must be the
+    weight's row count and x's K its column count (checked only up to the padding: a K or n short
+    of the weight's by less than a tile reads part of it).
+
     norm_h: an RMSNorm deferred into the linear (backend="nvfp4" at W4A16 decode): x is the norm's
     input h times its weight, norm_h is h, and each row's products are multiplied by
     rsqrt(mean(h^2) + norm_eps) (reference.rms_scale) before the global scale and the bias."""
