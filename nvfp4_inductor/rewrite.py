@@ -261,10 +261,15 @@ class LinearToNVFP4(_compat.CustomGraphPass):
         # x as the graph has it now: where x is an earlier linear's output (two linears in a
         # row), that linear was converted and its node replaced since the list was made.
         x = _mm_operands(first)[1]
+        x_val = x.meta.get("val")
+        # a linear called twice on the same x is one weight in the GEMM, not two copies
+        slot: dict = {}  # (weight, bias) -> its place among the GEMM's weights
+        places = [slot.setdefault((weight, b), len(slot)) for _, b, _, weight, _ in group]
+        members = [group[places.index(i)] for i in range(len(slot))]
         with graph.inserting_before(first):
-            parts = [self._quantized(graph, weight) for _, _, _, weight, _ in group]
-            widths = [weight.meta["val"].shape[0] for _, _, _, weight, _ in group]
-            if len(group) == 1:
+            parts = [self._quantized(graph, weight) for _, _, _, weight, _ in members]
+            widths = [weight.meta["val"].shape[0] for _, _, _, weight, _ in members]
+            if len(members) == 1:
                 data, scale, g = parts[0]
             else:
                 data = graph.call_function(aten.cat.default, ([p[0] for p in parts], 0))
@@ -272,16 +277,15 @@ class LinearToNVFP4(_compat.CustomGraphPass):
                 g = graph.call_function(aten.cat.default, ([
                     graph.call_function(aten.expand.default, (p[2], [n])) for p, n in zip(parts, widths)], 0))
                 if bias is not None:
-                    bias = graph.call_function(aten.cat.default, ([b for _, b, _, _, _ in group], 0))
+                    bias = graph.call_function(aten.cat.default, ([b for _, b, _, _, _ in members], 0))
             tiled = graph.call_function(TILE_WEIGHT, (data, scale))
             data, scale = (graph.call_function(operator.getitem, (tiled, i)) for i in range(2))
             y = graph.call_function(torch.ops.nvfp4.linear_tiled.default,
                                     (x, data, scale, g, bias, sum(widths), self.activation))
-            if len(group) == 1:
+            if len(members) == 1:
                 y.meta.update(first.meta)
                 outputs = [y]
             else:
-                x_val = x.meta["val"]
                 with x_val.fake_mode:
                     y.meta["val"] = x_val.new_empty((*x_val.shape[:-1], sum(widths)))
                 outputs, start = [], 0
@@ -291,8 +295,9 @@ class LinearToNVFP4(_compat.CustomGraphPass):
                         out.meta["val"] = y.meta["val"][..., start:start + n]
                     outputs.append(out)
                     start += n
-                self.merged.append([name for *_, name in group])
-        for (node, *_), out in zip(group, outputs):
+                self.merged.append([name for *_, name in members])
+        for (node, *_), place in zip(group, places):
+            out = outputs[place]
             if len(group) > 1 and _reaches_output(node):
                 # eager returns each linear's own contiguous tensor, not a slice of a wider one
                 with graph.inserting_after(out):
@@ -303,7 +308,7 @@ class LinearToNVFP4(_compat.CustomGraphPass):
                 out = own
             node.replace_all_uses_with(out)
             graph.erase_node(node)
-        self.converted += [name for *_, name in group]
+        self.converted += [name for *_, name in members]
 
     def _gate(self, graph: fx.Graph, node: fx.Node) -> None:
         """F.silu(gate) * up with gate and up the two halves of one merged bias-less GEMM (a

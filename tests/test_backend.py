@@ -613,6 +613,33 @@ def test_linears_reading_one_input_merge_into_one_gemm(caplog):
     assert ((y.float() - want.float()).norm() / want.float().norm()).item() < 1e-2
 
 
+class CalledTwice(nn.Module):
+    """One linear applied twice to the same x, beside another reading it."""
+
+    def __init__(self):
+        super().__init__()
+        self.a, self.b = nn.Linear(64, 64), nn.Linear(64, 128)
+
+    def forward(self, x):
+        return self.a(x) * 2, self.b(x), self.a(x)
+
+
+def test_a_linear_called_twice_on_one_x_enters_the_merged_gemm_once():
+    torch.manual_seed(0)
+    model = CalledTwice().to(torch.bfloat16).eval()
+    x = torch.randn(2, 64, dtype=torch.bfloat16)
+    outs, code = _compiled_code(model, x)
+    source = "\n".join(code)
+    assert source.count("torch.ops.nvfp4.linear_tiled.default(") == 1
+    assert "192, 'bf16', None, 0.0)" in source  # a and b, not a, b and a again
+    with torch.no_grad():
+        ya = nv.linear(x, nv.quantize(model.a.weight), model.a.bias)
+        yb = nv.linear(x, nv.quantize(model.b.weight), model.b.bias)
+    for got, want in zip(outs, (ya * 2, yb, ya)):
+        assert torch.equal(got, want)
+    assert outs[2].is_contiguous() and outs[2].data_ptr() != outs[1].data_ptr()
+
+
 class FusedGateUp(nn.Module):
     """One bias-less gate_up projection whose output halves are sliced (a checkpoint's fused
     layout): one weight, so one per-tensor global scale for both halves."""
