@@ -144,7 +144,9 @@ def dequantize(data, scale, global_scale, swizzled: bool, dtype, indices=None, t
         out_lead, index = (data.shape[:-1] if tiled_nk is None else (n,)), data2  # index: unused
         m = src_rows
     else:
-        out_lead, index = indices.shape, indices.reshape(-1)
+        # (contiguous: the kernel reads the indices as a packed list; a strided view such as a
+        # block table's column gathered other rows)
+        out_lead, index = indices.shape, indices.reshape(-1).contiguous()
         m = index.numel()
     out = torch.empty((*out_lead, k), dtype=dtype, device=data.device)
     if m == 0:
