@@ -127,6 +127,29 @@ def test_splitk_mainloop_matches_reference(kernel_device, m, n, k, swizzled, con
     assert torch.equal(again, y)
 
 
+@pytest.mark.parametrize("reg_mma", [False, True])
+def test_skinny_gemm_reads_any_scale_byte(kernel_device, reg_mma):
+    """Scale bytes this package never writes but a checkpoint's may hold, read as float8_e4m3fn
+    (the reference's dequantize): 0xFF NaN, the sign bit a negative scale. The tl.dot mainloop's
+    decode (and the interpreter's byte decode); on a GPU the register-fed one (hardware e4m3)."""
+    if reg_mma and kernel_device != "cuda":
+        pytest.skip("the register-fed mainloop is inline PTX")
+    gen = torch.Generator().manual_seed(23)
+    operand = torch.bfloat16 if kernel_device == "cuda" else torch.float16
+    x = torch.randn(5, 128, generator=gen).to(operand)
+    w = nv.quantize(torch.randn(64, 128, generator=gen))
+    scale = w.scale.view(torch.uint8).clone()
+    scale[0, 0], scale[1, 1], scale[2, 2], scale[3, 3], scale[4, 4] = 0xFF, 0x80, 0xB8, 0x81, 0xC0
+    w_f32 = nv.NVFP4(w.data, scale.view(torch.float8_e4m3fn), w.global_scale, w.shape, False).dequantize(torch.float32)
+    want = x.double() @ w_f32.double().T
+    config = None if reg_mma else (16, 64, 64, 2, 4, 1)
+    y = gemm_splitk.gemm_splitk(x.to(kernel_device), w.data.to(kernel_device), scale.to(kernel_device),
+                                w.global_scale.to(kernel_device), None, torch.float32, False, config=config,
+                                reg_mma=reg_mma or None).cpu()
+    assert y[:, 0].isnan().all() and not y[:, 1:].isnan().any()
+    assert _rel(y[:, 1:], want[:, 1:]) <= 1e-5
+
+
 @pytest.mark.parametrize("m, n, k", [(1, 64, 64), (5, 80, 208), (16, 128, 512)])
 def test_splitk_on_tiled_weights_matches_reference(kernel_device, m, n, k):
     from nvfp4_inductor import tiled

@@ -337,6 +337,28 @@ def test_dequantize_kernel_matches_reference(kernel_device, shape, swizzle, per_
             torch.testing.assert_close(got.cpu(), want, rtol=0, atol=0, equal_nan=True)
 
 
+def _foreign_scale_bytes(scale):
+    """Scale bytes this package never writes but a checkpoint's may hold, as float8_e4m3fn reads
+    them: 0xFF (NaN, what torch writes for NaN on x86), 0x80 (-0), 0xB8 (-1.0), 0x81 (the
+    smallest negative subnormal)."""
+    scale = scale.clone()
+    flat = scale.view(torch.uint8).view(-1)
+    flat[0], flat[1], flat[2], flat[5] = 0xFF, 0x80, 0xB8, 0x81
+    return scale
+
+
+@pytest.mark.parametrize("swizzle", [False, True])
+def test_dequantize_kernel_reads_any_scale_byte(kernel_device, swizzle):
+    gen = torch.Generator().manual_seed(17)
+    data, scale, g = OPS.quantize(torch.randn(4, 48, generator=gen), None, False, swizzle)
+    scale = _foreign_scale_bytes(scale)
+    want = OPS.dequantize(data, scale, g, swizzle, torch.float32)
+    got = dequantize_kernels.dequantize(data.to(kernel_device), scale.to(kernel_device), g.to(kernel_device),
+                                        swizzle, torch.float32)
+    assert want.isnan().any() and (want < 0).any()
+    torch.testing.assert_close(got.cpu(), want, rtol=0, atol=0, equal_nan=True)
+
+
 @pytest.mark.parametrize("index_dtype", [torch.int32, torch.int64])
 @pytest.mark.parametrize("swizzle", [False, True])
 def test_dequantize_rows_kernel(kernel_device, index_dtype, swizzle):
@@ -348,6 +370,10 @@ def test_dequantize_rows_kernel(kernel_device, index_dtype, swizzle):
     got = dequantize_kernels.dequantize(data, scale, g, swizzle, torch.float32, indices)
     assert got.shape == (3, 7, 80)
     assert torch.equal(got.cpu(), full[indices.cpu().long()])
+    # a strided view of indices (a block table's column): read by its strides, not as packed
+    table = torch.randint(0, 200, (6, 3), generator=gen).to(index_dtype).to(kernel_device)
+    got = dequantize_kernels.dequantize(data, scale, g, swizzle, torch.float32, table[:, 1])
+    assert torch.equal(got.cpu(), full[table[:, 1].cpu().long()])
     # Unchecked out-of-range indices (what a CUDA-graph capture would see) give NaN rows.
     bad = torch.tensor([0, -1, 200, 5], dtype=index_dtype, device=kernel_device)
     rows = dequantize_kernels.dequantize(data, scale, g, swizzle, torch.float32, bad).cpu()

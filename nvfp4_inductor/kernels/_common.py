@@ -121,15 +121,19 @@ def e4m3_rne_bits(t, HW: tl.constexpr = False):
 
 @triton.jit
 def e4m3_bits_to_f32(bits, HW: tl.constexpr = False):
-    """int32 e4m3 bits (0..0x7F) -> fp32 value (0x7F -> NaN)."""
+    """int32 e4m3 bits (0..0xFF, as a uint8 scale byte read) -> fp32 value, as float8_e4m3fn:
+    0x7F and 0xFF NaN, bit 7 the sign. (Scales this package writes are 0..0x7F; a checkpoint's may
+    hold 0xFF, the NaN torch writes on x86, or a sign: read as the reference reads them.)"""
     if HW:
         return bits.to(tl.uint8).to(tl.float8e4nv, bitcast=True).to(tl.float32)
-    exponent = bits >> 3
+    magnitude = bits & 0x7F
+    exponent = magnitude >> 3
     mantissa = bits & 7
     normal = (((exponent + 120) << 23) | (mantissa << 20)).to(tl.float32, bitcast=True)
     subnormal = mantissa.to(tl.float32) * (1.0 / _E4M3_SUBNORMAL_STEPS)
     value = tl.where(exponent == 0, subnormal, normal)
-    return tl.where(bits == FP8_NAN, float("nan"), value)
+    value = tl.where(magnitude == FP8_NAN, float("nan"), value)
+    return tl.where(bits >= 0x80, -value, value)
 
 
 @triton.jit

@@ -74,16 +74,18 @@ _SCALE_BIAS: tl.constexpr = tl.constexpr(2.0**127)  # s * 2^-8 -> s * 2^119; cod
 
 @triton.jit
 def _operand_scale(bits, OPERAND: tl.constexpr):
-    """int32 e4m3 bits -> the block scale factor of the decode, as OPERAND: bf16 s * 2^119 (for
-    the word decode, whose codes carry 2^-126) or fp16 s * 2^-7 (the byte decode); NaN for 0x7F.
-    fp16 bits (e4m3 << 7) are exactly s * 2^-8, normal and subnormal e4m3 alike: 5 instructions a
-    scale instead of ~15 for a general e4m3 decode (each thread decodes one scale per 8 weights)."""
-    s = (bits << 7).to(tl.int16).to(tl.float16, bitcast=True).to(tl.float32)
+    """int32 e4m3 bits (0..0xFF) -> the block scale factor of the decode, as OPERAND: bf16
+    s * 2^119 (for the word decode, whose codes carry 2^-126) or fp16 s * 2^-7 (the byte decode);
+    NaN for 0x7F and 0xFF, bit 7 the sign (as float8_e4m3fn: a checkpoint's scale byte may hold
+    them). fp16 bits (magnitude << 7 | sign << 15) are exactly s * 2^-8, normal and subnormal
+    e4m3 alike: a few instructions a scale instead of ~15 for a general e4m3 decode."""
+    magnitude = bits & 0x7F
+    s = ((magnitude << 7) | ((bits & 0x80) << 8)).to(tl.int16).to(tl.float16, bitcast=True).to(tl.float32)
     if OPERAND == tl.bfloat16:
         s = s * _SCALE_BIAS
     else:
         s = s * 2.0
-    return tl.where(bits == FP8_NAN, float("nan"), s).to(OPERAND)
+    return tl.where(magnitude == FP8_NAN, float("nan"), s).to(OPERAND)
 
 
 @triton.jit
