@@ -61,7 +61,11 @@ def _global_scale_tensor(global_scale, x: Tensor, per_row: bool,
         )
     if per_row:
         raise ValueError(f"per_row=True needs a {name} tensor of shape x.shape[:-1], not a number")
-    g = torch.tensor(float(global_scale), dtype=torch.float32)  # the value used: fp32
+    try:
+        value = float(global_scale)
+    except OverflowError:  # an int beyond any float (10**400): not finite in float32 either
+        value = math.inf
+    g = torch.tensor(value, dtype=torch.float32)  # the value used: fp32
     if not (math.isfinite(g.item()) and g.item() > 0):
         raise ValueError(f"{name} must be finite and > 0 in float32; got {global_scale} "
                          f"({g.item()} in float32)")

@@ -34,6 +34,7 @@ CASES = [
     ("g bool", lambda: nv.quantize(X, True), TypeError, "global_scale must be None, a float"),
     ("g number per row", lambda: nv.quantize(X, 1.0, per_row=True), ValueError, "per_row=True needs a global_scale tensor"),
     ("g overflows fp32", lambda: nv.quantize(X, 1e39), ValueError, r"finite and > 0 in float32; got 1e\+39 \(inf"),
+    ("g overflows float", lambda: nv.quantize(X, 10**400), ValueError, r"finite and > 0 in float32; got 1000"),
     ("g underflows fp32", lambda: nv.quantize(X, 1e-46), ValueError, r"finite and > 0 in float32; got 1e-46 \(0.0"),
     ("swizzle not bool", lambda: nv.quantize(X, swizzle="yes"), TypeError, "swizzle must be a bool"),
     ("per_row not bool", lambda: nv.quantize(X, per_row=1), TypeError, "per_row must be a bool"),
