@@ -138,3 +138,11 @@ def is_module_tensor_input(placeholder, example) -> bool:
         return True
     return (isinstance(example, torch.Tensor)
             and "_dynamo_static_input_type" in placeholder.meta.get("tensor_dict", {}))
+
+
+def inductor_config_defaults() -> dict:
+    """Inductor's config options and their current values (what options= may set; torch.compile's
+    Inductor wrapper checks its options against the same copy)."""
+    from torch._inductor import config
+
+    return config.get_config_copy()

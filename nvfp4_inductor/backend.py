@@ -24,10 +24,34 @@ __all__ = ["nvfp4_backend", "compile"]
 CONFIG_KEY = "nvfp4"  # options={"nvfp4": Config(...)} carries the package's options
 
 
-def _inductor_patches(mode, options: dict) -> dict:
+def _inductor_patches(mode, options) -> dict:
+    """mode's Inductor options, then the user's (Inductor config names, "_" or "-" spelled, with
+    values of the option's type, checked here as torch.compile's Inductor wrapper checks them)."""
+    if not isinstance(options, dict):
+        raise TypeError(f"options must be a dict of Inductor config options; got {type(options).__name__}")
     patches = dict(_compat.list_mode_options(mode)) if mode not in (None, "default") else {}
-    patches.update(options)
+    defaults = _compat.inductor_config_defaults()
+    for key, value in options.items():
+        name = key.replace("-", "_") if isinstance(key, str) else key
+        if name not in defaults:
+            raise ValueError(f"options: {key!r} is not an Inductor config option")
+        default = defaults[name]
+        if default is not None and not isinstance(value, type(default)) and not (
+                isinstance(default, float) and isinstance(value, int) and not isinstance(value, bool)):
+            raise TypeError(f"options[{key!r}] must be a {type(default).__name__} (Inductor's "
+                            f"default: {default!r}); got {value!r}")
+        patches[name] = value
+    # The rewrite is a joint-graph pass over decomposed linears (mm / addmm): mode="lite" turns
+    # both off, which compiled the model in bf16 without a word.
+    off = {name: patches[name] for name, needed in _REWRITE_NEEDS.items()
+           if name in patches and patches[name] != needed}
+    if off:
+        raise ValueError(f"backend='nvfp4' needs {_REWRITE_NEEDS} for its rewrite of the linears; "
+                         f"mode={mode!r} / options set {off}")
     return patches
+
+
+_REWRITE_NEEDS = {"use_joint_graph_passes": True, "selective_decompose": False}
 
 
 def _check_no_calibration_data(config: Config) -> None:
@@ -154,6 +178,8 @@ def compile(model, config: Config | None = None, *, mode=None, options=None, **c
     and whenever Dynamo traces during a call it does so preparing freezing, so the weights are
     quantized once, at compile time. The Config comes as config, or as options["nvfp4"] (what
     torch.compile(backend="nvfp4", options=...) takes), not both."""
+    if options is not None and not isinstance(options, dict):
+        raise TypeError(f"options must be a dict of Inductor config options; got {type(options).__name__}")
     options = dict(options or {})
     if CONFIG_KEY in options:
         if config is not None:

@@ -333,6 +333,35 @@ def test_modes_options_and_bad_config():
         nv.compile(model, nv.Config(), options={"nvfp4": nv.Config()})
 
 
+def test_inductor_options_are_checked_at_once():
+    """options as torch.compile's Inductor wrapper takes them ("_" or "-" spelled, values of the
+    option's type), checked when compiling is asked for, not at the first call; mode="lite" (or
+    options turning the joint-graph passes off) compiled in bf16 without a word."""
+    model = _block()
+    x = torch.randn(4, 64, dtype=torch.bfloat16)
+    torch._dynamo.reset()
+    assert torch.equal(nv.compile(model, nv.Config(activations="bf16"), options={"max-autotune": False})(x),
+                       _eager_nvfp4(model, x))
+    bad = [({"max_autotune": "no"}, TypeError, r"options\['max_autotune'\] must be a bool"),
+           ({"not_an_option": 1}, ValueError, "'not_an_option' is not an Inductor config option"),
+           ("max_autotune", TypeError, "options must be a dict"),
+           ({"use_joint_graph_passes": False}, ValueError, "needs .* for its rewrite of the linears")]
+    for options, error, match in bad:
+        with pytest.raises(error, match=match):
+            nv.compile(model, options=options)
+    try:  # (torch 2.13 has mode="lite"; older versions may not)
+        lite = torch._inductor.list_mode_options("lite")
+    except Exception:
+        lite = {}
+    if lite.get("use_joint_graph_passes") is False:
+        with pytest.raises(ValueError, match="mode='lite'"):
+            nv.compile(model, mode="lite")
+    torch._dynamo.reset()
+    with torch.no_grad(), torch._inductor.config.patch(freezing=True), \
+            pytest.raises(Exception, match="is not an Inductor config option"):
+        torch.compile(model, backend="nvfp4", options={"not_an_option": 1})(x)
+
+
 def test_converted_model_compiles_through_the_backend(caplog):
     model = _block()
     nv.convert(model, nv.Config(activations="bf16"))
