@@ -11,6 +11,8 @@ fp32, rounded to their dtype: apply_rope, the model's own), writes k and v into 
 at pos (in place: the caches are the op's mutated arguments), and attends keys 0 .. pos; later
 cache slots are not read (the step's causal mask, which also hides slots not written yet).
 -> (B, H, D) in q's dtype: softmax(q k^T / sqrt(D)) v, scores, softmax and sums in fp32.
+pos must lie in [0, L): a CPU pos outside raises ValueError; a device pos cannot be checked without
+a host sync, so there the kernels write nothing and every output is NaN.
 
 A custom op (`nvfp4_example::decode_attention`), so torch.compile keeps it whole (and re-inplaces
 its cache writes: no copy of the caches); on CUDA two Triton kernels, flash-decoding style.
@@ -88,12 +90,15 @@ def _partials_kernel(q_ptr, k_ptr, v_ptr, cos_ptr, sin_ptr, k_cache_ptr, v_cache
     is_new = (keys == pos)[:, None]
     k = tl.where(is_new, k_new[None, :], k)
     v = tl.where(is_new, v_new[None, :], v)
-    # the program whose keys hold pos writes the new key and value (no other program reads slot pos)
-    mine = (pos // BLOCK_L == s) & (pos < L)
+    # the program whose keys hold pos writes the new key and value (no other program reads slot
+    # pos); a pos outside [0, L) writes nothing and attends no key: every output NaN (pos = -1
+    # wrote before the cache: pos // BLOCK_L truncates to 0)
+    in_range = (pos >= 0) & (pos < L)
+    mine = (pos // BLOCK_L == s) & in_range
     slot = (bkv.to(tl.int64) * L + pos) * D + d
     tl.store(k_cache_ptr + slot, k_new, mask=mine & (d < D))
     tl.store(v_cache_ptr + slot, v_new, mask=mine & (d < D))
-    valid = (keys <= pos) & (keys < L)
+    valid = (keys <= pos) & (keys < L) & in_range
     if F32_DOT:  # fp32 inputs, or the Triton interpreter (no bf16 tl.dot)
         q, k, v = q.to(tl.float32), k.to(tl.float32), v.to(tl.float32)
         scores = tl.dot(q, tl.trans(k), input_precision="ieee")
@@ -163,9 +168,17 @@ def apply_rope(x, cos, sin):
     return torch.cat((x1 * cos - x2 * sin, x1 * sin + x2 * cos), dim=-1).to(x.dtype)
 
 
+def _check_position(pos, length) -> None:
+    """pos in [0, L): checked where reading it costs no host sync (a CPU pos). On the GPU the
+    kernels cannot raise: a pos outside the cache writes nothing and makes every output NaN."""
+    if pos.device.type == "cpu" and not 0 <= int(pos.item()) < length:
+        raise ValueError(f"pos {int(pos.item())} is outside the cache's positions 0 .. {length - 1}")
+
+
 def reference(q, k, v, cos, sin, k_cache, v_cache, pos):
     """The op in torch (its CPU implementation): the caches written in place, attention in fp32."""
     _check(q, k, v, cos, sin, k_cache, v_cache, pos)
+    _check_position(pos, k_cache.shape[2])
     q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
     k_cache[:, :, pos] = k[:, :, None]
     v_cache[:, :, pos] = v[:, :, None]
@@ -195,6 +208,8 @@ def launch(q, k, v, cos, sin, k_cache, v_cache, pos, block_l=BLOCK_L, num_warps=
                          f"{q.shape[-1]}, {block_l}")
     batch, heads, dim = q.shape
     kv_heads, length = k_cache.shape[1], k_cache.shape[2]
+    _check_position(pos, length)
+    cos, sin = cos.contiguous(), sin.contiguous()  # (1, D / 2): the kernel reads them packed
     splits = triton.cdiv(length, block_l)
     out = torch.empty(q.shape, dtype=q.dtype, device=q.device)
     partials = torch.empty(batch * heads * splits * (dim + 2), dtype=torch.float32, device=q.device)

@@ -251,6 +251,37 @@ def test_decode_attention_op_checks():
         decode_attention.launch(*odd, pos)
 
 
+def test_decode_attention_position_outside_the_cache(kernel_device, monkeypatch):
+    """A CPU pos outside [0, L) is an error (the torch form wrapped -1 to the last slot); the
+    kernels, which cannot raise (a device pos, a CUDA-graph replay), write nothing and make every
+    output NaN (pos = -1 wrote the slot before the cache). Strided cos / sin are read by their
+    strides (the kernel read them packed)."""
+    inputs = _attention_inputs(7, 1, 4, 2, 70, 16, "cpu", torch.float32)
+    for fn in (decode_attention.reference, decode_attention.launch):
+        for pos in (-1, 70):
+            with pytest.raises(ValueError, match=f"pos {pos} is outside the cache's positions 0 .. 69"):
+                fn(*(t.clone() for t in inputs), torch.tensor([pos]))
+    q, k, v, cos, sin, k_cache, v_cache = (t.to(kernel_device) for t in inputs)
+    # the caches as views into wider buffers: what lies around them must stay as it was
+    k_buf, v_buf = (torch.randn(3, c.numel(), device=kernel_device) for c in (k_cache, v_cache))
+    k_buf[1], v_buf[1] = k_cache.reshape(-1), v_cache.reshape(-1)
+    before = k_buf.clone(), v_buf.clone()
+    k_view, v_view = (b[1].view(k_cache.shape) for b in (k_buf, v_buf))
+    monkeypatch.setattr(decode_attention, "_check_position", lambda pos, length: None)
+    for pos in (-1, 70):
+        out = decode_attention.launch(q, k, v, cos, sin, k_view, v_view, torch.tensor([pos], device=kernel_device))
+        assert out.isnan().all()
+        assert torch.equal(k_buf, before[0]) and torch.equal(v_buf, before[1])
+    angles = torch.randn(1, 16)
+    strided = angles.cos()[:, ::2], angles.sin()[:, ::2]  # (1, 8), stride 2
+    packed = [t.contiguous() for t in strided]
+    pos = torch.tensor([66], device=kernel_device)
+    caches = [(k_cache.clone(), v_cache.clone()) for _ in range(2)]
+    outs = [decode_attention.launch(q, k, v, *(t.to(kernel_device) for t in rope), *c, pos)
+            for rope, c in zip((strided, packed), caches)]
+    assert torch.equal(outs[0], outs[1]) and torch.equal(caches[0][0], caches[1][0])
+
+
 @pytest.mark.gpu
 def test_decode_attention_off_the_kernels_on_cuda():
     # A head dim the kernels do not take (80) and non-contiguous caches: the torch form, on CUDA.
