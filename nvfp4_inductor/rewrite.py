@@ -72,11 +72,20 @@ def _is_transpose(node: fx.Node) -> bool:
 
 
 def _weight_of(node: fx.Node, params) -> fx.Node | None:
-    """permute(W, [1, 0]) with W a lifted parameter or buffer placeholder -> W, else None."""
+    """permute(W, [1, 0]) with W a lifted parameter or buffer placeholder -> W; permute(cast(W))
+    (torch.autocast's copy of an fp32 W in bf16, W read by nothing else) -> the cast, quantized
+    as the GEMM would read it (freezing folds it); else None."""
     if not (isinstance(node, fx.Node) and node.op == "call_function" and _is_transpose(node)):
         return None
     weight = node.args[0]
+    if _call(weight, _CONVERT) and weight.args[0] in params and len(weight.args[0].users) == 1:
+        return weight
     return weight if weight in params else None
+
+
+def _param_of(weight: fx.Node) -> fx.Node:
+    """_weight_of's result -> the lifted parameter it reads (itself, or what the cast casts)."""
+    return weight.args[0] if _call(weight, _CONVERT) else weight
 
 
 TILE_WEIGHT = torch.ops.nvfp4.tile_weight.default
@@ -198,7 +207,7 @@ class LinearToNVFP4(_compat.CustomGraphPass):
             weight = _weight_of(weight_t, names)
             if weight is None:
                 continue
-            name = names[weight]
+            name = names[_param_of(weight)]
             reason = _skip_reason(weight, bias) or self.keep.get(name)
             if reason is not None:
                 self.skipped[name] = reason

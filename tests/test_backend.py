@@ -642,6 +642,23 @@ def test_linears_reading_one_input_merge_into_one_gemm(caplog):
     assert ((y.float() - want.float()).norm() / want.float().norm()).item() < 1e-2
 
 
+def test_fp32_model_under_autocast_is_converted():
+    """torch.autocast hands the GEMMs bf16 casts of the fp32 weights: those casts are quantized
+    (no linear was converted, without a word)."""
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(64, 128), nn.ReLU(), nn.Linear(128, 64)).eval()
+    x = torch.randn(4, 64)
+    torch._dynamo.reset()
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        y, code = run_and_get_code(nv.compile(model, nv.Config(activations="bf16")), x)
+    assert "\n".join(code).count("torch.ops.nvfp4.linear_tiled.default(") == 2
+    with torch.no_grad():
+        def layer(i, h):
+            return nv.linear(h, nv.quantize(model[i].weight.bfloat16()), model[i].bias.bfloat16())
+        want = layer(2, torch.relu(layer(0, x.bfloat16())))
+    assert y.dtype == torch.bfloat16 and torch.equal(y, want)
+
+
 class CalledTwice(nn.Module):
     """One linear applied twice to the same x, beside another reading it."""
 
