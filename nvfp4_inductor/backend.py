@@ -95,13 +95,14 @@ def nvfp4_backend(gm: torch.fx.GraphModule, example_inputs, mode=None, options=N
     tensors = [t for t in example_inputs if isinstance(t, torch.Tensor)] + [t for _, t in constants]
     devices = {t.device.type for t in tensors}
     sample = next(iter(tensors), torch.empty(0))
-    names = [name for name, _ in constants]
-    # Config's decisions, taken here (the pass sees no modules) and part of the pass's cache key.
-    # Judged by module path ("layers.0.mlp.lm_head"), as convert() does, where Dynamo recorded it.
+    # Each constant by its module path ("layers.0.mlp.lm_head.weight") where Dynamo recorded one
+    # (else its flat name, "L__self___lm_head_weight"): Config's decisions, taken here (the pass
+    # sees no modules) and part of the pass's cache key, judge that path as convert() does, and
+    # the pass's log names the weights by it, as Config.include is given them.
     paths = gm.meta.get("dynamo_flat_name_to_original_fqn", {})
-    keep = {name: layer_skip_reason(config, paths.get(name, name).removesuffix(".weight"),
-                                    tuple(p.shape))
-            for name, p in constants if p.dim() == 2}
+    names = [paths.get(name, name) for name, _ in constants]
+    keep = {path: layer_skip_reason(config, path.removesuffix(".weight"), tuple(p.shape))
+            for path, (_, p) in zip(names, constants) if p.dim() == 2}
     rewrite = LinearToNVFP4(_resolve_activation(config.activations, sample), names, keep,
                             config.weight_method, config.merge_linears, config.fuse_norms)
     from . import lowerings  # imports Inductor's lowering machinery: only when compiling
