@@ -24,11 +24,16 @@ __all__ = ["nvfp4_backend", "compile"]
 CONFIG_KEY = "nvfp4"  # options={"nvfp4": Config(...)} carries the package's options
 
 
-def _inductor_patches(mode, options) -> dict:
+def _options_dict(options) -> dict:
+    """options as given to nv.compile or the backend (None or a dict) -> a copy to pop from."""
+    if options is not None and not isinstance(options, dict):
+        raise TypeError(f"options must be a dict of Inductor config options; got {type(options).__name__}")
+    return dict(options or {})
+
+
+def _inductor_patches(mode, options: dict) -> dict:
     """mode's Inductor options, then the user's (Inductor config names, "_" or "-" spelled, with
     values of the option's type, checked here as torch.compile's Inductor wrapper checks them)."""
-    if not isinstance(options, dict):
-        raise TypeError(f"options must be a dict of Inductor config options; got {type(options).__name__}")
     patches = dict(_compat.list_mode_options(mode)) if mode not in (None, "default") else {}
     defaults = _compat.inductor_config_defaults()
     for key, value in options.items():
@@ -70,7 +75,7 @@ def _check_no_calibration_data(config: Config) -> None:
 
 def nvfp4_backend(gm: torch.fx.GraphModule, example_inputs, mode=None, options=None):
     """The Dynamo backend: Inductor with freezing and the NVFP4 linear rewrite."""
-    options = dict(options or {})
+    options = _options_dict(options)
     config = options.pop(CONFIG_KEY, None) or Config()
     if not isinstance(config, Config):
         raise TypeError(f"options['{CONFIG_KEY}'] must be an nvfp4_inductor.Config; got {config!r}")
@@ -179,9 +184,7 @@ def compile(model, config: Config | None = None, *, mode=None, options=None, **c
     and whenever Dynamo traces during a call it does so preparing freezing, so the weights are
     quantized once, at compile time. The Config comes as config, or as options["nvfp4"] (what
     torch.compile(backend="nvfp4", options=...) takes), not both."""
-    if options is not None and not isinstance(options, dict):
-        raise TypeError(f"options must be a dict of Inductor config options; got {type(options).__name__}")
-    options = dict(options or {})
+    options = _options_dict(options)
     if CONFIG_KEY in options:
         if config is not None:
             raise ValueError(f"a Config given twice: as config and as options['{CONFIG_KEY}']")
