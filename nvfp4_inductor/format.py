@@ -24,6 +24,10 @@ BLOCK_SIZE = 16  # elements sharing one block scale, along K
 # --- global scale ------------------------------------------------------------------------------
 # g = amax / (E2M1_MAX * E4M3_MAX): the largest block then gets block scale 448 and codes up to 6.
 GLOBAL_SCALE_DIVISOR = E2M1_MAX * E4M3_MAX  # 2688.0
+# Below TINY_GLOBAL_SCALE, the element step works on x and g times TINY_SCALE_FACTOR (both products
+# exact): r = 1 / (s g) would otherwise lose bits or overflow once s * g falls below fp32's normals.
+TINY_GLOBAL_SCALE = 2.0**-100
+TINY_SCALE_FACTOR = 2.0**64
 
 # --- swizzled scale layout (cuBLAS / torch._scaled_mm / tcgen05 block-scaled MMA) ---------------
 # The (rows, K/16) scale matrix is zero-padded to multiples of (128, 4) and cut into 128x4 tiles

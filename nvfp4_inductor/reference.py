@@ -6,8 +6,9 @@ scales bit for bit. The exact fp32 operation order, chosen once:
     amax   = max |x| over the finite elements (per tensor, or per row)
     g      = amax / 2688                      (fp32 division); g = 1 where that is 0
     s_b    = e4m3_rne(min(block_amax / (g * 6), 448))      (g * 6 rounded first)
-    r_b    = 1 / (float(s_b) * g)             (per block: the product rounded, then fp32 division)
-    y      = x * r_b                          (per element: one fp32 multiply)
+    k      = 2^64 where g < 2^-100, else 1    (per tensor or row; x * k and g * k are exact)
+    r_b    = 1 / (float(s_b) * (g * k))       (per block: the product rounded, then fp32 division)
+    y      = (x * k) * r_b                    (per element: fp32 multiplies)
     code   = signbit(x) << 3 | e2m1_rne_index(|y|)         (saturating at 6)
 
 Multiplying by a per-block reciprocal rather than dividing every element is a choice for the
@@ -15,6 +16,9 @@ kernels: a memory-bound quantizer on an H200 has ~8 instructions per byte moved 
 its HBM bandwidth), and a
 correctly rounded fp32 division costs about ten. It is also what the widely used CUDA NVFP4
 quantizers do. Ties stay ties wherever s * g is a power of two (the reciprocal is then exact).
+The factor k changes nothing where g >= 2^-100 (k = 1); below, it keeps s * g k and r_b within
+fp32's normal range, so y is what the same operations give with no lower exponent limit (without
+it, a block amax below ~1.8e-38 overflowed r_b: nonzero codes saturated, zeros became 0 * inf).
 
 Non-finite policy ("propagate, locally"): a block holding a NaN or +-Inf gets the NaN block scale
 (0x7F) and zero codes, so it dequantizes to NaN and poisons exactly the GEMM outputs that use it;
@@ -39,12 +43,15 @@ from .format import (
     SWIZZLE_ROW_GROUP,
     SWIZZLE_TILE_COLS,
     SWIZZLE_TILE_ROWS,
+    TINY_GLOBAL_SCALE,
+    TINY_SCALE_FACTOR,
 )
 
 __all__ = [
     "global_scale_from_amax",
     "compute_global_scale",
     "block_scales",
+    "reciprocal_operands",
     "e2m1_encode",
     "e2m1_decode",
     "pack_nibbles",
@@ -104,6 +111,14 @@ def block_scales(x_blocks: Tensor, global_scale: Tensor) -> Tensor:
     return scale_f32.to(torch.float8_e4m3fn)
 
 
+def reciprocal_operands(global_scale: Tensor) -> tuple[Tensor, Tensor]:
+    """fp32 g (any shape) -> (k, g * k): k = 2^64 where g < 2^-100, else 1. The element step is
+    y = (x * k) * (1 / (s * (g * k))); both products with k are exact."""
+    g = global_scale.float()
+    k = torch.where(g < TINY_GLOBAL_SCALE, torch.full_like(g, TINY_SCALE_FACTOR), torch.ones_like(g))
+    return k, g * k
+
+
 def e2m1_encode(y: Tensor) -> Tensor:
     """fp32 values already divided by their scale -> uint8 E2M1 codes (sign << 3 | index).
 
@@ -160,8 +175,9 @@ def quantize(
 
     scale_f32 = scale.float()
     usable = (scale_f32 > 0) & torch.isfinite(scale_f32)  # zero or NaN scale: all-zero codes
-    recip = 1.0 / torch.where(usable, scale_f32 * g_blocks, torch.ones_like(scale_f32))
-    y = x_blocks * recip.unsqueeze(-1)
+    factor, g_k = reciprocal_operands(g_blocks)
+    recip = 1.0 / torch.where(usable, scale_f32 * g_k, torch.ones_like(scale_f32))
+    y = (x_blocks * factor.unsqueeze(-1)) * recip.unsqueeze(-1)
     codes = torch.where(usable.unsqueeze(-1), e2m1_encode(y), 0)
     data = pack_nibbles(codes.reshape(*lead, k))
     return data, scale, global_scale

@@ -5,12 +5,13 @@ Round-to-nearest (`method="rtn"`, the README's numerics contract) takes the bloc
 `e4m3(block_amax / (6 g))`. For weights quantized once, another of the 126 finite positive E4M3
 scales (bits 0x01..0x7E) often gives a smaller error. The global scale g is the contract's; only the
 per-block scale changes; the codes are always the reference's RNE encoding for the chosen scale
-(`reference.quantize`'s order: `r = 1 / (float(s) * g)`, `y = x * r`).
+(`reference.quantize`'s order: `r = 1 / (float(s) * (g k))`, `y = (x k) * r`, k = 2^64 where
+g < 2^-100, else 1).
 
 Error of a block x (16 fp32) under scale bits c, in units of g^2 (g is common to every candidate
 of a tensor, so it does not change the choice), in this fp32 order, which every kernel follows:
 
-    s = float(e4m3 bits c), r = 1 / (s * g), y_i = |x_i| * r      (exactly as the quantizer)
+    s = float(e4m3 bits c), r = 1 / (s * (g k)), y_i = (|x_i| k) * r   (exactly as the quantizer)
     d_i = y_i - e2m1_nearest(y_i)                                   (the scaled residual)
     e_i = -d_i where x_i < 0, else d_i
     "mse":     E = (s * s) * tree_sum(d_i * d_i)
@@ -21,7 +22,7 @@ of a tensor, so it does not change the choice), in this fp32 order, which every 
 
 so E * g^2 is the block's squared error sum((x - x_hat)^2) (resp. (x - x_hat)^T H (x - x_hat)).
 Candidates whose codes are all zero (max_i y_i <= 0.25) dequantize to the same block, so they get
-one error, E_zero, computed with s = 1 and r = 1 / g; bits 0 (the RTN scale of an underflowing
+one error, E_zero, computed with s = 1 and r = 1 / (g k); bits 0 (the RTN scale of an underflowing
 block) gets E_zero too. With H = identity, t_i = e_i exactly, so "hessian" computes the very same
 fp32 numbers as "mse" and chooses the same scales.
 
@@ -85,21 +86,21 @@ def block_errors(x_blocks: Tensor, g: Tensor, bits: Tensor, u: Tensor | None = N
     """Errors (module docstring) of fp32 blocks x (B, 16) under scale bits (B, C) -> (B, C);
     u: hessian_operand per block (B, 16, 16), or None for "mse". Bits 0x7F, a non-finite block or
     a bad g: NaN."""
-    g = g.float()
-    xa = x_blocks.abs()
+    factor, g_k = reference.reciprocal_operands(g)
+    xa = x_blocks.abs() * factor  # exact
     negative = x_blocks < 0
     bits = bits.long()
     s = bits.clamp(0, 0x7E).to(torch.uint8).view(torch.float8_e4m3fn).float()
     s = torch.where(bits == 0, torch.ones_like(s), s)
-    r = 1.0 / (s * g)                                         # (B, C)
+    r = 1.0 / (s * g_k)                                       # (B, C)
     y = xa.unsqueeze(1) * r.unsqueeze(-1)                     # (B, C, 16)
     q = reference.e2m1_decode(reference.e2m1_encode(y))
     u_c = None if u is None else u.unsqueeze(1)
     errors = (s * s) * _form(y - q, negative.unsqueeze(1), u_c)
-    e_zero = _form(xa * (1.0 / g), negative, u).unsqueeze(-1)  # s = 1, r = 1 / g
+    e_zero = _form(xa * (1.0 / g_k), negative, u).unsqueeze(-1)  # s = 1, r = 1 / (g k)
     all_zero = (bits == 0) | (xa.amax(-1, keepdim=True) * r <= ALL_ZERO_MAX_Y)
     errors = torch.where(all_zero, e_zero.expand_as(errors), errors)
-    ok = (torch.isfinite(x_blocks).all(-1) & torch.isfinite(g) & (g > 0)).unsqueeze(-1)
+    ok = (torch.isfinite(x_blocks).all(-1) & torch.isfinite(g_k) & (g_k > 0)).unsqueeze(-1)
     return torch.where(ok & (bits != E4M3_NAN_BITS), errors, torch.nan)
 
 
@@ -159,10 +160,10 @@ def encode(x: Tensor, scale_bits: Tensor, global_scale: Tensor) -> Tensor:
     lead, k = x.shape[:-1], x.shape[-1]
     x_blocks = x.float().reshape(*lead, k // BLOCK_SIZE, BLOCK_SIZE)
     scale_f32 = scale_bits.view(torch.float8_e4m3fn).float()
-    g = global_scale.float()
+    factor, g_k = reference.reciprocal_operands(global_scale)
     usable = (scale_f32 > 0) & torch.isfinite(scale_f32)
-    recip = 1.0 / torch.where(usable, scale_f32 * g, torch.ones_like(scale_f32))
-    codes = reference.e2m1_encode(x_blocks * recip.unsqueeze(-1))
+    recip = 1.0 / torch.where(usable, scale_f32 * g_k, torch.ones_like(scale_f32))
+    codes = reference.e2m1_encode((x_blocks * factor) * recip.unsqueeze(-1))
     codes = torch.where(usable.unsqueeze(-1), codes, 0)
     return reference.pack_nibbles(codes.reshape(*lead, k))
 

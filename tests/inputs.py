@@ -37,3 +37,19 @@ def sample(dist, shape, generator):
     if dist == "grid":
         return grid_blocks(shape, generator)
     raise ValueError(dist)
+
+
+def scalable_values(shape, generator):
+    """Values with 8 significant bits in [2^-8, 8], random signs, about a seventh each +0 and -0:
+    x * 2^e is exact in fp32 for every e >= -134 (the lowest bit stays at or above 2^-149)."""
+    n = math.prod(shape)
+    x = (torch.rand(n, generator=generator) * 11 - 8).exp2().to(torch.bfloat16).float()
+    x = x * (torch.randint(2, (n,), generator=generator) * 2 - 1)
+    x[::7] = 0.0
+    x[3::7] = -0.0
+    return x.reshape(shape)
+
+
+def times_power_of_two(x, e):
+    """x * 2^e in fp32 (in two steps: 2^e itself need not be an fp32)."""
+    return x.float() * 2.0 ** (e // 2) * 2.0 ** (e - e // 2)

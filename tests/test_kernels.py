@@ -12,7 +12,7 @@ import triton
 import triton.language as tl
 
 import nvfp4_inductor as nv
-from inputs import DISTS, sample
+from inputs import DISTS, sample, scalable_values, times_power_of_two
 from pdl import late_copy
 from nvfp4_inductor.format import GLOBAL_SCALE_DIVISOR
 from nvfp4_inductor.kernels import _common
@@ -173,6 +173,27 @@ def test_quantize_kernel_special_blocks(kernel_device):
     _assert_quantize_matches(x, torch.tensor(1.0, device=kernel_device))  # saturation at 448
     for bad_g in (0.0, -2.0, math.nan, math.inf):
         _assert_quantize_matches(x, torch.tensor(bad_g, device=kernel_device), swizzle=True)
+
+
+@pytest.mark.parametrize("e", [-91, -126, -134])
+def test_quantize_kernel_tiny_global_scales(kernel_device, e):
+    """g below 2^-100 (x and g scaled by 2^64 before r = 1 / (s g)): the kernel's codes and scales
+    are the reference's, static (then x's own at g = 2^-10, as the reference test shows) and
+    dynamic (g subnormal), per tensor and per row, in fp32 and, where it holds the values, bf16.
+    Before, r overflowed below a block amax of ~1.8e-38 and the kernel's zeros became +-6."""
+    gen = torch.Generator().manual_seed(-e)
+    x = scalable_values((5, 96), gen)
+    scaled = times_power_of_two(x, e)
+    g = torch.tensor(2.0**-10 * 2.0**e, device=kernel_device)
+    got = _assert_quantize_matches(scaled.to(kernel_device), g)
+    want = _reference_quantize(x, torch.tensor(2.0**-10), False, False)
+    assert torch.equal(got[0].cpu(), want[0]) and torch.equal(got[1].cpu(), want[1])
+    for dtype in (torch.float32, torch.bfloat16):
+        xd = scaled.to(dtype)
+        if dtype != torch.float32 and not torch.equal(xd.float(), scaled):
+            continue  # below bf16's subnormals
+        _assert_quantize_matches(xd.to(kernel_device))
+        _assert_quantize_matches(xd.to(kernel_device), per_row=True, swizzle=True)
 
 
 @pytest.mark.parametrize("dtype", DTYPES)

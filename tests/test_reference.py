@@ -6,7 +6,7 @@ import pytest
 import torch
 
 import brute_force
-from inputs import DISTS
+from inputs import DISTS, scalable_values, times_power_of_two
 from inputs import sample as _sample
 import nvfp4_inductor as nv
 from nvfp4_inductor import reference
@@ -83,6 +83,26 @@ def test_subnormal_e4m3_scales():
     assert scale_bits(q).tolist() == [1, 2, 3, 5, 7]
     y = x.reshape(-1, 16) * (1 / q.scale.float()).unsqueeze(-1)
     assert torch.equal(codes_of(q), brute_force.e2m1_codes(y).flatten())
+
+
+@pytest.mark.parametrize("e", [-90, -91, -117, -126, -134])
+def test_tiny_global_scale_quantizes_as_if_scaled_up(e):
+    """x * 2^e with g * 2^e gives x's scales and codes: every product with 2^e is exact, and below
+    g = 2^-100 (e <= -91 here) y is computed on x and g times 2^64, so s * g and r = 1 / (s g) stay
+    in fp32's normal range. Before that rule, r overflowed for a block amax below ~1.8e-38: zeros
+    became 0 * inf (NaN) and every nonzero code +-6."""
+    gen = torch.Generator().manual_seed(-e)
+    x = scalable_values((40, 16), gen)
+    g = torch.tensor(2.0**-10)
+    scaled = times_power_of_two(x, e)
+    assert torch.equal(times_power_of_two(scaled, -e), x)  # exact
+    want = nv.quantize(x, g)
+    got = nv.quantize(scaled, g * 2.0**e)
+    assert torch.equal(got.scale.view(torch.uint8), want.scale.view(torch.uint8))
+    assert torch.equal(got.data, want.data)
+    assert scale_bits(want).gt(0).all() and codes_of(want).ne(0).any()
+    zeros = codes_of(got).reshape(x.shape)[x == 0]
+    assert torch.equal(zeros, torch.signbit(x[x == 0]).to(torch.uint8) * 8)  # +-0, not +-6
 
 
 def test_single_huge_outlier_does_not_flatten_other_blocks():

@@ -15,7 +15,7 @@ import torch
 from torch import nn
 
 import nvfp4_inductor as nv
-from inputs import grid_blocks, sample
+from inputs import grid_blocks, sample, scalable_values, times_power_of_two
 from nvfp4_inductor import reference, scale_search
 from nvfp4_inductor.calibrate import hessian_blocks
 from nvfp4_inductor.format import BLOCK_SIZE
@@ -87,6 +87,23 @@ def test_kernel_equals_brute_force(kernel_device, method):
     rtn_bits = reference.quantize(x)[1].view(torch.uint8)
     assert (bits != rtn_bits).float().mean() > 0.3  # the search does move most scales
     assert bits[1, 0] == 0 and bits[2, (k // BLOCK_SIZE) - 1] == 0x7F  # all-zero, NaN: RTN
+
+
+@pytest.mark.parametrize("e", [-91, -126, -134])
+def test_tiny_global_scale_searches_as_if_scaled_up(kernel_device, e):
+    """g below 2^-100 (x and g scaled by 2^64 first, as the quantizer does): the brute force on
+    x * 2^e with g * 2^e chooses x's scales with x's errors, and the pruned kernel matches it
+    (dynamic g, subnormal). Before, r = 1 / (s g) overflowed for most candidates there."""
+    gen = torch.Generator().manual_seed(-e)
+    x = scalable_values((33, 32), gen)
+    scaled = times_power_of_two(x, e)
+    g = torch.tensor(2.0**-10)
+    for method, hessian in (("mse", None), ("hessian", _hessian(32, seed=-e))):
+        want = scale_search.search_scales(x, g, method, hessian)
+        got = scale_search.search_scales(scaled, g * 2.0**e, method, hessian)
+        assert torch.equal(got[0], want[0])
+        torch.testing.assert_close(got[1], want[1], rtol=0, atol=0)
+    _assert_matches_reference(scaled, "mse", device=kernel_device)
 
 
 @pytest.mark.parametrize("method", ["mse", "hessian"])

@@ -37,6 +37,8 @@ from ..format import (
     SWIZZLE_ROW_GROUP,
     SWIZZLE_TILE_COLS,
     SWIZZLE_TILE_ROWS,
+    TINY_GLOBAL_SCALE,
+    TINY_SCALE_FACTOR,
 )
 
 BLOCK: tl.constexpr = tl.constexpr(BLOCK_SIZE)
@@ -48,6 +50,9 @@ TILE_ROWS: tl.constexpr = tl.constexpr(SWIZZLE_TILE_ROWS)
 TILE_COLS: tl.constexpr = tl.constexpr(SWIZZLE_TILE_COLS)
 ROW_GROUP: tl.constexpr = tl.constexpr(SWIZZLE_ROW_GROUP)
 TILE_BYTES: tl.constexpr = tl.constexpr(SWIZZLE_TILE_ROWS * SWIZZLE_TILE_COLS)
+_TINY_G: tl.constexpr = tl.constexpr(TINY_GLOBAL_SCALE)
+_TINY_FACTOR: tl.constexpr = tl.constexpr(TINY_SCALE_FACTOR)
+FP4_MAX_TINY: tl.constexpr = tl.constexpr(E2M1_MAX / TINY_SCALE_FACTOR)  # 6 in units of 1 / k
 
 _E4M3_MIN_NORMAL: tl.constexpr = tl.constexpr(2.0**-6)
 _E4M3_SUBNORMAL_STEPS: tl.constexpr = tl.constexpr(2.0**9)  # 1 / smallest subnormal
@@ -145,24 +150,35 @@ def block_scale_bits(block_amax, block_ok, g, HW: tl.constexpr = False):
 
 
 @triton.jit
-def e2m1_index_bits(y, cap=FP4_MAX):
-    """fp32 y -> int32 whose low 3 bits are the E2M1 magnitude index of |y| (nearest, ties to
-    even, saturating at 6), as bits(2^23 + index): 3 FFMA / FADD and 3 min, branch-free (the
-    module docstring's formula). Higher bits are not cleared. cap 0 (a block's, instead of 6)
-    gives index 0 for every y, NaN too (min returns the operand that is not NaN)."""
+def reciprocal_operands(g):
+    """fp32 g -> (k, g * k), k = 2^64 where g < 2^-100, else 1: the element step is
+    y = (x * k) * (1 / (s * (g * k))) (reference.reciprocal_operands)."""
+    k = tl.where(g < _TINY_G, _TINY_FACTOR, 1.0)
+    return k, g * k
+
+
+@triton.jit
+def e2m1_index_bits(y, cap=FP4_MAX, unit=1.0):
+    """fp32 y -> int32 whose low 3 bits are the E2M1 magnitude index of |y| * unit (nearest, ties
+    to even, saturating at 6), as bits(2^23 + index): 3 FFMA / FADD and 3 min, branch-free (the
+    module docstring's formula). Higher bits are not cleared. cap: 6 / unit, or 0 (a block's),
+    which gives index 0 for every y, NaN too (min returns the operand that is not NaN). unit, a
+    power of two (1 unless reciprocal_operands' k), scales the formula's multipliers: every
+    product stays exact, so the index is that of the value y * unit, with no extra multiply."""
     a = tl.minimum(tl.abs(y), cap)
-    r = tl.minimum(tl.minimum(a * 2.0 + _RNE_MAGIC, a + _RNE_MAGIC_PLUS_2), a * 0.5 + _RNE_MAGIC_PLUS_4)
+    r = tl.minimum(tl.minimum(a * (2.0 * unit) + _RNE_MAGIC, a * unit + _RNE_MAGIC_PLUS_2),
+                   a * (0.5 * unit) + _RNE_MAGIC_PLUS_4)
     return r.to(tl.int32, bitcast=True)
 
 
 @triton.jit
-def e2m1_pack_pair(y_even, y_odd, sign_bits, cap, sign_mask):
+def e2m1_pack_pair(y_even, y_odd, sign_bits, cap, sign_mask, unit=1.0):
     """Scaled values of elements (2i, 2i + 1) and their sign bits at bits 3 and 7 (higher bits
     ignored) -> int32 whose low byte is the packed pair: even code in the low nibble, odd code in
     the high nibble (code = sign << 3 | index; the indices' 2^23 bits stay above the low byte).
-    cap, sign_mask: 6 and 0x88, or 0 and 0 for a block stored as all +0 (zero and NaN blocks):
-    per block, so the masking costs no instruction per element."""
-    index = (e2m1_index_bits(y_odd, cap) << 4) + e2m1_index_bits(y_even, cap)
+    cap, sign_mask: 6 / unit and 0x88, or 0 and 0 for a block stored as all +0 (zero and NaN
+    blocks): per block, so the masking costs no instruction per element. unit: e2m1_index_bits'."""
+    index = (e2m1_index_bits(y_odd, cap, unit) << 4) + e2m1_index_bits(y_even, cap, unit)
     return index | (sign_bits & sign_mask)
 
 

@@ -40,6 +40,7 @@ from ..reference import swizzled_shape
 from ._common import (
     BLOCK,
     FP4_MAX,
+    FP4_MAX_TINY,
     FP8_NAN,
     TILE_ROWS,
     block_scale_bits,
@@ -52,6 +53,7 @@ from ._common import (
     round_to,
     load_pair_words,
     pair_sign_bits,
+    reciprocal_operands,
     split_pair_words,
     max_propagate_nan,
     scale_offsets,
@@ -261,13 +263,16 @@ def _quantize_tile(
     block_ok = (block_amax < float("inf")) & (g > 0.0) & (g < float("inf"))  # NaN: False
     bits = block_scale_bits(block_amax, block_ok, g, USE_ASM)
     usable = (bits != 0) & (bits != FP8_NAN)
-    scale_g = tl.where(usable, e4m3_bits_to_f32(bits, USE_ASM) * g, 1.0)
+    k, g_k = reciprocal_operands(g)
+    scale_g = tl.where(usable, e4m3_bits_to_f32(bits, USE_ASM) * g_k, 1.0)
     recip = tl.math.div_rn(tl.full(scale_g.shape, 1.0, tl.float32), scale_g)[:, :, None]
+    # The reference's y = (x k) r is encoded as x r in units of 1 / k (exact: no multiply per element).
+    cap = tl.where(usable, tl.where(k == 1.0, FP4_MAX, FP4_MAX_TINY), 0.0)[:, :, None]
 
     # Codes (zero and NaN blocks: all +0), two per byte, the even element in the low nibble.
     signs = tl.reshape(pair_sign_bits(words, DTYPE), (BLOCK_M, BLOCK_K // BLOCK, BLOCK // 2))
-    packed = e2m1_pack_pair(even * recip, odd * recip, signs, tl.where(usable, FP4_MAX, 0.0)[:, :, None],
-                            tl.where(usable, 0x88, 0)[:, :, None])
+    packed = e2m1_pack_pair(even * recip, odd * recip, signs, cap, tl.where(usable, 0x88, 0)[:, :, None],
+                            k[:, :, None])
     if VALUES:  # the codes decoded with their block scale (NaN for a NaN block) by the GEMM's decode
         values = decode_tile(packed.to(tl.uint8), bits, USE_ASM, OPERAND, BLOCK_M, BLOCK_K)
         cols = tile_k * BLOCK_K + tl.arange(0, BLOCK_K)

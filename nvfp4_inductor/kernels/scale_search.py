@@ -55,7 +55,7 @@ import triton
 import triton.language as tl
 
 from ..format import BLOCK_SIZE
-from ._common import block_scale_bits, e2m1_index_bits, e4m3_bits_to_f32
+from ._common import block_scale_bits, e2m1_index_bits, e4m3_bits_to_f32, reciprocal_operands
 from .quantize import AMAX_TILE, MAX_PARTIALS, _amax_partials_kernel
 
 # One warp per program: the "any thread still searching" tests are warp shuffles (no barrier), and a
@@ -120,7 +120,7 @@ def _form(d, neg, u, HESSIAN: tl.constexpr):
 
 @triton.jit
 def _scale_of(c, g):
-    """Scale bits (int32 tensor) -> (s, 1 / (s g), s^2)."""
+    """Scale bits (int32 tensor), g * k -> (s, 1 / (s g k), s^2)."""
     s = e4m3_bits_to_f32(c)
     r = tl.math.div_rn(tl.full(s.shape, 1.0, tl.float32), s * g)
     return s, r, s * s
@@ -137,7 +137,7 @@ def _error(xa, neg, u, r, s2, HESSIAN: tl.constexpr):
 
 @triton.jit
 def _zero_error(xa, neg, u, g, HESSIAN: tl.constexpr):
-    """E_zero: the error of all-zero codes, with s = 1 and r = 1 / g."""
+    """E_zero: the error of all-zero codes, with s = 1 and r = 1 / (g k) (xa: |x| k)."""
     r = tl.math.div_rn(tl.full(xa[0].shape, 1.0, tl.float32), g)
     d = ()
     for i in tl.static_range(16):
@@ -207,6 +207,12 @@ def _scale_search_kernel(
     g_rows = g + tl.zeros((BLOCK_R,), tl.float32)
     g_ok = (g_rows > 0.0) & (g_rows < float("inf"))  # NaN: False
     c0 = block_scale_bits(amax, finite & g_ok, g)  # RTN bits (0x7F for bad blocks)
+    # From here on the element step's operands: |x| k and g k (both exact; k = 1 unless g < 2^-100).
+    k, g_k = reciprocal_operands(g)
+    xk = ()
+    for j in tl.static_range(16):
+        xk = xk + (xa[j] * k,)
+    amax_k = amax * k
 
     if HESSIAN:
         u = ()
@@ -220,10 +226,10 @@ def _scale_search_kernel(
 
     # Baseline: RTN, and the all-zero candidate c_z (smallest bits whose max y <= 0.25).
     searching = finite & g_ok & (amax > 0.0)
-    e_zero = _zero_error(xa, neg, u, g, HESSIAN)
+    e_zero = _zero_error(xk, neg, u, g_k, HESSIAN)
     c0_eval = tl.minimum(tl.maximum(c0, 1), MAX_BITS)
-    _, r_0, s2_0 = _scale_of(c0_eval, g)
-    e_rtn = _error(xa, neg, u, r_0, s2_0, HESSIAN)
+    _, r_0, s2_0 = _scale_of(c0_eval, g_k)
+    e_rtn = _error(xk, neg, u, r_0, s2_0, HESSIAN)
     best = tl.where(c0 == 0, e_zero, tl.where(searching, e_rtn, float("nan")))
     best = tl.where(finite & g_ok, best, float("nan"))
     best_c = c0
@@ -233,8 +239,8 @@ def _scale_search_kernel(
         hi = tl.full((BLOCK_R,), 127, tl.int32)
         for _ in tl.static_range(7):  # 127 possibilities -> 7 halvings
             mid = (lo + hi) // 2
-            _, r_m, _ = _scale_of(mid, g)
-            zero_at_mid = amax * r_m <= ALL_ZERO_Y
+            _, r_m, _ = _scale_of(mid, g_k)
+            zero_at_mid = amax_k * r_m <= ALL_ZERO_Y
             hi = tl.where(zero_at_mid, mid, hi)
             lo = tl.where(zero_at_mid, lo, mid + 1)
         c_z = lo
@@ -246,14 +252,14 @@ def _scale_search_kernel(
         active = searching & (c >= 1)
         while _any(active):
             c_eval = tl.maximum(c, 1)
-            s, r, s2 = _scale_of(c_eval, g)
-            bound = _bound(xa, r, s2, True)
+            s, r, s2 = _scale_of(c_eval, g_k)
+            bound = _bound(xk, r, s2, True)
             far = lam * bound > best * (1.0 + REL_MARGIN) + lam * s2 * ABS_MARGIN
             if HESSIAN:
                 far = far & bounded  # best may be < 0 where lambda = 0 (see above)
             need = active & (far == 0)
             if _any(need):
-                err = _error(xa, neg, u, r, s2, HESSIAN)
+                err = _error(xk, neg, u, r, s2, HESSIAN)
                 best, best_c = _take(err, c_eval, best, best_c, c0, need)
             c = c - 1
             active = need & (c >= 1)
@@ -263,37 +269,37 @@ def _scale_search_kernel(
         active = searching & (c <= MAX_BITS)
         while _any(active):
             c_eval = tl.minimum(c, MAX_BITS)
-            s, r, s2 = _scale_of(c_eval, g)
-            y_max = amax * r
+            s, r, s2 = _scale_of(c_eval, g_k)
+            y_max = amax_k * r
             stop = y_max <= ALL_ZERO_Y
             if not HESSIAN:
                 stop = stop | ((y_max <= DOMINATED_Y) & (s >= MIN_HALVABLE_SCALE)
                                & (s * g >= MIN_HALVABLE_SG) & halvable)
-            bound = _bound(xa, r, s2, False)
+            bound = _bound(xk, r, s2, False)
             if HESSIAN:
                 stop = stop | (bounded & (lam * bound * (1.0 - REL_MARGIN) > best))
             else:
                 stop = stop | (bound * (1.0 - REL_MARGIN) > best)
             need = active & (stop == 0)
             if _any(need):
-                err = _error(xa, neg, u, r, s2, HESSIAN)
+                err = _error(xk, neg, u, r, s2, HESSIAN)
                 best, best_c = _take(err, c_eval, best, best_c, c0, need)
             c = c + 1
             active = need & (c <= MAX_BITS)
     else:
         for cand in range(1, 127):
             c = tl.full((BLOCK_R,), cand, tl.int32)
-            s, r, s2 = _scale_of(c, g)
-            err = _error(xa, neg, u, r, s2, HESSIAN)
-            err = tl.where(amax * r <= ALL_ZERO_Y, e_zero, err)
+            s, r, s2 = _scale_of(c, g_k)
+            err = _error(xk, neg, u, r, s2, HESSIAN)
+            err = tl.where(amax_k * r <= ALL_ZERO_Y, e_zero, err)
             best, best_c = _take(err, c, best, best_c, c0, searching)
 
     # Codes for the chosen scale, exactly as the quantizer encodes (zero / NaN scale: all +0).
     usable = (best_c >= 1) & (best_c <= MAX_BITS)
-    _, r, _ = _scale_of(tl.minimum(tl.maximum(best_c, 1), MAX_BITS), g)
+    _, r, _ = _scale_of(tl.minimum(tl.maximum(best_c, 1), MAX_BITS), g_k)
     word = tl.zeros((BLOCK_R,), tl.int64)
     for j in tl.static_range(16):
-        code = (e2m1_index_bits(xa[j] * r) & 7) | signs[j]
+        code = (e2m1_index_bits(xk[j] * r) & 7) | signs[j]
         word = word | (code.to(tl.int64) << (4 * j))
     word = tl.where(usable, word, 0)
     block = rows.to(tl.int64) * groups + grp
