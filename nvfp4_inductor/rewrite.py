@@ -337,14 +337,17 @@ class LinearToNVFP4(_compat.CustomGraphPass):
         if self.activation == "nvfp4" and gemm_configs.block_scaled_mma(match[0].meta["val"].device):
             return  # (W4A4 on FP4 tensor cores: the block-scaled template has no such epilogue)
         gate, up = match
-        y = gate.args[0]
-        if not (up.args[0] is y and _call(y, LINEAR) and y.args[4] is None and len(y.users) == 2):
+        sliced = gate.args[0]  # the GEMM, or (one weight's halves, a 3-D x) one view of its rows
+        y = sliced.args[0] if not viewed and _call(sliced, *_VIEWS) and len(sliced.users) == 2 else sliced
+        if not (up.args[0] is sliced and _call(y, LINEAR) and y.args[4] is None
+                and len(y.users) == (1 if sliced is not y else 2)):
             return
         n = y.args[5] // 2
         tiled = y.args[1].args[0] if _call(y.args[1], operator.getitem) else None
-        if "val" not in y.meta or n % GLU_GROUP or not _call(tiled, TILE_WEIGHT):
+        if ("val" not in y.meta or "val" not in sliced.meta or n % GLU_GROUP
+                or sliced.meta["val"].shape[-1] != 2 * n or not _call(tiled, TILE_WEIGHT)):
             return
-        dims = y.meta["val"].dim()
+        dims = sliced.meta["val"].dim()
         ranges = [tuple(t.args[2:4]) for t in match]
         if (any(t.args[1] % dims != dims - 1 or t.args[4:] not in ((), (1,)) for t in match)
                 or sorted(ranges) != [(0, n), (n, 2 * n)]):
@@ -371,8 +374,10 @@ class LinearToNVFP4(_compat.CustomGraphPass):
             g = graph.call_function(aten.expand.default, (y.args[3], [2 * n]))
             out = graph.call_function(torch.ops.nvfp4.linear_tiled_silu_mul.default, (
                 y.args[0], *parts, interleaved(g, []), None, n, y.args[6]))
-            if viewed:
-                out.meta["val"] = gate.meta["val"]
+            if viewed or sliced is not y:
+                y_val = y.meta["val"]
+                with y_val.fake_mode:
+                    out.meta["val"] = y_val.new_empty((*y_val.shape[:-1], n))
                 out = graph.call_function(aten.view.default, (out, list(node.meta["val"].shape)))
         out.meta.update(node.meta)
         node.replace_all_uses_with(out)

@@ -701,13 +701,15 @@ class FusedGateUp(nn.Module):
         return torch.nn.functional.silu(gate) * up
 
 
+@pytest.mark.parametrize("shape", [(2, 64), (2, 3, 64)])
 @pytest.mark.parametrize("gate_first", [True, False])
-def test_a_fused_gate_up_projection_takes_the_gated_epilogue(gate_first):
+def test_a_fused_gate_up_projection_takes_the_gated_epilogue(gate_first, shape):
     """Its per-tensor global scale (0-d) goes to every interleaved row (it crashed compilation: a
-    slice of a 0-d tensor)."""
+    slice of a 0-d tensor). A 3-D x (the halves sliced from one view of the GEMM's rows) too: it
+    ran the plain GEMM and a separate SiLU * mul."""
     torch.manual_seed(0)
     model = FusedGateUp(gate_first).to(torch.bfloat16).eval()
-    x = torch.randn(2, 64, dtype=torch.bfloat16)
+    x = torch.randn(shape, dtype=torch.bfloat16)
     y, code = _compiled_code(model, x)
     assert "\n".join(code).count("torch.ops.nvfp4.linear_tiled_silu_mul.default(") == 1
     with torch.no_grad():

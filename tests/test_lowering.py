@@ -564,20 +564,21 @@ def test_template_reads_a_column_major_x(template_inductor, in_graph):
     assert err < 2**-7, err
 
 
-def test_fused_gate_up_template_applies_silu_mul(template_inductor):
+@pytest.mark.parametrize("shape", [(3, 64), (1, 3, 64)])
+def test_fused_gate_up_template_applies_silu_mul(template_inductor, shape):
     """One gate_up weight sliced in halves (a per-tensor global scale for both): the same gated
-    template, each interleaved row taking that scale."""
+    template, each interleaved row taking that scale; with a 3-D x as well."""
     from test_backend import FusedGateUp
 
     torch.manual_seed(3)
     model = FusedGateUp().to(device=template_inductor, dtype=torch.bfloat16).eval()
-    x = torch.randn(3, 64, device=template_inductor, dtype=torch.bfloat16)
+    x = torch.randn(shape, device=template_inductor, dtype=torch.bfloat16)
     y, code = run_and_get_code(nv.compile(model, nv.Config(activations="bf16")), x)
     kernels = [line for line in "\n".join(code).splitlines() if ".run(" in line]
     assert len(kernels) == 1 and "triton_tem" in kernels[0], kernels
     with torch.no_grad():
-        h = _linear_eager(model.gate_up, x, "bf16")
-        expected = nn.functional.silu(h[:, :128]) * h[:, 128:]
+        h = _linear_eager(model.gate_up, x.reshape(-1, 64), "bf16").reshape(*shape[:-1], 256)
+        expected = nn.functional.silu(h[..., :128]) * h[..., 128:]
     err = _rel_err(y, expected)
     assert err < 2**-6, err
 
