@@ -196,8 +196,12 @@ def test_tile_untile_round_trip_and_padding(n, k):
             tn, tk, rr, cc = r // tiled.TILE_N, c // 4, r % tiled.TILE_N, c % 4
             flat = (tn * tiles_k + tk) * 256 + 128 * (rr // 32) + 16 * (rr % 8) + 4 * cc + (rr % 32) // 8
             assert scale_t[flat] == scale[r, c]
-    padding = data_t.numel() - data.numel()
-    assert int(data_t.count_nonzero()) <= data_t.numel() - padding  # the padding is zeros
+    # the padding (codes and scales) is zeros: tile bytes that are all nonzero, count both kinds
+    scale_marks = torch.full_like(scale.view(torch.uint8), 0x3A).view(scale.dtype)
+    marks = OPS.tile_weight(torch.full_like(data, 0xAB), scale_marks)
+    for tiled_part, part, mark in zip(marks, (data, scale), (0xAB, 0x3A)):
+        assert int((tiled_part == mark).sum()) == part.numel()
+        assert int((tiled_part == 0).sum()) == tiled_part.numel() - part.numel()
 
 
 @pytest.mark.parametrize("m", [1, 17])

@@ -80,7 +80,7 @@ def _assert_matches_reference(x, method, hessian=None, prune=True, device="cpu")
 
 @pytest.mark.parametrize("method", ["mse", "hessian"])
 def test_kernel_equals_brute_force(kernel_device, method):
-    k = 32 if method == "mse" else 16  # (under the interpreter the Hessian costs ~10 s a group)
+    k = 32  # two groups: each its own H (channel 3's outlier is in the first only) and lambda
     x = _weights(45, k, seed=11)  # odd row count
     hessian = _hessian(k, seed=12) if method == "hessian" else None
     bits, _ = _assert_matches_reference(x, method, hessian, device=kernel_device)
@@ -193,7 +193,7 @@ def test_never_worse_than_rtn(method):
     slack = 1e-5 * true_rtn.abs() + 1e-30
     assert (true_chosen <= true_rtn + slack).all()
     # And the chosen scale is the best of all 126 in fp64 too (within fp32 rounding).
-    for c in range(1, 0x7F, 5):
+    for c in range(1, 0x7F):
         cand = torch.full_like(bits, c)
         assert (true_chosen <= _true_errors(x, cand, g, hessian) + 1e-5 * true_chosen + 1e-30).all()
 
