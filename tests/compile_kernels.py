@@ -28,7 +28,7 @@ from nvfp4_inductor.kernels.gemm_mma import mma_mainloop  # noqa: E402
 # What the JIT specializes at launch: pointers and these integer sizes divisible by 16.
 DIVISIBLE = {"K", "stride_xm", "stride_xm_pairs", "scale_cols_pad"}
 DTYPES = ["bf16", "fp16", "fp32"]
-LOAD_16B = r"ld\.global(\.\w+)*\.v(4\.b32|2\.b64|4\.f32|4\.b16|8\.b16)"  # 16-byte vector loads
+LOAD_16B = r"ld\.global(\.\w+)*\.v(4\.b32|2\.b64|4\.f32|8\.b16)"  # 16-byte vector loads
 STORE_16B = r"st\.global(\.\w+)*\.v4\.b32"  # 16-byte vector stores (quantize_values' bf16 values)
 NO_FLOAT_TO_INT = r"!cvt\.rzi"  # values stored as bf16, not converted (a u8 output pointer did that)
 # launched with PDL (the quantize kernel on sm_90): wait before any global access, release the next
@@ -183,8 +183,10 @@ def pdl_cases():
                  "M": "i32", "K": "i32", "stride_xm": "i32", "PDL": "constexpr"}
     yield ("mma-mainloop-pdl1", _mma_mainloop_pdl, signature, {"PDL": 1}, 2,
            [r"(?s)^(?:(?!ld\.global).)*griddepcontrol\.wait"], 1)
+    # (from the start: no 16-byte load (x) before the wait, at least one 8-byte load (codes))
+    no_x = r"(?:(?!ld\.global(\.[\w:]+)*\.v4).)*"
     yield ("mma-mainloop-pdl2", _mma_mainloop_pdl, signature, {"PDL": 2}, 2,
-           [r"(?s)ld\.global(\.[\w:]+)*\.v2\.b32(?:(?!ld\.global\.v4).)*griddepcontrol\.wait"], 1)
+           [r"(?s)^" + no_x + r"ld\.global(\.[\w:]+)*\.v2\.b32" + no_x + r"griddepcontrol\.wait"], 1)
 
 
 def eager_pdl_cases():

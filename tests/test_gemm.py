@@ -13,6 +13,7 @@ import triton.language as tl
 import nvfp4_inductor as nv
 from nvfp4_inductor import tiled as nv_tiled
 from nvfp4_inductor.kernels import gemm, gemm_configs, gemm_mma, gemm_splitk
+from nvfp4_inductor.kernels._common import round_to
 from pdl import late_copy
 
 OPS = torch.ops.nvfp4
@@ -494,6 +495,31 @@ def test_sum_splits_in_split_order(kernel_device, m, n, splits):
         _sum_splits_kernel[(triton.cdiv(n, 64),)](partial, out, splits, m, n, ROWS=rows, SPLITS=splits_a_round,
                                                   num_warps=gemm_mma.WARPS)
         assert torch.equal(out, want), (splits_a_round, (out - want).abs().max())
+
+
+@triton.jit
+def _silu_mul_halves_kernel(acc_ptr, g_ptr, out_ptr, OUT_DTYPE: tl.constexpr, ROWS: tl.constexpr):
+    rows, ms, half = tl.arange(0, 128), tl.arange(0, ROWS), tl.arange(0, 64)
+    acc = tl.load(acc_ptr + rows[:, None] * ROWS + ms[None, :])
+    y = gemm_splitk.silu_mul_halves(acc, tl.load(g_ptr + rows), OUT_DTYPE, 128, ROWS)
+    # the store's rounding (the interpreter's bf16 cast truncates): kept in fp32
+    tl.store(out_ptr + half[:, None] * ROWS + ms[None, :], round_to(y, OUT_DTYPE))
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_silu_mul_halves_rounds_as_eager(kernel_device, dtype):
+    """The gated template's epilogue on interleaved gate / up rows: each linear rounded to the
+    dtype, silu rounded to it, times up (reference.silu_mul), bit for bit on fresh random sums."""
+    gen = torch.Generator().manual_seed(21)
+    rows = 2
+    acc = torch.randn(128, rows, generator=gen) * 40
+    g = torch.rand(128, generator=gen) * 0.1 + 0.01
+    out = torch.full((64, rows), float("nan"), device=kernel_device)
+    _silu_mul_halves_kernel[(1,)](acc.to(kernel_device), g.to(kernel_device), out,
+                                  OUT_DTYPE=tl.bfloat16 if dtype == torch.bfloat16 else tl.float16, ROWS=rows)
+    gate, up = nv_tiled.split_halves((acc * g[:, None]).to(dtype).t())
+    want = nv.reference.silu_mul(gate, up).t()
+    assert torch.equal(out.cpu(), want.float()), int((out.cpu() != want.float()).sum())
 
 
 def test_split_sum_tile():

@@ -5,6 +5,7 @@ On the CPU, Inductor's Triton CPU backend generates the same template and kernel
 Triton interpreter (plain-op decode instead of the inline PTX): the generated code and the
 numerics are checked there in CI; the same checks run on the GPU (marked gpu)."""
 
+import re
 import sys
 from pathlib import Path
 
@@ -137,7 +138,12 @@ def test_fp16_and_fp32_models_multiply_x_rounded_to_bf16(template_inductor, dtyp
     x = torch.randn(m, 128, device=template_inductor, dtype=dtype) * 3
     residual = torch.randn(m, 192, device=template_inductor, dtype=dtype)
     y, code = run_and_get_code(nv.compile(model, nv.Config(activations="bf16")), x, residual)
-    assert TEMPLATE_MARK in "\n".join(code)
+    source = "\n".join(code)
+    assert TEMPLATE_MARK in source
+    # the template's x is a bf16 buffer the graph fills from x (the numbers below cannot tell:
+    # under the interpreter an fp16 operand multiplies as accurately)
+    template_x = re.search(r"triton_tem_\w*\.run\((\w+),", source).group(1)
+    assert re.search(rf"{template_x} = empty_strided_\w+\([^\n]*torch\.bfloat16\)", source), source
     with torch.no_grad():
         want = _eager(model, x, residual)
     assert y.dtype == dtype and torch.isfinite(y).all() and _rel_err(y, want) < 2**-7
@@ -353,17 +359,19 @@ _NORM_TOL = {"cpu": 2**-6, "cuda": 2**-7}
 
 
 @pytest.mark.parametrize("norm", list(NORMS))
-@pytest.mark.parametrize("m", [1, 5, norm_fusion.DEFER_MAX_ROWS])
-def test_w4a16_gemm_applies_the_rms_norm(template_inductor, norm, m, k=256):
+@pytest.mark.parametrize("m, k, scale", [(1, 256, 3.0), (5, 256, 3.0), (norm_fusion.DEFER_MAX_ROWS, 256, 3.0),
+                                         (1, 320, 3.0), (5, 320, 2.0**-9)])
+def test_w4a16_gemm_applies_the_rms_norm(template_inductor, norm, m, k, scale):
     """RMSNorm -> W4A16 linear at decode: x = h * weight (a pointwise kernel, none without a weight)
     and the template multiplies each row by rsqrt(mean(h^2) + eps), reading h's rows whole (16 x
     256: gemm_configs.RMS_MAX_ELEMENTS; the last split, or each program where K is not split, as
-    on the GPU at K = 256); no reduction kernel. Equal to the op's definition
-    on the same x and h up to the template's rounding, and to the norm then the linear within
-    bf16's rounding of x."""
+    on the GPU at K = 256); no reduction kernel. K = 320 is not a power of two (the row read
+    padded, the mean over K); at scale 2^-9 mean(h^2) is ~4e-6, so eps counts. Equal to the op's
+    definition on the same x and h up to the template's rounding, and to the norm then the linear
+    within bf16's rounding of x."""
     torch.manual_seed(m)
     model = NormLinear(norm, k, 192).to(device=template_inductor, dtype=torch.bfloat16).eval()
-    x = torch.randn(m, k, device=template_inductor, dtype=torch.bfloat16) * 3
+    x = torch.randn(m, k, device=template_inductor, dtype=torch.bfloat16) * scale
     y, code = run_and_get_code(nv.compile(model, nv.Config(activations="bf16")), x)
     launches = _launches("\n".join(code))
     assert len(launches) == (1 if norm == "nn_no_weight" else 2), launches
@@ -396,9 +404,19 @@ def test_unsplit_template_applies_the_rms_norm(template_inductor, monkeypatch):
     torch.testing.assert_close(y, exact, rtol=2**-7, atol=2**-6)
 
 
-def test_a_deferred_norm_the_template_cannot_read_whole_runs_the_eager_op(template_inductor):
+def test_a_deferred_norm_the_template_cannot_read_whole_runs_the_eager_op(template_inductor, monkeypatch):
     """nvfp4.linear_tiled with norm_h where rows x K exceed what the last split reads (16 x 512):
-    the lowering leaves the eager op (its own deferred norm), not a template without the norm."""
+    the lowering leaves the eager op (its own deferred norm), not a template without the norm.
+    (Plain torch.compile: the lowering registered here, and the FX graph cache off, whose key holds
+    neither.)"""
+    from torch._inductor import lowering as inductor_lowering
+
+    linear_lowering.register()
+    monkeypatch.setattr(torch._inductor.config, "fx_graph_cache", False)
+    lowered = []
+    op = torch.ops.nvfp4.linear_tiled.default
+    lower = inductor_lowering.lowerings[op]
+    monkeypatch.setitem(inductor_lowering.lowerings, op, lambda *a, **kw: lowered.append(1) or lower(*a, **kw))
     torch.manual_seed(2)
     linear = nn.Linear(512, 192).to(device=template_inductor, dtype=torch.bfloat16)
     h = torch.randn(16, 512, device=template_inductor, dtype=torch.bfloat16)
@@ -411,7 +429,7 @@ def test_a_deferred_norm_the_template_cannot_read_whole_runs_the_eager_op(templa
     y, code = run_and_get_code(torch.compile(run, fullgraph=True), x, h)
     calls = [line for line in "\n".join(code).splitlines()
              if "torch.ops.nvfp4.linear_tiled.default(" in line and not line.strip().startswith("#")]
-    assert len(calls) == 1 and "1e-06)" in calls[0], calls
+    assert lowered and len(calls) == 1 and "1e-06)" in calls[0], (lowered, calls)
     torch.testing.assert_close(y, run(x, h), rtol=0, atol=0)
 
 
