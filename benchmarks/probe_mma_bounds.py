@@ -1,17 +1,20 @@
-"""Bounds of the register-fed decode GEMM (kernels/gemm_mma.py) at M = 1 and 16 (session 34): the
-shipped mainloop with parts of its per-weight work replaced by nothing, outputs wrong on purpose
-(timing only; `base` is checked against float64). Each variant in its own process (the JIT picks
-up the replaced function at its first compile):
+"""The register-fed decode GEMM (kernels/gemm_mma.py) at M = 1 and 16 with parts of its per-weight
+work changed (session 34). Each variant runs in its own process: the JIT picks up a replaced
+function at its first compile.
 
     python benchmarks/probe_mma_bounds.py base
-    python benchmarks/probe_mma_bounds.py nodecode   # _decode_pairs: the code word itself, 4 times
-    python benchmarks/probe_mma_bounds.py noscale    # _scales: the scale bytes, no conversion
-    python benchmarks/probe_mma_bounds.py nodecode noscale
+    python benchmarks/probe_mma_bounds.py paired     # x stored in mma pair order (each 8 values as
+        0, 4, 1, 5, 2, 6, 3, 7) and _x_pairs' byte permutes dropped: correct, checked
     python benchmarks/probe_mma_bounds.py mmaorder   # the decode of session 6's MMA code order
         (tiled.to_mma_order at 24c0bc2: 11 instructions a word against 16, pairs of consecutive k,
-        so x's words go to the mma as loaded) on natural-order codes: its instruction count
+        so x's words go to the mma as loaded) on natural-order codes: its instruction count, wrong
+        outputs
+    python benchmarks/probe_mma_bounds.py nodecode   # bound: _decode_pairs returns the code word
+    python benchmarks/probe_mma_bounds.py noscale    # bound: _scales returns the scale bytes
+    python benchmarks/probe_mma_bounds.py nodecode noscale
 
-Eager tiled W4A16 (gemm_splitk), CUDA-graph times over weight copies beyond L2."""
+Eager tiled W4A16 (gemm_splitk), CUDA-graph times over weight copies beyond L2; base and paired
+are checked against float64 first."""
 import sys
 
 import torch
@@ -25,17 +28,7 @@ from nvfp4_inductor.kernels.gemm_splitk import gemm_splitk
 
 SHAPES = [(4096, 4096), (4096, 6144), (4096, 14336), (14336, 4096), (4096, 28672), (8192, 28672)]
 VARIANT = sys.argv[1:] or ["base"]
-
-
-@triton.jit
-def _no_decode(word, scale):
-    return word, word, word, word
-
-
-@triton.jit
-def _no_scales(s_pair):
-    return s_pair, s_pair
-
+CHECKED = VARIANT in (["base"], ["paired"])
 
 _MMA_ORDER_ASM: tl.constexpr = tl.constexpr("""
 {
@@ -62,13 +55,32 @@ def _x_words(x):
     return x
 
 
+@triton.jit
+def _no_decode(word, scale):
+    return word, word, word, word
+
+
+@triton.jit
+def _no_scales(s_pair):
+    return s_pair, s_pair
+
+
+if "paired" in VARIANT or "mmaorder" in VARIANT:
+    gemm_mma._x_pairs = _x_words
 if "mmaorder" in VARIANT:
     gemm_mma._decode_pairs = _mma_order_decode
-    gemm_mma._x_pairs = _x_words
 if "nodecode" in VARIANT:
     gemm_mma._decode_pairs = _no_decode
 if "noscale" in VARIANT:
     gemm_mma._scales = _no_scales
+
+
+def x_as_read(x):
+    """paired: x (M, K) with each 8 consecutive values in the order (0, 4, 1, 5, 2, 6, 3, 7)."""
+    if "paired" not in VARIANT:
+        return x
+    m, k = x.shape
+    return x.view(m, k // 8, 2, 4).transpose(-1, -2).reshape(m, k).contiguous()
 
 
 def main():
@@ -80,11 +92,12 @@ def main():
         row = []
         for m in (1, 16):
             x = torch.randn(m, k, dtype=torch.bfloat16, device="cuda")
-            if VARIANT == ["base"]:
+            xr = x_as_read(x)
+            if CHECKED:
                 ref = x.double() @ w_q[0].dequantize(torch.float32).double().T
-                got = gemm_splitk(x, *w_t[0][:3], None, torch.float32, False, tiled_n=n).double()
+                got = gemm_splitk(xr, *w_t[0][:3], None, torch.float32, False, tiled_n=n).double()
                 assert ((got - ref).abs().max() / ref.abs().max()).item() < 1e-5, (k, n, m)
-            row.append(stream_us(lambda w: gemm_splitk(x, w[0], w[1], w[2], None, torch.bfloat16, False,
+            row.append(stream_us(lambda w: gemm_splitk(xr, w[0], w[1], w[2], None, torch.bfloat16, False,
                                                        tiled_n=n), w_t))
         print(f"{k:>6} {n:>6}  M=1 {row[0]:6.1f} us  M=16 {row[1]:6.1f} us", flush=True)
         del w_q, w_t

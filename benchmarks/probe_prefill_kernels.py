@@ -1,39 +1,19 @@
 """M = 4096 (prefill) by kernel: bf16 cuBLAS against the tiled NVFP4 linear (nvfp4::linear_tiled,
 what the backend's eager fallback and bench_gemm's tiled columns run: dequantize + one cuBLASLt
 GEMM, W4A4 with x's quantization first), each call's kernels from torch.profiler over CUDA-graph
-replays of weight copies beyond L2 (as bench_gemm times them).
+replays of weight copies beyond L2 (as bench_gemm times them; probe_breakdown.kernel_us).
 
     python benchmarks/probe_prefill_kernels.py
 """
-import collections
-
 import torch
 import triton
 from bench_gemm import weight_copies
 from bench_quantize import stream_us
+from probe_breakdown import kernel_us
 
 SHAPES = [(4096, 4096), (14336, 4096), (4096, 14336)]  # (K, N)
 M = 4096
 ops = torch.ops.nvfp4
-
-
-def kernels_per_call(fn, inputs, calls: int = 3):
-    """-> [(kernel name, us per call)], the sum over a CUDA-graph replay of `calls` rounds."""
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        for _ in range(calls):
-            for x in inputs:
-                fn(x)
-    graph.replay()
-    torch.cuda.synchronize()
-    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
-        graph.replay()
-        torch.cuda.synchronize()
-    total = collections.Counter()
-    for e in prof.events():
-        if e.device_type == torch.autograd.DeviceType.CUDA:
-            total[e.name[:70]] += e.device_time / (calls * len(inputs))
-    return sorted(total.items(), key=lambda kv: -kv[1])
 
 
 def main():
@@ -49,7 +29,7 @@ def main():
         for name, (fn, inputs) in variants.items():
             us = stream_us(fn, inputs)
             print(f"K {k} N {n} M {M} {name}: {us:.1f} us a call (CUDA-graph replays)")
-            for kernel, t in kernels_per_call(fn, inputs):
+            for kernel, t in sorted(kernel_us(fn, inputs).items(), key=lambda kv: -kv[1]):
                 print(f"    {t:8.1f} us  {kernel}")
         del w_b, w_t
 
