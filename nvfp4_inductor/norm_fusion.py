@@ -82,7 +82,10 @@ def _rms(n: fx.Node):
             continue
         mean = add.args[0]
         ndim = _val(h).dim()
-        dims = [d % ndim for d in mean.args[1]]
+        dim = mean.args[1] if len(mean.args) > 1 else mean.kwargs.get("dim")
+        if not isinstance(dim, (list, tuple)):  # dim=None: the mean over the whole tensor
+            continue
+        dims = [d % ndim for d in dim]
         keepdim = mean.args[2] if len(mean.args) > 2 else mean.kwargs.get("keepdim", False)
         square = mean.args[0]
         squares = ((_call(square, aten.pow.Tensor_Scalar) and square.args[0] is hf and square.args[1] == 2)
@@ -93,8 +96,9 @@ def _rms(n: fx.Node):
 
 
 def _weight_ok(w, h: fx.Node, dtypes) -> bool:
-    val = _val(w)
-    return val is not None and tuple(val.shape) == (_val(h).shape[-1],) and val.dtype in dtypes
+    val = _val(w)  # a SymInt or float where the factor is a size or a scalar (dynamic shapes)
+    return (isinstance(val, torch.Tensor) and tuple(val.shape) == (_val(h).shape[-1],)
+            and val.dtype in dtypes)
 
 
 def match_rms_norm(y: fx.Node):

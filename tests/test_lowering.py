@@ -326,6 +326,76 @@ def test_norm_output_regrouped_by_a_view_is_not_fused(kernel_device, monkeypatch
     assert _rel_err(y, want) < 2**-7
 
 
+def _rms(h, dim):
+    hf = h.float()
+    return (hf * torch.rsqrt(hf.pow(2).mean(dim=dim, keepdim=True) + 1e-6)).to(h.dtype)
+
+
+class SizeScaledNormLinear(nn.Module):
+    """linear(norm(h) * rows): under dynamic shapes the norm's factor is a SymInt, not a weight."""
+
+    def __init__(self, k=64):
+        super().__init__()
+        self.linear = nn.Linear(k, 64)
+
+    def forward(self, h):
+        return self.linear(_rms(h, -1) * h.shape[0])
+
+
+class WholeTensorRMSLinear(nn.Module):
+    """A whole-tensor RMS (mean over dim=None), not a row norm; one of its outputs feeds a linear."""
+
+    def __init__(self, k=64):
+        super().__init__()
+        self.linear = nn.Linear(k, 64)
+
+    def forward(self, x, h):
+        g = _rms(h, None)
+        return self.linear(x), g, self.linear(g)
+
+
+@pytest.mark.parametrize("activations", ["bf16", "nvfp4"])
+def test_norm_times_a_size_compiles_under_dynamic_shapes(kernel_device, activations):
+    """The second batch size recompiles with a dynamic row count, and the norm's output is then
+    multiplied by a SymInt: matching it as a weight read its .shape (AttributeError, found by an
+    audit)."""
+    torch._dynamo.reset()
+    torch.manual_seed(3)
+    model = SizeScaledNormLinear().to(device=kernel_device, dtype=torch.bfloat16).eval()
+    compiled = nv.compile(model, nv.Config(activations=activations))
+    for rows in (3, 5):
+        h = torch.randn(rows, 64, device=kernel_device, dtype=torch.bfloat16)
+        y = compiled(h)
+        # Inductor may multiply the norm by rows before rounding to bf16 (one rounding, not two):
+        # W4A4 then quantizes a slightly different x, so either x is the reference
+        hf = h.float()
+        xs = (_rms(h, -1) * rows, (hf * torch.rsqrt(hf.pow(2).mean(-1, keepdim=True) + 1e-6) * rows).to(h.dtype))
+        with torch.no_grad():
+            err = min(_rel_err(y, _linear_eager(model.linear, x, activations)) for x in xs)
+        assert err < 2**-7, (rows, err)
+    torch._dynamo.reset()
+
+
+@pytest.mark.parametrize("activations", ["bf16", "nvfp4"])
+def test_whole_tensor_rms_is_not_a_norm_to_fuse(kernel_device, monkeypatch, activations):
+    """mean(dim=None, keepdim=True) traces with no dims: the matcher iterated None (TypeError: every
+    compile of such a graph failed, found by an audit). It is no row norm: nothing is fused."""
+    _defer_anywhere(monkeypatch)
+    torch._dynamo.reset()
+    torch.manual_seed(4)
+    model = WholeTensorRMSLinear().to(device=kernel_device, dtype=torch.bfloat16).eval()
+    x, h = (torch.randn(2, 64, device=kernel_device, dtype=torch.bfloat16) for _ in range(2))
+    (y, g, yg), code = run_and_get_code(nv.compile(model, nv.Config(activations=activations)), x, h)
+    source = "\n".join(code)
+    assert "norm_h" not in source and "rms_norm_quantize_values" not in source
+    with torch.no_grad():
+        want_g = _rms(h, None)
+        assert _rel_err(g, want_g) < 2**-7
+        assert _rel_err(y, _linear_eager(model.linear, x, activations)) < 2**-7
+        assert _rel_err(yg, _linear_eager(model.linear, want_g, activations)) < 2**-7
+    torch._dynamo.reset()
+
+
 def test_fp16_norm_is_not_deferred(kernel_device, monkeypatch):
     """fp16: x = h * w would be rounded to fp16 before the norm's factor and overflow where the
     normalized y does not (found by an audit: inf outputs); the norm stays a kernel."""
