@@ -13,6 +13,7 @@ from collections.abc import Callable, Iterable
 import torch
 from torch import Tensor, nn
 
+from . import _checks
 from .format import BLOCK_SIZE
 from .reference import global_scale_from_amax
 
@@ -20,8 +21,12 @@ __all__ = ["collect_hessians", "collect_input_scales", "hessian_blocks"]
 
 
 def hessian_blocks(x: Tensor) -> Tensor:
-    """Inputs (..., K) -> (K/16, 16, 16) fp32: sum over rows of x_g^T x_g per 16-column group."""
+    """Inputs (..., K), K a multiple of 16 -> (K/16, 16, 16) fp32: sum over rows of x_g^T x_g per
+    16-column group."""
+    if not isinstance(x, Tensor) or x.dim() == 0:
+        raise ValueError(f"hessian_blocks takes inputs (..., K); got {x!r:.80}")
     k = x.shape[-1]
+    _checks.check_k("x.shape[-1]", k)
     xg = x.reshape(-1, k // BLOCK_SIZE, BLOCK_SIZE).float()
     return torch.einsum("tgi,tgj->gij", xg, xg)
 

@@ -427,3 +427,20 @@ def test_searched_weights_carry_no_gradient():
         x = torch.randn(2, 32, requires_grad=True)
         nv.linear(x, q).sum().backward()
         assert x.grad is not None and x.grad.shape == x.shape
+
+
+@pytest.mark.parametrize("bad", [torch.randn(2, 24), torch.randn(3, 8), torch.tensor(1.0)])
+def test_hessian_blocks_refuses_k_not_a_multiple_of_16(bad):
+    """(2, 24) reshaped to (-1, 1, 16) silently regrouped rows across row boundaries (found by an
+    audit); the blocks need K a multiple of 16, as collect_hessians' layers have."""
+    with pytest.raises(ValueError):
+        hessian_blocks(bad)
+
+
+def test_hessian_blocks_sums_each_group_over_rows():
+    x = torch.randn(3, 5, 32)
+    h = hessian_blocks(x)
+    rows = x.reshape(-1, 32)
+    for g in range(2):
+        block = rows[:, 16 * g:16 * (g + 1)]
+        torch.testing.assert_close(h[g], block.T @ block)
