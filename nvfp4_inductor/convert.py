@@ -49,8 +49,9 @@ class Config:
         scale (nvfp4_inductor/rewrite.py).
     fuse_norms: under backend="nvfp4", an RMSNorm whose output only feeds NVFP4 linears at decode
         sizes leaves its own kernel: W4A4 quantizes in the norm's kernel (at most 2 rows), W4A16
-        GEMMs apply the norm themselves (one row of up to 4096; rounded otherwise than the norm,
-        no less accurately: nvfp4_inductor/norm_fusion.py). False keeps Inductor's norm kernels.
+        GEMMs apply the norm themselves (h of up to 4096 elements with rows and K each rounded up
+        to a power of two: one row of 4096, 16 rows of 256; rounded otherwise than the norm, no
+        less accurately: nvfp4_inductor/norm_fusion.py). False keeps Inductor's norm kernels.
     """
 
     activations: str = "auto"
