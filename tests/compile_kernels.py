@@ -76,7 +76,8 @@ SPLITK_SIGNATURE = {
 WGMMA = r"wgmma\.mma_async"
 MMA_SYNC_BF16 = r"mma\.sync\.aligned\.m16n8k16\.row\.col\.f32\.bf16\.bf16\.f32"
 WORD_DECODE = r"mul\.rn\.bf16x2"  # the inline-PTX decode made it into the kernel
-TCGEN05_BLOCK_SCALE = r"tcgen05\.mma\.cta_group::1\.kind::mxf4nvf4\.block_scale"
+# NVFP4: scale_vec::4X is one scale per 16 elements (NVFP4's block; 2X is MXFP4's 32)
+TCGEN05_BLOCK_SCALE = r"tcgen05\.mma\.cta_group::1\.kind::mxf4nvf4\.block_scale\.scale_vec::4X"
 
 
 def compile_for(fn, signature, constexprs, target, num_warps=4, num_stages=3):

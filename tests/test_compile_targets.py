@@ -1,7 +1,8 @@
 """Every Triton kernel variant compiles without a GPU, and its PTX has what the design relies on:
 for sm_90 (Hopper, run on the device too) 16-byte loads, no shared-memory round trip in the
 quantize element path, wgmma in the GEMM's 64-row and larger tiles; for sm_100 (Blackwell, no
-machine here) tcgen05 block-scaled MMA (kind::mxf4nvf4) in every shipped GEMM tile. A compile
+machine here) tcgen05 block-scaled MMA (kind::mxf4nvf4, scale_vec::4X: one scale per 16
+elements) in every shipped GEMM tile. A compile
 error (seen once: a constexpr branch returning two types) fails here in CI, not on the device."""
 
 import json
