@@ -19,6 +19,13 @@ def val(node):
     return node.meta.get("val") if isinstance(node, fx.Node) else None
 
 
+def tensor_val(node):
+    """node's fake tensor, or None: under dynamic shapes a node may hold a SymInt or SymFloat (a
+    size, a scalar), which the matchers must not take for a tensor."""
+    value = val(node)
+    return value if isinstance(value, torch.Tensor) else None
+
+
 def pairs(node):
     """The two orders of a commutative call's operands."""
     a, b = node.args[:2]

@@ -55,7 +55,8 @@ import torch
 from torch import fx
 
 from ._fx import CONVERT as _CONVERT
-from ._fx import LINEAR, VIEWS as _VIEWS, call as _call, pairs as _pairs, val as _val, view_root
+from ._fx import LINEAR, VIEWS as _VIEWS, call as _call, pairs as _pairs, tensor_val as _tensor_val
+from ._fx import val as _val, view_root
 from .kernels.gemm_configs import block_scaled_mma, rms_in_template, template_device
 
 aten = torch.ops.aten
@@ -75,7 +76,7 @@ def _rms(n: fx.Node):
         if not (_call(hf, _CONVERT) and hf.args[1] == torch.float32 and _call(r, aten.rsqrt.default)):
             continue
         h, add = hf.args[0], r.args[0]
-        if _val(h) is None or _val(h).dtype not in _HALF:
+        if _tensor_val(h) is None or _val(h).dtype not in _HALF:
             continue
         if not (_call(add, aten.add.Tensor, aten.add.Scalar) and not add.kwargs
                 and isinstance(add.args[1], (int, float)) and _call(add.args[0], aten.mean.dim)):
@@ -96,9 +97,8 @@ def _rms(n: fx.Node):
 
 
 def _weight_ok(w, h: fx.Node, dtypes) -> bool:
-    val = _val(w)  # a SymInt or float where the factor is a size or a scalar (dynamic shapes)
-    return (isinstance(val, torch.Tensor) and tuple(val.shape) == (_val(h).shape[-1],)
-            and val.dtype in dtypes)
+    val = _tensor_val(w)  # None where the factor is a size or a scalar (dynamic shapes)
+    return val is not None and tuple(val.shape) == (_val(h).shape[-1],) and val.dtype in dtypes
 
 
 def match_rms_norm(y: fx.Node):

@@ -46,7 +46,7 @@ from torch import fx
 
 from . import _checks, _compat, norm_fusion
 from ._fx import CONVERT as _CONVERT
-from ._fx import LINEAR, VIEWS as _VIEWS, call as _call, pairs as _pairs, val as _val
+from ._fx import LINEAR, VIEWS as _VIEWS, call as _call, pairs as _pairs, tensor_val as _tensor_val, val as _val
 from ._fx import view_root as _view_root
 from .format import BLOCK_SIZE
 from .tiled import GLU_GROUP, TILE_N
@@ -132,7 +132,7 @@ def _silu_mul_operands(y: fx.Node):
         else:
             ok = len(s.args) == 1
         gate = af.args[0]
-        vals = [_val(gate), _val(up)]
+        vals = [_tensor_val(gate), _tensor_val(up)]  # up may be a size (a SymInt) under dynamic shapes
         if (ok and None not in vals and c.args[1] == vals[0].dtype and vals[1].dtype == vals[0].dtype
                 and vals[1].shape == vals[0].shape):
             return gate, up

@@ -376,6 +376,37 @@ def test_norm_times_a_size_compiles_under_dynamic_shapes(kernel_device, activati
     torch._dynamo.reset()
 
 
+class SizeScaledSiluLinear(nn.Module):
+    """linear(silu(x) * rows): a SiLU times a SymInt, which the gated-MLP matcher read as a tensor."""
+
+    def __init__(self, k=64):
+        super().__init__()
+        self.linear = nn.Linear(k, 64, bias=False)
+
+    def forward(self, x):
+        return self.linear(nn.functional.silu(x) * x.shape[0])
+
+
+@pytest.mark.parametrize("activations", ["bf16", "nvfp4"])
+def test_silu_times_a_size_compiles_under_dynamic_shapes(kernel_device, activations):
+    """The gated-MLP matcher (rewrite._silu_mul_operands, run on every node) read .dtype of the
+    SymInt the SiLU is multiplied by, on the second batch size's dynamic recompile (AttributeError,
+    found by an audit)."""
+    torch._dynamo.reset()
+    torch.manual_seed(5)
+    model = SizeScaledSiluLinear().to(device=kernel_device, dtype=torch.bfloat16).eval()
+    compiled = nv.compile(model, nv.Config(activations=activations))
+    for rows in (3, 5):
+        x = torch.randn(rows, 64, device=kernel_device, dtype=torch.bfloat16)
+        y = compiled(x)
+        # silu rounded to bf16 before the product, or (Inductor) one rounding after it
+        xs = (nn.functional.silu(x) * rows, (nn.functional.silu(x.float()) * rows).to(x.dtype))
+        with torch.no_grad():
+            err = min(_rel_err(y, _linear_eager(model.linear, v, activations)) for v in xs)
+        assert err < 2**-7, (rows, err)
+    torch._dynamo.reset()
+
+
 @pytest.mark.parametrize("activations", ["bf16", "nvfp4"])
 def test_whole_tensor_rms_is_not_a_norm_to_fuse(kernel_device, monkeypatch, activations):
     """mean(dim=None, keepdim=True) traces with no dims: the matcher iterated None (TypeError: every
