@@ -184,7 +184,7 @@ class Transformer(nn.Module):
     def setup_cache(self, batch: int):
         """(Re)allocates a zeroed KV cache for `batch` sequences. Under torch.compile a new batch
         size fails the shape guards and compiles (and, with CUDA graphs, records) a new graph."""
-        weight = self.lm_head.weight
+        weight = self.embed.weight  # the model's dtype (lm_head's is uint8 if it was converted)
         for layer in self.layers:
             layer.attn.setup_cache(batch, self.max_len, weight.dtype, weight.device)
 

@@ -85,6 +85,20 @@ def test_attention_matches_sdpa_with_repeated_kv_heads():
     assert attn.k_cache[:, :, seq:].eq(0).all()
 
 
+def test_cache_takes_the_model_dtype_with_a_converted_head():
+    """With skip_output_head=False the head holds NVFP4 codes (uint8): the cache took its dtype
+    from lm_head.weight, and decode_attention refused the uint8 cache (found by an audit)."""
+    model = decode.build_model(CFG, MAX_LEN, 2, "cpu")
+    report = nv.convert(model, nv.Config(activations="bf16", skip_output_head=False))
+    assert "lm_head" in report.converted
+    with torch.no_grad():
+        model.setup_cache(2)
+        assert model.layers[0].attn.k_cache.dtype == model.embed.weight.dtype == torch.bfloat16
+        prefill = model(_tokens(2, 3), torch.arange(3))
+        step = model(_tokens(2, 1, seed=2), torch.tensor([3]))
+    assert prefill.shape == step.shape == (2, CFG.vocab) and bool(step.isfinite().all())
+
+
 def test_decode_steps_match_a_longer_prefill():
     # The KV cache, positions and mask: prefill of 5 tokens + 4 decode steps gives the logits of
     # a 6..9-token prefill. fp32, so only summation order differs.
