@@ -331,17 +331,6 @@ def _rms(h, dim):
     return (hf * torch.rsqrt(hf.pow(2).mean(dim=dim, keepdim=True) + 1e-6)).to(h.dtype)
 
 
-class SizeScaledNormLinear(nn.Module):
-    """linear(norm(h) * rows): under dynamic shapes the norm's factor is a SymInt, not a weight."""
-
-    def __init__(self, k=64):
-        super().__init__()
-        self.linear = nn.Linear(k, 64)
-
-    def forward(self, h):
-        return self.linear(_rms(h, -1) * h.shape[0])
-
-
 class WholeTensorRMSLinear(nn.Module):
     """A whole-tensor RMS (mean over dim=None), not a row norm; one of its outputs feeds a linear."""
 
@@ -354,53 +343,44 @@ class WholeTensorRMSLinear(nn.Module):
         return self.linear(x), g, self.linear(g)
 
 
-@pytest.mark.parametrize("activations", ["bf16", "nvfp4"])
-def test_norm_times_a_size_compiles_under_dynamic_shapes(kernel_device, activations):
-    """The second batch size recompiles with a dynamic row count, and the norm's output is then
-    multiplied by a SymInt: matching it as a weight read its .shape (AttributeError, found by an
-    audit)."""
-    torch._dynamo.reset()
-    torch.manual_seed(3)
-    model = SizeScaledNormLinear().to(device=kernel_device, dtype=torch.bfloat16).eval()
-    compiled = nv.compile(model, nv.Config(activations=activations))
-    for rows in (3, 5):
-        h = torch.randn(rows, 64, device=kernel_device, dtype=torch.bfloat16)
-        y = compiled(h)
-        # Inductor may multiply the norm by rows before rounding to bf16 (one rounding, not two):
-        # W4A4 then quantizes a slightly different x, so either x is the reference
-        hf = h.float()
-        xs = (_rms(h, -1) * rows, (hf * torch.rsqrt(hf.pow(2).mean(-1, keepdim=True) + 1e-6) * rows).to(h.dtype))
-        with torch.no_grad():
-            err = min(_rel_err(y, _linear_eager(model.linear, x, activations)) for x in xs)
-        assert err < 2**-7, (rows, err)
-    torch._dynamo.reset()
+class SizeScaledLinear(nn.Module):
+    """linear(f(x) * rows), f a row RMSNorm or a SiLU: under dynamic shapes rows is a SymInt, which
+    the norm's weight matcher and the gated-MLP matcher (run on every node) read as a tensor."""
 
-
-class SizeScaledSiluLinear(nn.Module):
-    """linear(silu(x) * rows): a SiLU times a SymInt, which the gated-MLP matcher read as a tensor."""
-
-    def __init__(self, k=64):
+    def __init__(self, f, k=64):
         super().__init__()
-        self.linear = nn.Linear(k, 64, bias=False)
+        self.f, self.linear = f, nn.Linear(k, 64)
 
     def forward(self, x):
-        return self.linear(nn.functional.silu(x) * x.shape[0])
+        return self.linear(self.f(x) * x.shape[0])
+
+
+def _rms_rows(x):
+    return _rms(x, -1)
+
+
+def _rms_rows_fp32(x):
+    xf = x.float()
+    return xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + 1e-6)
 
 
 @pytest.mark.parametrize("activations", ["bf16", "nvfp4"])
-def test_silu_times_a_size_compiles_under_dynamic_shapes(kernel_device, activations):
-    """The gated-MLP matcher (rewrite._silu_mul_operands, run on every node) read .dtype of the
-    SymInt the SiLU is multiplied by, on the second batch size's dynamic recompile (AttributeError,
-    found by an audit)."""
+@pytest.mark.parametrize("f, f_fp32", [(_rms_rows, _rms_rows_fp32),
+                                       (nn.functional.silu, lambda x: nn.functional.silu(x.float()))],
+                         ids=["rms_norm", "silu"])
+def test_a_size_factor_compiles_under_dynamic_shapes(kernel_device, activations, f, f_fp32):
+    """The second batch size recompiles with a dynamic row count; reading the SymInt's .shape or
+    .dtype crashed compilation (AttributeError, found by two audits)."""
     torch._dynamo.reset()
-    torch.manual_seed(5)
-    model = SizeScaledSiluLinear().to(device=kernel_device, dtype=torch.bfloat16).eval()
+    torch.manual_seed(3)
+    model = SizeScaledLinear(f).to(device=kernel_device, dtype=torch.bfloat16).eval()
     compiled = nv.compile(model, nv.Config(activations=activations))
     for rows in (3, 5):
         x = torch.randn(rows, 64, device=kernel_device, dtype=torch.bfloat16)
         y = compiled(x)
-        # silu rounded to bf16 before the product, or (Inductor) one rounding after it
-        xs = (nn.functional.silu(x) * rows, (nn.functional.silu(x.float()) * rows).to(x.dtype))
+        # f rounded to bf16 before the product, or (Inductor may) one rounding after it: W4A4 then
+        # quantizes a slightly different x, so either is the reference
+        xs = (f(x) * rows, (f_fp32(x) * rows).to(x.dtype))
         with torch.no_grad():
             err = min(_rel_err(y, _linear_eager(model.linear, v, activations)) for v in xs)
         assert err < 2**-7, (rows, err)
