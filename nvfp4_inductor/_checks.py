@@ -4,6 +4,8 @@ All checks read metadata only (dtype, shape, device, strides), never tensor valu
 under FakeTensorMode, under torch.compile and inside CUDA-graph capture without a host sync.
 """
 
+import math
+
 import torch
 from torch import Tensor
 
@@ -131,7 +133,7 @@ def check_nvfp4(name: str, data, scale, global_scale, swizzled: bool) -> int:
     check_k(f"{name}.data (K = 2 * data.shape[-1])", k)
     lead = data.shape[:-1]
     if swizzled:
-        expected = swizzled_shape(lead.numel(), k // BLOCK_SIZE)
+        expected = swizzled_shape(math.prod(lead), k // BLOCK_SIZE)  # not numel(): see ops._scale_shape
     else:
         expected = (*lead, k // BLOCK_SIZE)
     if tuple(scale.shape) != tuple(expected):
@@ -204,7 +206,7 @@ def check_linear_tiled_args(x, w_data, w_scale, w_global_scale, bias, n, activat
     if activation not in ACTIVATIONS:
         raise ValueError(f"activation must be one of {ACTIVATIONS}; got {activation!r}")
     check_float_input("x", x)
-    if not isinstance(n, int) or n <= 0 or n % BLOCK_SIZE:
+    if isinstance(n, bool) or not isinstance(n, (int, torch.SymInt)) or n <= 0 or n % BLOCK_SIZE:
         raise ValueError(f"n must be a positive multiple of {BLOCK_SIZE}; got {n!r}")
     data_shape, scale_shape = tiled_shapes(n, x.shape[-1])
     for name, t, shape in (("w.data", w_data, data_shape), ("w.scale", w_scale, scale_shape)):

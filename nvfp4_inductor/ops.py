@@ -7,6 +7,8 @@ op inputs on the CPU build, and the bits are the interchange format anyway (the 
 them as float8_e4m3fn).
 """
 
+import math
+
 import torch
 from torch import Tensor
 
@@ -24,14 +26,15 @@ _E4M3 = torch.float8_e4m3fn
 
 def _scale_shape(lead: torch.Size, k: int, swizzle: bool):
     cols = k // BLOCK_SIZE
-    return reference.swizzled_shape(lead.numel(), cols) if swizzle else (*lead, cols)
+    # math.prod, not Size.numel(): numel() of symbolic sizes guards on their values (a recompile a size)
+    return reference.swizzled_shape(math.prod(lead), cols) if swizzle else (*lead, cols)
 
 
 def _plain_scale(scale: Tensor, lead: torch.Size, k: int, swizzled: bool) -> Tensor:
     """uint8 scale bits, plain or swizzled -> plain e4m3 (*lead, K/16)."""
     cols = k // BLOCK_SIZE
     if swizzled:
-        scale = reference.unswizzle_scales(scale, lead.numel(), cols).reshape(*lead, cols)
+        scale = reference.unswizzle_scales(scale, math.prod(lead), cols).reshape(*lead, cols)
     return scale.view(_E4M3)
 
 

@@ -349,3 +349,46 @@ def test_linear_backward_on_cuda():
     grad = torch.randn(3, 256, dtype=torch.bfloat16, device="cuda")
     nv.linear(x, q).backward(grad)
     assert torch.equal(x.grad, grad @ nv.dequantize(q, torch.bfloat16))
+
+
+# --- the ops inside a user's torch.compile with dynamic shapes ----------------------------------
+
+def test_swizzled_ops_compile_once_for_every_row_count():
+    """Size.numel() of symbolic sizes guarded on their values: swizzle=True compiled a graph a row
+    count, and the recompile limit then failed fullgraph (found by an audit)."""
+    from torch._dynamo.testing import CompileCounter
+
+    counter = CompileCounter()
+
+    @torch.compile(backend=counter, dynamic=True, fullgraph=True)
+    def roundtrip(x):
+        q = nv.quantize(x, swizzle=True)
+        return q.dequantize(torch.float32), nv.linear(x, q)
+
+    torch._dynamo.reset()
+    for m in (2, 3, 5, 17, 130):
+        x = torch.randn(m, 64)
+        q = nv.quantize(x, swizzle=True)
+        y, z = roundtrip(x)
+        assert torch.equal(y, q.dequantize(torch.float32)) and torch.equal(z, nv.linear(x, q))
+    assert counter.frame_count == 1
+    torch._dynamo.reset()
+
+
+def test_linear_tiled_takes_a_symbolic_n():
+    """n = w.shape[0] of a weight passed in is a SymInt under dynamic shapes: the check wanted an
+    int (found by an audit)."""
+    def tiled(x, w, g):
+        data, scale, _ = OPS.quantize(w, None, False, False)
+        data, scale = OPS.tile_weight(data, scale)
+        return OPS.linear_tiled(x, data, scale, g, None, w.shape[0], "bf16")
+
+    torch._dynamo.reset()
+    compiled = torch.compile(tiled, backend="aot_eager", dynamic=True, fullgraph=True)
+    g = torch.tensor(0.01)
+    for n in (48, 80):
+        x, w = torch.randn(3, 64, dtype=torch.bfloat16), torch.randn(n, 64)
+        assert torch.equal(compiled(x, w, g), tiled(x, w, g))
+    with pytest.raises(ValueError, match="n must be"):
+        OPS.linear_tiled(x, *OPS.tile_weight(*OPS.quantize(w, None, False, False)[:2]), g, None, True, "bf16")
+    torch._dynamo.reset()
