@@ -287,26 +287,43 @@ def _(x, w_data, w_scale, w_global_scale, bias, w_swizzled, activation):
     return x.new_empty((*x.shape[:-1], w_data.shape[0]))
 
 
+@torch.library.custom_op("nvfp4::no_gradient", mutates_args=())
+def no_gradient(like: Tensor, message: str) -> Tensor:
+    """The gradient of an input that has none (W4A4's quantized x): raises RuntimeError(message)
+    when a backward runs it. For the tracer it is a tensor like `like`: torch.compile traces the
+    backward with the forward, and raising there failed the compile of a forward that never
+    backpropagates (x requiring grad outside no_grad)."""
+    raise RuntimeError(message)
+
+
+@no_gradient.register_fake
+def _(like, message):
+    return torch.empty_like(like)
+
+
 def _linear_setup_context(ctx, inputs, output):
     x, w_data, w_scale, w_global_scale, bias, w_swizzled, activation = inputs
     ctx.save_for_backward(w_data, w_scale, w_global_scale)
     ctx.w_swizzled, ctx.activation = w_swizzled, activation
-    ctx.x_dtype, ctx.bias_dtype = x.dtype, None if bias is None else bias.dtype
+    ctx.x_shape, ctx.x_dtype, ctx.bias_dtype = x.shape, x.dtype, None if bias is None else bias.dtype
 
 
 def _linear_backward(ctx, grad):
     """Gradients for x (W4A16: x is rounded to bf16 and multiplied by W, so dL/dx = dL/dy @ W, the
     rounding passed straight through, as autograd does for a cast) and bias; the NVFP4 weight is
-    constant data. W4A4 quantizes x (a step function): no gradient, an error rather than zeros."""
+    constant data. W4A4 quantizes x (a step function): no gradient, an error rather than zeros
+    (no_gradient: when the backward runs)."""
     w_data, w_scale, w_global_scale = ctx.saved_tensors
     grad_x = grad_bias = None
     if ctx.needs_input_grad[0]:
         if ctx.activation != "bf16":
-            raise RuntimeError(
-                f"nvfp4::linear with activation={ctx.activation!r} quantizes x, which has no "
-                "gradient; use activation='bf16' (W4A16) to backpropagate through an NVFP4 linear")
-        w = dequantize(w_data, w_scale, w_global_scale, ctx.w_swizzled, grad.dtype)
-        grad_x = (grad @ w).to(ctx.x_dtype)
+            grad_x = no_gradient(grad.new_empty(ctx.x_shape, dtype=ctx.x_dtype),
+                                 f"nvfp4::linear with activation={ctx.activation!r} quantizes x, "
+                                 "which has no gradient; use activation='bf16' (W4A16) to "
+                                 "backpropagate through an NVFP4 linear")
+        else:
+            w = dequantize(w_data, w_scale, w_global_scale, ctx.w_swizzled, grad.dtype)
+            grad_x = (grad @ w).to(ctx.x_dtype)
     if ctx.needs_input_grad[4]:
         grad_bias = grad.reshape(-1, grad.shape[-1]).sum(0).to(ctx.bias_dtype)
     return grad_x, None, None, None, grad_bias, None, None
@@ -331,13 +348,15 @@ quantize_weight.register_autograd(_never_called, setup_context=_no_gradient)
 
 def _values_setup_context(ctx, inputs, output):
     ctx.mark_non_differentiable(output[1])  # the global scale
+    ctx.x_dtype = inputs[0].dtype
 
 
 def _values_backward(ctx, grad_values, grad_g):
     """quantize_values' values stand for x in W4A4 (nv.linear with a static x_global_scale
     multiplies them as W4A16 does): as nvfp4::linear's W4A4, an error rather than zeros."""
-    raise RuntimeError("W4A4 (activation='nvfp4') quantizes x, which has no gradient; use "
-                       "activation='bf16' (W4A16) to backpropagate through an NVFP4 linear")
+    message = ("W4A4 (activation='nvfp4') quantizes x, which has no gradient; use activation='bf16' "
+               "(W4A16) to backpropagate through an NVFP4 linear")
+    return no_gradient(torch.empty_like(grad_values, dtype=ctx.x_dtype), message), None
 
 
 quantize_values.register_autograd(_values_backward, setup_context=_values_setup_context)

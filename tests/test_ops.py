@@ -322,6 +322,27 @@ def test_no_gradient_through_quantization():
         nv.linear(x, nv.quantize(torch.randn(32, 64)), activation="nvfp4").sum().backward()
 
 
+@pytest.mark.parametrize("static_scale", [False, True])
+def test_compiled_w4a4_forward_on_x_that_requires_grad(static_scale):
+    """torch.compile traces the backward with the forward: W4A4's backward raised while tracing, so
+    a forward on an x that requires grad (inference outside no_grad) failed to compile, where eager
+    runs it (found by an audit). Now the compiled forward runs and only a backward raises."""
+    torch.manual_seed(1)
+    w = nv.quantize(torch.randn(48, 64))
+    scale = {"x_global_scale": torch.tensor(0.01)} if static_scale else {}
+
+    def fn(x):
+        return nv.linear(x, w, activation="nvfp4", **scale)
+
+    x = torch.randn(3, 64, requires_grad=True)
+    torch._dynamo.reset()
+    y = torch.compile(fn, backend="aot_eager", fullgraph=True)(x)
+    assert y.requires_grad and torch.equal(y.detach(), fn(x.detach()))
+    with pytest.raises(RuntimeError, match="quantizes x, which has no gradient"):
+        y.sum().backward()
+    torch._dynamo.reset()
+
+
 def test_adapter_trains_on_a_converted_model():
     """A LoRA-style adapter beside a converted (frozen NVFP4) linear: one SGD step lowers the loss."""
     torch.manual_seed(0)
