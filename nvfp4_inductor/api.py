@@ -66,7 +66,10 @@ def _global_scale_tensor(global_scale, x: Tensor, per_row: bool,
     except OverflowError:  # an int beyond any float (10**400): not finite in float32 either
         value = math.inf
     g = torch.tensor(value, dtype=torch.float32)  # the value used: fp32
-    if not (math.isfinite(g.item()) and g.item() > 0):
+    # Inside torch.compile a float argument may be symbolic (specialize_float=False): reading it
+    # back would break the graph, so there it follows the tensor rule (not finite and > 0: NaN
+    # blocks, the README's NaN policy) instead of raising here.
+    if not torch.compiler.is_compiling() and not (math.isfinite(g.item()) and g.item() > 0):
         raise ValueError(f"{name} must be finite and > 0 in float32; got {global_scale} "
                          f"({g.item()} in float32)")
     return g.to(x.device)

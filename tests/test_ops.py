@@ -413,3 +413,27 @@ def test_linear_tiled_takes_a_symbolic_n():
     with pytest.raises(ValueError, match="n must be"):
         OPS.linear_tiled(x, *OPS.tile_weight(*OPS.quantize(w, None, False, False)[:2]), g, None, True, "bf16")
     torch._dynamo.reset()
+
+
+def test_a_float_global_scale_argument_inside_torch_compile():
+    """A float argument of a compiled function is symbolic (dynamic=True, or its second value):
+    the host check read it back (data-dependent guard: fullgraph failed, else graph breaks; found
+    by an audit). Inside torch.compile it follows the tensor rule: not finite and > 0, NaN blocks."""
+    torch.manual_seed(2)
+    x = torch.randn(8, 64)
+    w = nv.quantize(torch.randn(32, 64))
+
+    def fn(x, g):
+        return nv.quantize(x, g).dequantize(torch.float32), nv.linear(x, w, activation="nvfp4", x_global_scale=g)
+
+    for dynamic in (True, None):
+        torch._dynamo.reset()
+        compiled = torch.compile(fn, backend="aot_eager", dynamic=dynamic, fullgraph=True)
+        for g in (0.01, 0.02):
+            for got, want in zip(compiled(x, g), fn(x, g)):
+                assert torch.equal(got, want)
+        y, z = compiled(x, -1.0)
+        assert bool(y.isnan().all()) and bool(z.isnan().all())
+        with pytest.raises(ValueError, match="must be finite and > 0"):
+            fn(x, -1.0)  # eagerly, a Python number is checked at once
+    torch._dynamo.reset()
