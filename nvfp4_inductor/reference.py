@@ -52,6 +52,7 @@ __all__ = [
     "compute_global_scale",
     "block_scales",
     "reciprocal_operands",
+    "encode_blocks",
     "e2m1_encode",
     "e2m1_decode",
     "pack_nibbles",
@@ -119,6 +120,18 @@ def reciprocal_operands(global_scale: Tensor) -> tuple[Tensor, Tensor]:
     return k, g * k
 
 
+def encode_blocks(x_blocks: Tensor, scale: Tensor, global_scale: Tensor) -> Tensor:
+    """(..., K/16, 16) fp32 blocks, their e4m3 block scales (..., K/16) and g broadcastable to the
+    scales -> uint8 codes (..., K/16, 16): the element step of the module docstring (zero and NaN
+    scales: all-zero codes)."""
+    scale_f32 = scale.float()
+    usable = (scale_f32 > 0) & torch.isfinite(scale_f32)
+    factor, g_k = reciprocal_operands(global_scale)
+    recip = 1.0 / torch.where(usable, scale_f32 * g_k, torch.ones_like(scale_f32))
+    y = (x_blocks * factor.unsqueeze(-1)) * recip.unsqueeze(-1)
+    return torch.where(usable.unsqueeze(-1), e2m1_encode(y), 0)
+
+
 def e2m1_encode(y: Tensor) -> Tensor:
     """fp32 values already divided by their scale -> uint8 E2M1 codes (sign << 3 | index).
 
@@ -173,13 +186,7 @@ def quantize(
     g_blocks = _row_broadcast(global_scale, len(lead))
     scale = block_scales(x_blocks, g_blocks)
 
-    scale_f32 = scale.float()
-    usable = (scale_f32 > 0) & torch.isfinite(scale_f32)  # zero or NaN scale: all-zero codes
-    factor, g_k = reciprocal_operands(g_blocks)
-    recip = 1.0 / torch.where(usable, scale_f32 * g_k, torch.ones_like(scale_f32))
-    y = (x_blocks * factor.unsqueeze(-1)) * recip.unsqueeze(-1)
-    codes = torch.where(usable.unsqueeze(-1), e2m1_encode(y), 0)
-    data = pack_nibbles(codes.reshape(*lead, k))
+    data = pack_nibbles(encode_blocks(x_blocks, scale, g_blocks).reshape(*lead, k))
     return data, scale, global_scale
 
 

@@ -159,12 +159,7 @@ def encode(x: Tensor, scale_bits: Tensor, global_scale: Tensor) -> Tensor:
     reference.quantize encodes with those scales (zero and NaN scales: all-zero codes)."""
     lead, k = x.shape[:-1], x.shape[-1]
     x_blocks = x.float().reshape(*lead, k // BLOCK_SIZE, BLOCK_SIZE)
-    scale_f32 = scale_bits.view(torch.float8_e4m3fn).float()
-    factor, g_k = reference.reciprocal_operands(global_scale)
-    usable = (scale_f32 > 0) & torch.isfinite(scale_f32)
-    recip = 1.0 / torch.where(usable, scale_f32 * g_k, torch.ones_like(scale_f32))
-    codes = reference.e2m1_encode((x_blocks * factor) * recip.unsqueeze(-1))
-    codes = torch.where(usable.unsqueeze(-1), codes, 0)
+    codes = reference.encode_blocks(x_blocks, scale_bits.view(torch.float8_e4m3fn), global_scale)
     return reference.pack_nibbles(codes.reshape(*lead, k))
 
 
