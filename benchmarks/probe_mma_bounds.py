@@ -44,13 +44,6 @@ or.b32 m, m, s; mul.rn.bf16x2 $3, m, $5;
 
 
 @triton.jit
-def _mma_order_decode(word, scale):
-    return tl.inline_asm_elementwise(_MMA_ORDER_ASM, "=r,=r,=r,=r,r,r", [word, scale],
-                                     dtype=(tl.uint32, tl.uint32, tl.uint32, tl.uint32),
-                                     is_pure=True, pack=1)
-
-
-@triton.jit
 def _x_words(x):
     return x
 
@@ -67,8 +60,8 @@ def _no_scales(s_pair):
 
 if "paired" in VARIANT or "mmaorder" in VARIANT:
     gemm_mma._x_pairs = _x_words
-if "mmaorder" in VARIANT:
-    gemm_mma._decode_pairs = _mma_order_decode
+if "mmaorder" in VARIANT:  # gemm_mma._decode_pairs with this asm (the same operands and outputs)
+    gemm_mma._DECODE_PAIRS_ASM = _MMA_ORDER_ASM
 if "nodecode" in VARIANT:
     gemm_mma._decode_pairs = _no_decode
 if "noscale" in VARIANT:

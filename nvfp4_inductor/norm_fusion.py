@@ -76,13 +76,14 @@ def _rms(n: fx.Node):
         if not (_call(hf, _CONVERT) and hf.args[1] == torch.float32 and _call(r, aten.rsqrt.default)):
             continue
         h, add = hf.args[0], r.args[0]
-        if _tensor_val(h) is None or _val(h).dtype not in _HALF:
+        h_val = _tensor_val(h)
+        if h_val is None or h_val.dtype not in _HALF:
             continue
         if not (_call(add, aten.add.Tensor, aten.add.Scalar) and not add.kwargs
                 and isinstance(add.args[1], (int, float)) and _call(add.args[0], aten.mean.dim)):
             continue
         mean = add.args[0]
-        ndim = _val(h).dim()
+        ndim = h_val.dim()
         dim = mean.args[1] if len(mean.args) > 1 else mean.kwargs.get("dim")
         if not isinstance(dim, (list, tuple)):  # dim=None: the mean over the whole tensor
             continue

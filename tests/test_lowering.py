@@ -326,9 +326,13 @@ def test_norm_output_regrouped_by_a_view_is_not_fused(kernel_device, monkeypatch
     assert _rel_err(y, want) < 2**-7
 
 
-def _rms(h, dim):
+def _rms_fp32(h, dim):
     hf = h.float()
-    return (hf * torch.rsqrt(hf.pow(2).mean(dim=dim, keepdim=True) + 1e-6)).to(h.dtype)
+    return hf * torch.rsqrt(hf.pow(2).mean(dim=dim, keepdim=True) + 1e-6)
+
+
+def _rms(h, dim):
+    return _rms_fp32(h, dim).to(h.dtype)
 
 
 class WholeTensorRMSLinear(nn.Module):
@@ -355,17 +359,8 @@ class SizeScaledLinear(nn.Module):
         return self.linear(self.f(x) * x.shape[0])
 
 
-def _rms_rows(x):
-    return _rms(x, -1)
-
-
-def _rms_rows_fp32(x):
-    xf = x.float()
-    return xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + 1e-6)
-
-
 @pytest.mark.parametrize("activations", ["bf16", "nvfp4"])
-@pytest.mark.parametrize("f, f_fp32", [(_rms_rows, _rms_rows_fp32),
+@pytest.mark.parametrize("f, f_fp32", [(lambda x: _rms(x, -1), lambda x: _rms_fp32(x, -1)),
                                        (nn.functional.silu, lambda x: nn.functional.silu(x.float()))],
                          ids=["rms_norm", "silu"])
 def test_a_size_factor_compiles_under_dynamic_shapes(kernel_device, activations, f, f_fp32):
