@@ -318,6 +318,14 @@ def rms_factor(h_rows, K, eps):
 
 
 @triton.jit
+def split_tiles(pid_k, tiles_per_split, tiles):
+    """The K-tiles [begin, end) of split pid_k: tiles_per_split each, the last split the rest (one
+    function, so that benchmarks/probe_splits.py can replace it)."""
+    tile_begin = pid_k * tiles_per_split
+    return tile_begin, tl.minimum(tile_begin + tiles_per_split, tiles)
+
+
+@triton.jit
 def _splitk_kernel(
     # pointers
     x_ptr, x_scale_ptr, w_ptr, w_scale_ptr, w_g_ptr, bias_ptr, out_ptr, partial_ptr, counter_ptr,
@@ -335,12 +343,11 @@ def _splitk_kernel(
 ):
     pid_n = tl.program_id(0)
     pid_k = tl.program_id(1)
-    tile_begin = pid_k * tiles_per_split
     if GROUPED:  # row-major W with plain scales, K % 64 == 0: K-tiles counted by whole groups
         tiles = tl.cdiv(K, _GROUP * BLOCK_K) * _GROUP
     else:
         tiles = tl.cdiv(K, BLOCK_K)
-    tile_end = tl.minimum(tile_begin + tiles_per_split, tiles)
+    tile_begin, tile_end = split_tiles(pid_k, tiles_per_split, tiles)
     if PDL and REG_MMA == 0:
         tl.extra.cuda.gdc_wait()
     if DOT_SCALED:  # sm_100, W tiled and x NVFP4: the tensor core applies the block scales

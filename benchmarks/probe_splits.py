@@ -1,0 +1,92 @@
+"""The eager register-fed decode GEMM (gemm_splitk, tiled W4A16) with its split-K changed (session
+35): the splits' K ranges (gemm_splitk.split_tiles) or the last split's sum. Each variant runs in its
+own process: the JIT picks up a replaced function at its first compile.
+
+    python benchmarks/probe_splits.py base     # the shipped kernel
+    python benchmarks/probe_splits.py even     # the same splits, sizes differing by at most 1 (the
+        shipped ranges: tiles_per_split each, the last split the remainder)
+    python benchmarks/probe_splits.py 0.2      # split p of S begins at tile T * F(p / S),
+        F(u) = u + a u (1 - u): earlier splits (launched first, older on their SM) take more tiles,
+        the first (1 + a) / (1 - a) times the last (session 20 tried this in the template)
+    python benchmarks/probe_splits.py nosum    # bound: no program sums (last_split False; the
+        partials stored, no epilogue: wrong outputs)
+    python benchmarks/probe_splits.py onesum   # bound: the last split sums split 0 alone (one
+        round of loads; wrong outputs)
+    python benchmarks/probe_splits.py sum4     # M = 9..16: the last split loads 4 (sum8, sum16:
+        8, 16) partials a round instead of 2 (gemm_configs.SPLIT_SUM_PER_THREAD_BY_ROWS)
+
+Checked against float64 first (not the bounds); CUDA-graph times over weight copies beyond L2.
+Results: benchmarks/results/probe_splits_session35_h100.txt, benchmarks/NOTES.md (session 35)."""
+import sys
+
+import torch
+import triton
+import triton.language as tl
+from bench_gemm import weight_copies
+from bench_quantize import stream_us
+
+from nvfp4_inductor.kernels import gemm_splitk
+from nvfp4_inductor.kernels.gemm_splitk import gemm_splitk as run_gemm
+
+SHAPES = [(4096, 4096), (4096, 6144), (4096, 14336), (14336, 4096), (4096, 28672), (8192, 28672)]
+VARIANT = sys.argv[1] if len(sys.argv) > 1 else "base"
+_D: tl.constexpr = tl.constexpr(256)  # a = _A / _D
+_A: tl.constexpr = tl.constexpr(round(float(VARIANT) * 256) if VARIANT[0].isdigit() else 0)
+CHECKED = VARIANT not in ("nosum", "onesum")
+if VARIANT.startswith("sum"):
+    from nvfp4_inductor.kernels import gemm_configs
+    gemm_configs.SPLIT_SUM_PER_THREAD_BY_ROWS[16] = 16 * int(VARIANT[3:])  # 16 values a partial a thread
+
+
+@triton.jit
+def _balanced(pid_k, tiles_per_split, tiles):
+    splits = tl.num_programs(1)
+    den = splits * splits * _D
+    begin = tiles * pid_k * (splits * _D + _A * (splits - pid_k)) // den
+    p1 = pid_k + 1
+    end = tiles * p1 * (splits * _D + _A * (splits - p1)) // den
+    return begin, end
+
+
+@triton.jit
+def _never_last(counter_ptr, num_splits):
+    return tl.program_id(1) < 0
+
+
+_shipped_sum = gemm_splitk.sum_splits
+
+
+@triton.jit
+def _sum_first(partial_ptr, num_splits, M, N, cols_n, BLOCK_N: tl.constexpr, ROWS: tl.constexpr,
+               SPLITS: tl.constexpr):
+    return _shipped_sum(partial_ptr, 1, M, N, cols_n, BLOCK_N, ROWS, SPLITS)
+
+
+if VARIANT == "nosum":
+    gemm_splitk.last_split = _never_last
+elif VARIANT == "onesum":
+    gemm_splitk.sum_splits = _sum_first
+elif VARIANT[0].isdigit() or VARIANT == "even":
+    gemm_splitk.split_tiles = _balanced
+
+
+def main():
+    print(f"{VARIANT}: {torch.cuda.get_device_name()}, torch {torch.__version__}, triton {triton.__version__}")
+    l2 = torch.cuda.get_device_properties().L2_cache_size
+    torch.manual_seed(0)
+    for k, n in SHAPES:
+        _, w_q, w_t = weight_copies(k, n, l2)
+        row = []
+        for m in (1, 16):
+            x = torch.randn(m, k, dtype=torch.bfloat16, device="cuda")
+            ref = x.double() @ w_q[0].dequantize(torch.float32).double().T
+            got = run_gemm(x, *w_t[0][:3], None, torch.float32, False, tiled_n=n).double()
+            assert not CHECKED or ((got - ref).abs().max() / ref.abs().max()).item() < 1e-5, (k, n, m)
+            row.append(stream_us(lambda w: run_gemm(x, w[0], w[1], w[2], None, torch.bfloat16, False,
+                                                    tiled_n=n), w_t))
+        print(f"{k:>6} {n:>6}  M=1 {row[0]:6.1f} us  M=16 {row[1]:6.1f} us", flush=True)
+        del w_q, w_t
+
+
+if __name__ == "__main__":
+    main()
