@@ -8,6 +8,9 @@ own process: the JIT picks up a replaced function at its first compile.
     python benchmarks/probe_splits.py 0.2      # split p of S begins at tile T * F(p / S),
         F(u) = u + a u (1 - u): earlier splits (launched first, older on their SM) take more tiles,
         the first (1 + a) / (1 - a) times the last (session 20 tried this in the template)
+    python benchmarks/probe_splits.py tail1    # one split more than planned, launched last (the
+        highest pid_k, the youngest programs on their SMs), with 1 tile (tail2: 2); the planned
+        splits share the rest, sizes differing by at most 1
     python benchmarks/probe_splits.py nosum    # bound: no program sums (last_split False; the
         partials stored, no epilogue: wrong outputs)
     python benchmarks/probe_splits.py onesum   # bound: the last split sums split 0 alone (one
@@ -31,6 +34,7 @@ from nvfp4_inductor.kernels.gemm_splitk import gemm_splitk as run_gemm
 SHAPES = [(4096, 4096), (4096, 6144), (4096, 14336), (14336, 4096), (4096, 28672), (8192, 28672)]
 VARIANT = sys.argv[1] if len(sys.argv) > 1 else "base"
 _D: tl.constexpr = tl.constexpr(256)  # a = _A / _D
+_TAIL: tl.constexpr = tl.constexpr(int(VARIANT[4:]) if VARIANT.startswith("tail") else 0)
 _A: tl.constexpr = tl.constexpr(round(float(VARIANT) * 256) if VARIANT[0].isdigit() else 0)
 CHECKED = VARIANT not in ("nosum", "onesum")
 if VARIANT.startswith("sum"):
@@ -46,6 +50,20 @@ def _balanced(pid_k, tiles_per_split, tiles):
     p1 = pid_k + 1
     end = tiles * p1 * (splits * _D + _A * (splits - p1)) // den
     return begin, end
+
+
+@triton.jit
+def _tail(pid_k, tiles_per_split, tiles):
+    splits = tl.num_programs(1) - 1  # the planned ones; split `splits` is the tail
+    rest = tiles - _TAIL
+    begin = tl.where(pid_k == splits, rest, rest * pid_k // splits)
+    end = tl.where(pid_k == splits, tiles, rest * (pid_k + 1) // splits)
+    return begin, end
+
+
+def _with_tail(k, block_k, splits):
+    steps = -(-k // block_k)
+    return splits + 1, -(-steps // splits)
 
 
 @triton.jit
@@ -66,6 +84,10 @@ if VARIANT == "nosum":
     gemm_splitk.last_split = _never_last
 elif VARIANT == "onesum":
     gemm_splitk.sum_splits = _sum_first
+elif VARIANT.startswith("tail"):
+    from nvfp4_inductor.kernels import gemm_configs
+    gemm_splitk.split_tiles = _tail
+    gemm_configs.split_ranges = _with_tail
 elif VARIANT[0].isdigit() or VARIANT == "even":
     gemm_splitk.split_tiles = _balanced
 
