@@ -17,6 +17,7 @@ from bench_quantize import copy_bandwidth_gbs, stream_us
 
 import nvfp4_inductor as nv
 from nvfp4_inductor.kernels import gemm_configs
+from nvfp4_inductor.kernels.gemm_splitk import gemm_splitk
 
 SHAPES = [(4096, 4096), (4096, 14336), (14336, 4096), (8192, 28672)]  # (K, N)
 MS = [1, 16, 64, 256, 4096]
@@ -33,6 +34,34 @@ def weight_copies(k: int, n: int, l2: int):
              for _ in range(copies(n * k * 0.5625))]
     w_tiled = [(*torch.ops.nvfp4.tile_weight(q.data, q.scale.view(torch.uint8)), q.global_scale) for q in w_fp4]
     return w_bf16, w_fp4, w_tiled
+
+
+# the decode GEMM probes' shapes (K, N): the four above and the decoder block's q / k / v and gate / up
+PROBE_SHAPES = [(4096, 4096), (4096, 6144), (4096, 14336), (14336, 4096), (4096, 28672), (8192, 28672)]
+
+
+def time_tiled_w4a16(label: str, checked: bool = True, x_as_read=lambda x: x) -> None:
+    """Eager tiled W4A16 (kernels/gemm_splitk.py, its default config) at M = 1 and 16 on PROBE_SHAPES,
+    for the probes that change that kernel: checked against float64 first where `checked` (1e-5 of
+    the largest output), then CUDA-graph times over weight copies beyond L2, a row a shape.
+    x_as_read: the x the kernel is given (a probe's own layout of it)."""
+    print(f"{label}: {torch.cuda.get_device_name()}, torch {torch.__version__}, triton {triton.__version__}")
+    l2 = torch.cuda.get_device_properties().L2_cache_size
+    torch.manual_seed(0)
+    for k, n in PROBE_SHAPES:
+        _, w_q, w_t = weight_copies(k, n, l2)
+        row = []
+        for m in (1, 16):
+            x = torch.randn(m, k, dtype=torch.bfloat16, device="cuda")
+            xr = x_as_read(x)
+            if checked:
+                ref = x.double() @ w_q[0].dequantize(torch.float32).double().T
+                got = gemm_splitk(xr, *w_t[0][:3], None, torch.float32, False, tiled_n=n).double()
+                assert ((got - ref).abs().max() / ref.abs().max()).item() < 1e-5, (k, n, m)
+            row.append(stream_us(lambda w: gemm_splitk(xr, w[0], w[1], w[2], None, torch.bfloat16, False,
+                                                       tiled_n=n), w_t))
+        print(f"{k:>6} {n:>6}  M=1 {row[0]:6.1f} us  M=16 {row[1]:6.1f} us", flush=True)
+        del w_q, w_t
 
 
 def main() -> None:

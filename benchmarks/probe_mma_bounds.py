@@ -17,16 +17,12 @@ Eager tiled W4A16 (gemm_splitk), CUDA-graph times over weight copies beyond L2; 
 are checked against float64 first."""
 import sys
 
-import torch
 import triton
 import triton.language as tl
-from bench_gemm import weight_copies
-from bench_quantize import stream_us
+from bench_gemm import time_tiled_w4a16
 
 from nvfp4_inductor.kernels import gemm_mma
-from nvfp4_inductor.kernels.gemm_splitk import gemm_splitk
 
-SHAPES = [(4096, 4096), (4096, 6144), (4096, 14336), (14336, 4096), (4096, 28672), (8192, 28672)]
 VARIANT = sys.argv[1:] or ["base"]
 CHECKED = VARIANT in (["base"], ["paired"])
 
@@ -77,23 +73,7 @@ def x_as_read(x):
 
 
 def main():
-    print(f"{'+'.join(VARIANT)}: {torch.cuda.get_device_name()}, torch {torch.__version__}, triton {triton.__version__}")
-    l2 = torch.cuda.get_device_properties().L2_cache_size
-    torch.manual_seed(0)
-    for k, n in SHAPES:
-        _, w_q, w_t = weight_copies(k, n, l2)
-        row = []
-        for m in (1, 16):
-            x = torch.randn(m, k, dtype=torch.bfloat16, device="cuda")
-            xr = x_as_read(x)
-            if CHECKED:
-                ref = x.double() @ w_q[0].dequantize(torch.float32).double().T
-                got = gemm_splitk(xr, *w_t[0][:3], None, torch.float32, False, tiled_n=n).double()
-                assert ((got - ref).abs().max() / ref.abs().max()).item() < 1e-5, (k, n, m)
-            row.append(stream_us(lambda w: gemm_splitk(xr, w[0], w[1], w[2], None, torch.bfloat16, False,
-                                                       tiled_n=n), w_t))
-        print(f"{k:>6} {n:>6}  M=1 {row[0]:6.1f} us  M=16 {row[1]:6.1f} us", flush=True)
-        del w_q, w_t
+    time_tiled_w4a16("+".join(VARIANT), CHECKED, x_as_read)
 
 
 if __name__ == "__main__":

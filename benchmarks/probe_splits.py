@@ -22,16 +22,12 @@ Checked against float64 first (not the bounds); CUDA-graph times over weight cop
 Results: benchmarks/results/probe_splits_session35_h100.txt, benchmarks/NOTES.md (session 35)."""
 import sys
 
-import torch
 import triton
 import triton.language as tl
-from bench_gemm import weight_copies
-from bench_quantize import stream_us
+from bench_gemm import time_tiled_w4a16
 
 from nvfp4_inductor.kernels import gemm_splitk
-from nvfp4_inductor.kernels.gemm_splitk import gemm_splitk as run_gemm
 
-SHAPES = [(4096, 4096), (4096, 6144), (4096, 14336), (14336, 4096), (4096, 28672), (8192, 28672)]
 VARIANT = sys.argv[1] if len(sys.argv) > 1 else "base"
 _D: tl.constexpr = tl.constexpr(256)  # a = _A / _D
 _TAIL: tl.constexpr = tl.constexpr(int(VARIANT[4:]) if VARIANT.startswith("tail") else 0)
@@ -93,21 +89,7 @@ elif VARIANT[0].isdigit() or VARIANT == "even":
 
 
 def main():
-    print(f"{VARIANT}: {torch.cuda.get_device_name()}, torch {torch.__version__}, triton {triton.__version__}")
-    l2 = torch.cuda.get_device_properties().L2_cache_size
-    torch.manual_seed(0)
-    for k, n in SHAPES:
-        _, w_q, w_t = weight_copies(k, n, l2)
-        row = []
-        for m in (1, 16):
-            x = torch.randn(m, k, dtype=torch.bfloat16, device="cuda")
-            ref = x.double() @ w_q[0].dequantize(torch.float32).double().T
-            got = run_gemm(x, *w_t[0][:3], None, torch.float32, False, tiled_n=n).double()
-            assert not CHECKED or ((got - ref).abs().max() / ref.abs().max()).item() < 1e-5, (k, n, m)
-            row.append(stream_us(lambda w: run_gemm(x, w[0], w[1], w[2], None, torch.bfloat16, False,
-                                                    tiled_n=n), w_t))
-        print(f"{k:>6} {n:>6}  M=1 {row[0]:6.1f} us  M=16 {row[1]:6.1f} us", flush=True)
-        del w_q, w_t
+    time_tiled_w4a16(VARIANT, CHECKED)
 
 
 if __name__ == "__main__":
