@@ -14,8 +14,12 @@ load a thread, its 4 pairs stored in the operand order the decode's k-slots need
 reads it, and a lane decodes 4 code words a tile (2 rows). Shared memory: Triton's own
 `global_smem` (the kernel's 4 KB, which Triton uses only after the loop), two 2 KB x buffers.
 
-    python benchmarks/probe_wgmma.py [--lbo-k]     # check against float64, then time against the
-        shipped eager kernel (tiled W4A16, M = 9 and 16, CUDA-graph replays over weight copies)
+    python benchmarks/probe_wgmma.py [--lbo-k 1 0] [--variants A1R64P6 A3R0P8 ...] [--ms 9 16]
+
+checks the descriptor reading(s) on a small GEMM (fp32 out, against float64), then each variant
+(AaRrPp: weights a tiles ahead, maxnreg r, 0 for ptxas's choice, at most p programs an SM) on six
+shapes against float64, then times them against the shipped eager kernel (tiled W4A16, CUDA-graph
+replays over weight copies beyond L2). H100, session 35 (benchmarks/NOTES.md): exact, no faster.
 
 Not wired into the package: a measurement."""
 import argparse
