@@ -100,6 +100,23 @@ def _resolve_activation(mode: str, x: torch.Tensor) -> str:
     return "bf16"
 
 
+def _checked_global_scale(name: str, scale) -> torch.Tensor:
+    """A loaded weight_scale_2: fp32, every element finite and > 0 (its shape is the module's:
+    load_state_dict checks that)."""
+    _checks.check_tensor(name, scale, (torch.float32,))
+    if not bool(torch.isfinite(scale).all() and (scale > 0).all()):  # loaded once: a sync is fine
+        raise ValueError(f"{name} must be finite and > 0; got {scale.detach().flatten()[:4].tolist()}")
+    return scale
+
+
+def _checked_bits(name: str, value, dtypes: tuple, dtype: torch.dtype) -> torch.Tensor:
+    """A loaded tensor of codes or scale bytes (one of dtypes: bits, as ModelOpt's e4m3 scales
+    also travel as uint8 bytes) -> those bits as the module's buffer dtype. A value conversion
+    would turn scale byte 0x76 into 118.0: other dtypes are refused."""
+    _checks.check_tensor(name, value, dtypes)
+    return value.view(dtype)
+
+
 def _checked_input_scale(name: str, input_scale) -> torch.Tensor:
     """A static global scale of x: an fp32 tensor of one element, finite and > 0 -> its 0-d view."""
     _checks.check_tensor(name, input_scale, (torch.float32,))
@@ -172,22 +189,31 @@ class NVFP4Linear(nn.Module):
 
     def _load_from_state_dict(self, state_dict, prefix, local_metadata, strict, missing_keys,
                               unexpected_keys, error_msgs):
-        key = prefix + "weight_scale"
-        plain = (self.out_features, self.in_features // BLOCK_SIZE)
-        if self.swizzled and key in state_dict and tuple(state_dict[key].shape) == plain:
-            state_dict[key] = api.swizzle_scales(state_dict[key].to(self.weight_scale.dtype))
-        key = prefix + "input_scale"
-        if key in state_dict:
-            # checked as set_input_scale checks it, before anything is loaded: a zero, negative or
-            # NaN scale would make every W4A4 output NaN, and a failed load must not leave a slot
+        # Each NVFP4 tensor is checked before it is loaded; a refused one is not loaded (and
+        # load_state_dict raises). Codes and scale bytes are bits, which torch's copy would convert
+        # as numbers (a uint8 scale byte 0x76 would load as e4m3 118.0); a global scale that is
+        # zero, negative or not finite would zero, flip or NaN every output.
+        checks = {"weight": lambda k, v: _checked_bits(k, v, (torch.uint8, torch.int8), torch.uint8),
+                  "weight_scale": lambda k, v: _checked_bits(k, v, (torch.float8_e4m3fn, torch.uint8),
+                                                             self.weight_scale.dtype),
+                  "weight_scale_2": _checked_global_scale,
+                  "input_scale": _checked_input_scale}  # as set_input_scale checks it
+        for name, check in checks.items():
+            key = prefix + name
+            if key not in state_dict:
+                continue
             try:
-                state_dict[key] = _checked_input_scale(key, state_dict[key])
+                state_dict[key] = check(key, state_dict[key])
             except (TypeError, ValueError) as error:
                 error_msgs.append(str(error))
                 del state_dict[key]
             else:
-                if self.input_scale is None:  # a calibrated checkpoint: a slot to load into
+                if name == "input_scale" and self.input_scale is None:  # a calibrated checkpoint
                     self.input_scale = torch.empty((), dtype=torch.float32, device=self.weight.device)
+        key = prefix + "weight_scale"
+        plain = (self.out_features, self.in_features // BLOCK_SIZE)
+        if self.swizzled and key in state_dict and tuple(state_dict[key].shape) == plain:
+            state_dict[key] = api.swizzle_scales(state_dict[key])
         super()._load_from_state_dict(state_dict, prefix, local_metadata, strict, missing_keys,
                                       unexpected_keys, error_msgs)
 

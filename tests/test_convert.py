@@ -140,6 +140,55 @@ def test_state_dict_holds_plain_scales_for_a_swizzled_weight():
     assert torch.equal(back.weight_scale.view(torch.uint8), swizzled.weight_scale.view(torch.uint8))
 
 
+def _modelopt_state(w: torch.Tensor) -> dict:
+    """A ModelOpt-style state dict of w (N, K), as an exporter writes it: codes (N, K/2) uint8,
+    plain e4m3 scales (N, K/16), fp32 weight_scale_2."""
+    q = nv.quantize(w)
+    return {"weight": q.data.clone(), "weight_scale": q.scale.clone(), "weight_scale_2": q.global_scale.clone()}
+
+
+@pytest.mark.parametrize("swizzle", [False, True])
+def test_load_state_dict_takes_codes_and_scales_as_bits(swizzle):
+    """Scales stored as uint8 bytes and codes as int8 (as FlashInfer / TensorRT-LLM pass them) load
+    as the same bits, into plain and swizzled modules alike; torch's own copy would have turned
+    scale byte 0x76 into the e4m3 number 118."""
+    torch.manual_seed(2)
+    w, x = torch.randn(128, 64), torch.randn(3, 64)
+    state = _modelopt_state(w)
+    want = nv.NVFP4Linear(nv.quantize(torch.randn(128, 64), swizzle=swizzle), None, "bf16")
+    want.load_state_dict(state)
+    got = nv.NVFP4Linear(nv.quantize(torch.randn(128, 64), swizzle=swizzle), None, "bf16")
+    got.load_state_dict({**state, "weight": state["weight"].view(torch.int8),
+                         "weight_scale": state["weight_scale"].view(torch.uint8)})
+    assert got.weight.dtype == torch.uint8 and got.weight_scale.dtype == want.weight_scale.dtype
+    assert torch.equal(got.weight_scale.view(torch.uint8), want.weight_scale.view(torch.uint8))
+    with torch.no_grad():
+        assert torch.equal(got(x), want(x))
+        assert torch.equal(want(x), nv.linear(x, nv.quantize(w), None))
+
+
+@pytest.mark.parametrize("key, value, message", [
+    ("weight", lambda s: s["weight"].float(), "weight must have dtype"),
+    ("weight_scale", lambda s: s["weight_scale"].to(torch.bfloat16), "weight_scale must have dtype"),
+    ("weight_scale_2", lambda s: torch.zeros(()), "weight_scale_2 must be finite and > 0"),
+    ("weight_scale_2", lambda s: -s["weight_scale_2"], "weight_scale_2 must be finite and > 0"),
+    ("weight_scale_2", lambda s: torch.tensor(float("nan")), "weight_scale_2 must be finite and > 0"),
+    ("weight_scale_2", lambda s: torch.tensor(float("inf")), "weight_scale_2 must be finite and > 0"),
+    ("weight_scale_2", lambda s: s["weight_scale_2"].to(torch.bfloat16), "weight_scale_2 must have dtype"),
+])
+def test_load_state_dict_refuses_nvfp4_tensors_it_would_load_wrong(key, value, message):
+    """Codes or scales as numbers (converted value by value), and a zero, negative or non-finite
+    global scale (outputs zero, sign-flipped or NaN), are refused with the tensor's name; the module
+    keeps what it had."""
+    torch.manual_seed(3)
+    state = _modelopt_state(torch.randn(64, 32))
+    module = nv.NVFP4Linear(nv.quantize(torch.randn(64, 32)), None, "bf16")
+    before = {name: t.clone() for name, t in module.state_dict().items()}
+    with pytest.raises(RuntimeError, match=message):
+        module.load_state_dict({**state, key: value(state)})
+    assert torch.equal(module.state_dict()[key].float(), before[key].float())
+
+
 class _Shared(nn.Module):
     def __init__(self):
         super().__init__()
