@@ -13,7 +13,7 @@ from collections.abc import Callable, Iterable
 import torch
 from torch import Tensor, nn
 
-from . import _checks
+from . import _checks, reference
 from .format import BLOCK_SIZE
 from .reference import global_scale_from_amax
 
@@ -28,7 +28,8 @@ def hessian_blocks(x: Tensor) -> Tensor:
     k = x.shape[-1]
     _checks.check_k("x.shape[-1]", k)
     xg = x.reshape(-1, k // BLOCK_SIZE, BLOCK_SIZE).float()
-    return torch.einsum("tgi,tgj->gij", xg, xg)
+    with reference.no_autocast(xg):  # calibration batches may run under a user's autocast
+        return torch.einsum("tgi,tgj->gij", xg, xg)
 
 
 def _observe_linear_inputs(model: nn.Module, batches: Iterable, include, observe, caller: str) -> None:

@@ -278,7 +278,8 @@ def _(x, w_data, w_scale, w_global_scale, bias, w_swizzled, activation):
     from .kernels.gemm import linear as linear_triton
 
     _checks.check_linear_args(x, w_data, w_scale, w_global_scale, bias, w_swizzled, activation)
-    return linear_triton(x, w_data, w_scale, w_global_scale, bias, w_swizzled, activation)
+    with reference.no_autocast(x):  # its dequantize + cuBLAS path multiplies through torch.mm
+        return linear_triton(x, w_data, w_scale, w_global_scale, bias, w_swizzled, activation)
 
 
 @linear.register_fake
@@ -323,7 +324,8 @@ def _linear_backward(ctx, grad):
                                  "backpropagate through an NVFP4 linear")
         else:
             w = dequantize(w_data, w_scale, w_global_scale, ctx.w_swizzled, grad.dtype)
-            grad_x = (grad @ w).to(ctx.x_dtype)
+            with reference.no_autocast(grad):
+                grad_x = (grad @ w).to(ctx.x_dtype)
     if ctx.needs_input_grad[4]:
         grad_bias = grad.reshape(-1, grad.shape[-1]).sum(0).to(ctx.bias_dtype)
     return grad_x, None, None, None, grad_bias, None, None
@@ -411,7 +413,8 @@ def _(x, w_data, w_scale, w_global_scale, bias, n, activation, norm_h=None, norm
 
     _checks.check_linear_tiled_args(x, w_data, w_scale, w_global_scale, bias, n, activation)
     _checks.check_norm_input(norm_h, norm_eps, x)
-    return linear_tiled_triton(x, w_data, w_scale, w_global_scale, bias, n, activation, norm_h, norm_eps)
+    with reference.no_autocast(x):  # its dequantize + cuBLAS path multiplies through torch.mm
+        return linear_tiled_triton(x, w_data, w_scale, w_global_scale, bias, n, activation, norm_h, norm_eps)
 
 
 @linear_tiled.register_fake

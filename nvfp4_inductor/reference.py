@@ -27,6 +27,7 @@ that is not finite and > 0 makes every block NaN in the same way. Blocks whose s
 (underflow) get all-zero codes (+0). No check here reads a value back to the host.
 """
 
+import contextlib
 import math
 
 import torch
@@ -274,6 +275,14 @@ def unswizzle_scales(swizzled: Tensor, rows: int, cols: int) -> Tensor:
     return plain[:rows, :cols].clone(memory_format=torch.contiguous_format)  # never a view
 
 
+def no_autocast(t: Tensor):
+    """A context in which t's device runs no torch.autocast region: the products this package
+    computes in fp32 stay fp32 (inside a user's autocast, a matmul would run in bf16 or fp16)."""
+    if t.device.type in ("cpu", "cuda"):
+        return torch.autocast(t.device.type, enabled=False)
+    return contextlib.nullcontext()
+
+
 def linear(
     x: Tensor,
     w_data: Tensor,
@@ -295,7 +304,8 @@ def linear(
         x_f32 = dequantize(*quantize(x), torch.float32)
     else:
         x_f32 = x.to(torch.bfloat16).float()
-    y = x_f32 @ w.T
+    with no_autocast(x):
+        y = x_f32 @ w.T
     if row_scale is not None:
         y = y * row_scale
     if bias is not None:

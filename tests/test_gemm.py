@@ -337,6 +337,26 @@ def test_linear_tiled_on_cuda_matches_reference(m, activation):
 
 
 @pytest.mark.gpu
+@pytest.mark.parametrize("m", [1, 64, 300])
+@pytest.mark.parametrize("autocast_dtype", [torch.bfloat16, torch.float16])
+def test_linear_on_cuda_ignores_a_users_autocast(m, autocast_dtype):
+    """The CUDA linears inside torch.autocast give what they give outside it: the dequantize +
+    cuBLAS paths (M > 16) multiply through torch.mm, which autocast would run in fp16."""
+    gen = torch.Generator().manual_seed(m)
+    x = (torch.randn(m, 1024, generator=gen) * 8).to(torch.bfloat16).cuda()
+    bias = torch.randn(320, generator=gen).cuda()
+    w = nv.quantize(torch.randn(320, 1024, generator=gen).cuda())
+    data_t, scale_t = OPS.tile_weight(w.data, w.scale.view(torch.uint8))
+    calls = [lambda: nv.linear(x, w, bias), lambda: nv.linear(x.float(), w, bias),
+             lambda: OPS.linear_tiled(x, data_t, scale_t, w.global_scale, bias, 320, "bf16")]
+    want = [call() for call in calls]
+    with torch.autocast("cuda", dtype=autocast_dtype):
+        got = [call() for call in calls]
+    for g, w_ in zip(got, want):
+        assert g.dtype == w_.dtype and torch.equal(g, w_)
+
+
+@pytest.mark.gpu
 def test_linear_tiled_on_cuda_takes_tiled_weights_off_word_boundaries():
     """Tiled codes or scales in views off the register-fed loads' boundaries (8 and 4 bytes) run
     the tl.dot mainloop instead: the same result."""

@@ -117,6 +117,28 @@ def test_linear_is_dequantize_then_fp32_matmul():
     assert torch.equal(nv.linear(x, nv.quantize(w, swizzle=True), bias), y)
 
 
+@pytest.mark.parametrize("autocast_dtype", [torch.bfloat16, torch.float16])
+def test_linear_multiplies_in_fp32_inside_autocast(autocast_dtype):
+    """A user's torch.autocast region does not reach the ops' fp32 products: without the guard
+    the reference's matmul ran in bf16 (W's values e2m1 * s * g rounded before the sum), as did the
+    calibration Hessian's einsum."""
+    torch.manual_seed(4)
+    x, bias = torch.randn(6, 64), torch.randn(48)
+    w = nv.quantize(torch.randn(48, 64) * 3)
+    data_t, scale_t = torch.ops.nvfp4.tile_weight(w.data, w.scale.view(torch.uint8))
+    module = nv.NVFP4Linear(w, bias, "bf16")
+    calls = [lambda: nv.linear(x, w, bias), lambda: nv.linear(x, w, activation="nvfp4"),
+             lambda: torch.ops.nvfp4.linear_tiled(x, data_t, scale_t, w.global_scale, bias, 48, "bf16"),
+             lambda: module(x), lambda: nv.calibrate.hessian_blocks(x)]
+    with torch.no_grad():
+        want = [call() for call in calls]
+        with torch.autocast("cpu", dtype=autocast_dtype):
+            got = [call() for call in calls]
+    for g, w_ in zip(got, want):
+        assert g.dtype == w_.dtype and torch.equal(g, w_)
+    assert torch.equal(want[0], (x.to(torch.bfloat16).float() @ w.dequantize(torch.float32).T + bias))
+
+
 def _sqnr_db(ref, approx):
     ref, approx = ref.double(), approx.double()
     return (10 * torch.log10(ref.pow(2).sum() / (ref - approx).pow(2).sum())).item()
