@@ -149,6 +149,25 @@ def test_fp16_and_fp32_models_multiply_x_rounded_to_bf16(template_inductor, dtyp
     assert y.dtype == dtype and torch.isfinite(y).all() and _rel_err(y, want) < 2**-7
 
 
+@pytest.mark.parametrize("scale", [1e5, 1e-9])
+@pytest.mark.parametrize("m", [1, 5])
+def test_template_keeps_x_in_bf16_range(template_inductor, scale, m):
+    """x far outside fp16's range (above 65504, below 2^-24) multiplies as the eager op: the
+    interpreter's path had narrowed x to fp16 operands (inf, NaN or zero outputs; found by an
+    audit)."""
+    torch.manual_seed(m)
+    model = LinearBlock(128, 192, torch.relu).to(device=template_inductor, dtype=torch.bfloat16).eval()
+    with torch.no_grad():
+        model.linear.bias.mul_(scale)  # every term of the output at x's scale
+    x = (torch.randn(m, 128, device=template_inductor) * scale).to(torch.bfloat16)
+    residual = (torch.randn(m, 192, device=template_inductor) * scale).to(torch.bfloat16)
+    y, code = run_and_get_code(nv.compile(model, nv.Config(activations="bf16")), x, residual)
+    assert TEMPLATE_MARK in "\n".join(code)
+    with torch.no_grad():
+        want = _eager(model, x, residual)
+    assert torch.isfinite(y).all() and _rel_err(y, want) < 2**-7
+
+
 def test_empty_input(template_inductor):
     """No template for zero rows (no empty grid); Inductor then drops the empty computation."""
     model = LinearBlock(64, 32, torch.relu).to(device=template_inductor, dtype=torch.bfloat16).eval()

@@ -32,8 +32,10 @@ rate over its HBM bandwidth).
    for sm_100 in CI, not run (no Blackwell machine).
 The Inductor template (templates/nvfp4_tiled_gemm.py.jinja) calls the same mainloops.
 
-Without inline PTX (the Triton interpreter) `_decode_bytes` builds the same values in fp16 with
-plain Triton ops, so CPU tests check the indexing and the numerics.
+Without inline PTX (the Triton interpreter) `_decode_bytes` builds the same values in fp32 with
+plain Triton ops and the products run in fp32 (the interpreter has no bf16 dot; fp16 operands had
+turned a bf16 x above 65504 into inf and one below 2^-24 into 0), so CPU tests check the indexing
+and the numerics.
 """
 
 import torch
@@ -75,7 +77,7 @@ _SCALE_BIAS: tl.constexpr = tl.constexpr(2.0**127)  # s * 2^-8 -> s * 2^119; cod
 @triton.jit
 def _operand_scale(bits, OPERAND: tl.constexpr):
     """int32 e4m3 bits (0..0xFF) -> the block scale factor of the decode, as OPERAND: bf16
-    s * 2^119 (for the word decode, whose codes carry 2^-126) or fp16 s * 2^-7 (the byte decode);
+    s * 2^119 (for the word decode, whose codes carry 2^-126) or fp32 s * 2^-7 (the byte decode);
     NaN for 0x7F and 0xFF, bit 7 the sign (as float8_e4m3fn: a checkpoint's scale byte may hold
     them). fp16 bits (magnitude << 7 | sign << 15) are exactly s * 2^-8, normal and subnormal
     e4m3 alike: a few instructions a scale instead of ~15 for a general e4m3 decode."""
@@ -101,10 +103,10 @@ def _decode_words(packed, scale):
 @triton.jit
 def _decode_bytes(packed, scale):
     """The same values from plain Triton ops, one byte at a time (the interpreter's path):
-    packed codes, fp16 s * 2^-7 -> fp16 (low, high) nibble values e2m1 * s * 2^-7, exact."""
+    packed codes, fp32 s * 2^-7 -> fp32 (low, high) nibble values e2m1 * s * 2^-7, exact."""
     b = packed.to(tl.int32)
-    low = e2m1_decode(b & 0xF).to(tl.float16) * scale
-    high = e2m1_decode(b >> 4).to(tl.float16) * scale
+    low = e2m1_decode(b & 0xF) * scale
+    high = e2m1_decode(b >> 4) * scale
     return low, high
 
 
@@ -405,7 +407,7 @@ def split_counters(device, tiles: int) -> torch.Tensor:
 
 def gemm_splitk(x, w_data, w_scale, w_g, bias, out_dtype, swizzled, config=None, use_asm=None,
                 tiled_n=None, x_scale=None, reg_mma=None):
-    """x (M, K) (bf16 on the GPU: the word decode multiplies in bf16; fp16 under the interpreter),
+    """x (M, K) (bf16 on the GPU: the word decode multiplies in bf16; under the interpreter in fp32),
     M <= 64; W NVFP4 (N, K/2) + uint8 scale bits + g (() or (N,)) -> (M, N) out_dtype.
     tiled_n: W is in the tiled layout of nvfp4_inductor.tiled, with N = tiled_n rows (the config
     must then use BLOCK_N, BLOCK_K = TILE_N, TILE_K). x_scale (sm_100, tiled W only): x is NVFP4
@@ -488,7 +490,7 @@ def gemm_splitk(x, w_data, w_scale, w_g, bias, out_dtype, swizzled, config=None,
         x.stride(0), out.stride(0),
         SWIZZLED=swizzled, W_G_PER_ROW=w_g.dim() > 0, HAS_BIAS=bias is not None,
         SPLIT=splits > 1, USE_ASM=use_asm,
-        OPERAND=tl.bfloat16 if use_asm else tl.float16,
+        OPERAND=tl.bfloat16 if use_asm else tl.float32,
         EVEN=n % block_n == 0 and k % ((gemm_mma.GROUP if grouped else 1) * block_k) == 0,
         TILED=tiled_n is not None, DOT_SCALED=dot_scaled,
         REG_MMA=gemm_configs.reg_mma_blocks(m) if reg_mma else 0,
