@@ -231,7 +231,8 @@ def decode_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cos: tor
                      k_cache: torch.Tensor, v_cache: torch.Tensor, pos: torch.Tensor) -> torch.Tensor:
     """See the module docstring. Where the kernels do not apply (kernel_applies), the torch form."""
     if q.is_cuda and kernel_applies(q, k, v, k_cache, v_cache):
-        return launch(q, k, v, cos, sin, k_cache, v_cache, pos)
+        with torch.cuda.device(q.device):  # Triton launches on the current device
+            return launch(q, k, v, cos, sin, k_cache, v_cache, pos)
     return reference(q, k, v, cos, sin, k_cache, v_cache, pos)
 
 

@@ -7,6 +7,7 @@ op inputs on the CPU build, and the bits are the interchange format anyway (the 
 them as float8_e4m3fn).
 """
 
+import functools
 import math
 
 import torch
@@ -22,6 +23,18 @@ __all__ = [
 ]
 
 _E4M3 = torch.float8_e4m3fn
+
+
+def _on_input_device(impl):
+    """A CUDA implementation, run with its first tensor argument's device current: Triton launches
+    its kernels on the current device, and a layer placed on cuda:1 (device_map="auto", pipeline
+    stages) is called while cuda:0 is current."""
+    @functools.wraps(impl)
+    def run(*args, **kwargs):
+        first = next(a for a in (*args, *kwargs.values()) if isinstance(a, Tensor))
+        with torch.cuda.device(first.device):
+            return impl(*args, **kwargs)
+    return run
 
 
 def _scale_shape(lead: torch.Size, k: int, swizzle: bool):
@@ -89,6 +102,7 @@ def _(x, global_scale, method, hessian, swizzle):
 
 
 @quantize_weight.register_kernel("cuda")
+@_on_input_device
 def _(x, global_scale, method, hessian, swizzle):
     from .kernels.quantize import quantize as quantize_triton
     from .kernels.scale_search import search
@@ -122,6 +136,7 @@ def _(data, scale, global_scale, swizzled, dtype):
 
 
 @quantize.register_kernel("cuda")
+@_on_input_device
 def _(x, global_scale, per_row, swizzle):
     from .kernels.quantize import quantize as quantize_triton
 
@@ -147,6 +162,7 @@ def _(x, global_scale=None):
 
 
 @quantize_values.register_kernel("cuda")
+@_on_input_device
 def _(x, global_scale=None):
     from .kernels.quantize import quantize as quantize_triton
 
@@ -172,6 +188,7 @@ def _(h, weight, eps, weight_after_cast):
 
 
 @rms_norm_quantize_values.register_kernel("cuda")
+@_on_input_device
 def _(h, weight, eps, weight_after_cast):
     from .kernels.quantize import rms_norm_quantize_values as run
 
@@ -180,6 +197,7 @@ def _(h, weight, eps, weight_after_cast):
 
 
 @dequantize.register_kernel("cuda")
+@_on_input_device
 def _(data, scale, global_scale, swizzled, dtype):
     from .kernels.dequantize import dequantize as dequantize_triton
 
@@ -222,6 +240,7 @@ def _(data, scale, global_scale, swizzled, indices, dtype):
 
 
 @dequantize_rows.register_kernel("cuda")
+@_on_input_device
 def _(data, scale, global_scale, swizzled, indices, dtype):
     from .kernels.dequantize import dequantize as dequantize_triton
 
@@ -274,6 +293,7 @@ def linear(
 
 
 @linear.register_kernel("cuda")
+@_on_input_device
 def _(x, w_data, w_scale, w_global_scale, bias, w_swizzled, activation):
     from .kernels.gemm import linear as linear_triton
 
@@ -408,6 +428,7 @@ def linear_tiled(
 
 
 @linear_tiled.register_kernel("cuda")
+@_on_input_device
 def _(x, w_data, w_scale, w_global_scale, bias, n, activation, norm_h=None, norm_eps=0.0):
     from .kernels.gemm import linear_tiled as linear_tiled_triton
 

@@ -139,6 +139,35 @@ def test_linear_multiplies_in_fp32_inside_autocast(autocast_dtype):
     assert torch.equal(want[0], (x.to(torch.bfloat16).float() @ w.dequantize(torch.float32).T + bias))
 
 
+@pytest.mark.gpu
+@pytest.mark.skipif(torch.cuda.device_count() < 2, reason="needs two CUDA GPUs")
+def test_cuda_ops_run_on_their_inputs_device():
+    """Inputs on cuda:1 while cuda:0 is current (a layer placed by device_map="auto") give what
+    they give with cuda:1 current: Triton launches on the current device, so each CUDA
+    implementation makes its input's device current."""
+    gen = torch.Generator().manual_seed(5)
+    w = torch.randn(192, 256, generator=gen)
+    xs = [torch.randn(m, 256, generator=gen).to(torch.bfloat16) for m in (3, 64)]
+
+    def run(device):
+        q = nv.quantize(w.to(device))
+        data_t, scale_t = torch.ops.nvfp4.tile_weight(q.data, q.scale.view(torch.uint8))
+        out = [q.data, q.scale.view(torch.uint8), nv.dequantize(q, torch.float32),
+               nv.dequantize_rows(q, torch.tensor([5, 0], device=device))]
+        for x in xs:
+            x = x.to(device)
+            out += [nv.linear(x, q), nv.linear(x, q, activation="nvfp4"), *torch.ops.nvfp4.quantize_values(x),
+                    torch.ops.nvfp4.linear_tiled(x, data_t, scale_t, q.global_scale, None, 192, "bf16")]
+        return out
+
+    with torch.cuda.device(1):
+        want = run("cuda:1")
+    with torch.cuda.device(0):
+        got = run("cuda:1")
+    for g, w_ in zip(got, want):
+        assert g.device == torch.device("cuda:1") and torch.equal(g, w_)
+
+
 def _sqnr_db(ref, approx):
     ref, approx = ref.double(), approx.double()
     return (10 * torch.log10(ref.pow(2).sum() / (ref - approx).pow(2).sum())).item()
