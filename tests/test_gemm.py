@@ -65,6 +65,49 @@ def test_gemm_per_row_weight_scale_and_output_dtypes(kernel_device):
         assert _rel(y, want) <= (1e-5 if out_dtype == torch.float32 else 4e-3)
 
 
+def test_launchers_take_strided_biases_and_empty_weights(kernel_device):
+    """A bias view (stride 2, or an expanded stride 0) gives what its contiguous copy gives (the
+    epilogues read (N,) with unit stride: other elements or past the storage); a weight of no rows
+    gives an (M, 0) output (the split rule divided by the tile count). Found by an audit."""
+    gen = torch.Generator().manual_seed(6)
+    operand = _operand(kernel_device)
+    x = torch.randn(5, 128, generator=gen).to(operand).to(kernel_device)
+    w = nv.quantize(torch.randn(64, 128, generator=gen))
+    parts = [t.to(kernel_device) for t in (w.data, w.scale.view(torch.uint8), w.global_scale)]
+    wide = torch.randn(128, generator=gen).to(kernel_device)
+    for bias in (wide[::2], wide[:1].expand(64)):
+        want_dense = gemm.gemm(x, None, None, *parts, bias.contiguous(), torch.float32, False, False, operand=operand)
+        assert torch.equal(gemm.gemm(x, None, None, *parts, bias, torch.float32, False, False, operand=operand),
+                           want_dense)
+        want_split = gemm_splitk.gemm_splitk(x, *parts, bias.contiguous(), torch.float32, False)
+        assert torch.equal(gemm_splitk.gemm_splitk(x, *parts, bias, torch.float32, False), want_split)
+    empty = nv.quantize(torch.randn(0, 128))
+    none = [t.to(kernel_device) for t in (empty.data, empty.scale.view(torch.uint8), empty.global_scale)]
+    assert gemm_splitk.gemm_splitk(x, *none, None, torch.float32, False).shape == (5, 0)
+    assert gemm.gemm(x, None, None, *none, None, torch.float32, False, False, operand=operand).shape == (5, 0)
+
+
+def test_launchers_refuse_swizzled_scales_beyond_int32_offsets(kernel_device, monkeypatch):
+    """The swizzled scale offsets are int32 (2^31 bytes: an x of 2^35 elements); beyond, the
+    launchers refuse instead of writing out of bounds. Checked at a lowered limit."""
+    from nvfp4_inductor.kernels import _common, quantize
+
+    x = torch.randn(256, 64).to(kernel_device)
+    w = nv.quantize(torch.randn(256, 64), swizzle=True)
+    parts = [t.to(kernel_device) for t in (w.data, w.scale.view(torch.uint8), w.global_scale)]
+    monkeypatch.setattr(_common, "SWIZZLED_MAX_BYTES", 256 * 4 - 1)
+    with pytest.raises(ValueError, match="exceed the kernels' 32-bit offsets"):
+        quantize.quantize(x, None, False, True)
+    with pytest.raises(ValueError, match="exceed the kernels' 32-bit offsets"):
+        gemm_splitk.gemm_splitk(x[:4].to(_operand(kernel_device)), *parts, None, torch.float32, True)
+    with pytest.raises(ValueError, match="exceed the kernels' 32-bit offsets"):
+        gemm.gemm(x[:4].to(_operand(kernel_device)), None, None, *parts, None, torch.float32, True, False,
+                  operand=_operand(kernel_device))
+    monkeypatch.setattr(_common, "SWIZZLED_MAX_BYTES", 256 * 4)  # exactly fits
+    data, scale, _ = quantize.quantize(x, None, False, True)
+    assert scale.shape == (256, 4)
+
+
 # --- GPU: nvfp4_inductor.linear on CUDA ----------------------------------------------------------
 
 @pytest.mark.gpu

@@ -211,6 +211,18 @@ def e2m1_decode(codes):
     return (bits | ((codes & 8) << 28)).to(tl.float32, bitcast=True)
 
 
+# swizzled_scale_offset computes int32 offsets: the launchers refuse larger swizzled scale matrices.
+SWIZZLED_MAX_BYTES = 2**31
+
+
+def check_swizzled_offsets(name: str, rows_pad: int, cols_pad: int) -> None:
+    """A swizzled (rows_pad, cols_pad) scale matrix the kernels address with int32 offsets."""
+    if rows_pad * cols_pad > SWIZZLED_MAX_BYTES:
+        raise ValueError(f"{name}: swizzled scales of {rows_pad} x {cols_pad} bytes exceed the kernels' "
+                         f"32-bit offsets ({SWIZZLED_MAX_BYTES} bytes); use plain scales (swizzle=False) "
+                         f"at this size")
+
+
 @triton.jit
 def swizzled_scale_offset(row, col, cols_pad):
     """Row and column of the padded (rows_pad, cols_pad) scale matrix -> byte offset (the swizzled

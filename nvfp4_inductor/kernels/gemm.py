@@ -21,7 +21,7 @@ import triton.language as tl
 
 from ..format import BLOCK_SIZE
 from . import gemm_configs
-from ._common import BLOCK, e2m1_decode, e4m3_bits_to_f32, scale_offsets
+from ._common import BLOCK, check_swizzled_offsets, e2m1_decode, e4m3_bits_to_f32, scale_offsets
 
 MMA_DEQUANT: tl.constexpr = tl.constexpr(gemm_configs.MMA_DEQUANT)
 MMA_DOT_SCALED: tl.constexpr = tl.constexpr(gemm_configs.MMA_DOT_SCALED)
@@ -138,8 +138,14 @@ def gemm(a, a_scale, a_g, b, b_scale, b_g, bias, out_dtype, swizzled, a_fp4,
     m = a.shape[0]
     n, k = b.shape[0], b.shape[1] * 2
     out = torch.empty((m, n), dtype=out_dtype, device=b.device)
-    if m == 0:
+    if m == 0 or n == 0:
         return out
+    if swizzled:
+        check_swizzled_offsets("w.scale", *b_scale.shape)
+        if a_fp4:
+            check_swizzled_offsets("x's scale", *a_scale.shape)
+    if bias is not None:
+        bias = bias.contiguous()  # read as (N,) with unit stride
     block_m, block_n, block_k, num_warps, num_stages = config or gemm_configs.gemm_config(m, n, k, mma)
     b_cols_pad = b_scale.shape[1] if swizzled else k // BLOCK_SIZE
     a_cols_pad = a_scale.shape[1] if (a_fp4 and swizzled) else k // BLOCK_SIZE

@@ -47,8 +47,8 @@ from ..tiled import TILE_K, TILE_N
 from . import gemm_configs
 from . import gemm_mma
 from .gemm_mma import mma_mainloop
-from ._common import (BLOCK, FP8_NAN, e2m1_decode, round_to, scale_offsets, tiled_places_to_rows,
-                      tiled_row_at, tiled_scale_offset, tiled_scales_by_place)
+from ._common import (BLOCK, FP8_NAN, check_swizzled_offsets, e2m1_decode, round_to, scale_offsets,
+                      tiled_places_to_rows, tiled_row_at, tiled_scale_offset, tiled_scales_by_place)
 
 # $4: 4 packed bytes b0..b3; $5, $6: bf16x2 block scales; $0, $1: low nibbles of (b0, b1), (b2, b3);
 # $2, $3: their high nibbles (see 1. and 2. above).
@@ -422,8 +422,12 @@ def gemm_splitk(x, w_data, w_scale, w_g, bias, out_dtype, swizzled, config=None,
     if m > 64:
         raise ValueError(f"the skinny NVFP4 GEMM takes at most 64 rows; got {m}")
     out = torch.empty((m, n), dtype=out_dtype, device=x.device)
-    if m == 0:
+    if m == 0 or n == 0:
         return out
+    if swizzled:
+        check_swizzled_offsets("w.scale", *w_scale.shape)
+    if bias is not None:
+        bias = bias.contiguous()  # read as (N,) with unit stride
     if use_asm is None:
         use_asm = x.is_cuda
     # sm_100 with both operands NVFP4 and W tiled: tcgen05 block-scaled MMA (dot_scaled_mainloop)

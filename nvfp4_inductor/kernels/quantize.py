@@ -44,6 +44,7 @@ from ._common import (
     FP8_NAN,
     TILE_ROWS,
     block_scale_bits,
+    check_swizzled_offsets,
     e2m1_pack_pair,
     e4m3_bits_to_f32,
     finite_abs,
@@ -434,6 +435,7 @@ def quantize(x: torch.Tensor, global_scale: torch.Tensor | None, per_row: bool, 
         data = torch.empty((*lead, k // 2), dtype=torch.uint8, device=x.device)
     if swizzle:
         rows_pad, cols_pad = swizzled_shape(m, cols)
+        check_swizzled_offsets("x", rows_pad, cols_pad)
         scale = torch.empty((rows_pad, cols_pad), dtype=torch.uint8, device=x.device)
     else:
         rows_pad, cols_pad = m, cols
