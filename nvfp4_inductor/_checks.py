@@ -215,7 +215,10 @@ def check_linear_tiled_args(x, w_data, w_scale, w_global_scale, bias, n, activat
         if tuple(t.shape) != shape:
             raise ValueError(f"tiled {name} for N={n}, K={x.shape[-1]} must have shape {shape}; got "
                              f"{tuple(t.shape)}")
+        if not t.is_contiguous():  # the kernels read each tile as one contiguous run
+            raise ValueError(f"tiled {name} must be contiguous (packed tiled layout)")
     check_tensor("w.global_scale", w_global_scale, (torch.float32,))
+    check_same_device("w.global_scale", w_global_scale, "x", x)
     if tuple(w_global_scale.shape) not in ((), (n,)):
         raise ValueError(f"w.global_scale must have shape () or ({n},); got {tuple(w_global_scale.shape)}")
     _check_bias(bias, n, x)

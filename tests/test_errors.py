@@ -16,6 +16,13 @@ def _w(n=32, k=64, **kw):
 
 X = torch.randn(4, 64)
 
+
+def _tiled(data=lambda d: d, scale=lambda t: t, g=lambda g: g):
+    """nvfp4::linear_tiled on X with one part of a tiled (32, 64) weight changed."""
+    w = _w()
+    d, t = torch.ops.nvfp4.tile_weight(w.data, w.scale.view(torch.uint8))
+    return torch.ops.nvfp4.linear_tiled(X, data(d), scale(t), g(w.global_scale), None, 32, "bf16")
+
 CASES = [
     # quantize
     ("int input", lambda: nv.quantize(torch.ones(4, 32, dtype=torch.int32)), TypeError, "x must have dtype"),
@@ -80,6 +87,10 @@ CASES = [
     ("linear bias a float", lambda: nv.linear(X, _w(), 1.0), TypeError, "bias must be a torch.Tensor"),
     ("linear activation not str", lambda: nv.linear(X, _w(), activation=None), TypeError, "activation must be a str"),
     ("linear device", lambda: nv.linear(X.to("meta"), _w()), ValueError, "w_q.data is on cpu but x is on meta"),
+    # linear_tiled (the backend's op; its kernels read each tile as one contiguous run)
+    ("tiled data strided", lambda: _tiled(data=lambda d: torch.stack([d, d], 1)[:, 0]), ValueError, "tiled w.data must be contiguous"),
+    ("tiled scale strided", lambda: _tiled(scale=lambda t: torch.stack([t, t], 1)[:, 0]), ValueError, "tiled w.scale must be contiguous"),
+    ("tiled g device", lambda: _tiled(g=lambda g: g.to("meta")), ValueError, "w.global_scale is on meta but x is on cpu"),
 ]
 
 
