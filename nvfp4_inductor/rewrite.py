@@ -73,14 +73,55 @@ def _is_transpose(node: fx.Node) -> bool:
 
 def _weight_of(node: fx.Node, params) -> fx.Node | None:
     """permute(W, [1, 0]) with W a lifted parameter or buffer placeholder -> W; permute(cast(W))
-    (torch.autocast's copy of an fp32 W in bf16, W read by nothing else) -> the cast, quantized
-    as the GEMM would read it (freezing folds it); else None."""
+    (torch.autocast's copy of an fp32 W in bf16) -> the cast, quantized as the GEMM would read it
+    (freezing folds it); else None. What else reads W decides whether it converts (_skip_reason)."""
     if not (isinstance(node, fx.Node) and node.op == "call_function" and _is_transpose(node)):
         return None
     weight = node.args[0]
-    if _call(weight, _CONVERT) and weight.args[0] in params and len(weight.args[0].users) == 1:
+    if _call(weight, _CONVERT) and weight.args[0] in params:
         return weight
     return weight if weight in params else None
+
+
+def _as_weight(w_t: fx.Node, user: fx.Node) -> bool:
+    """user reads W^T (w_t) as the weight operand of mm / addmm (a linear) and nowhere else."""
+    return user.op == "call_function" and not user.kwargs and (
+        (user.target == aten.mm.default and user.args[1] is w_t and user.args[0] is not w_t)
+        or (user.target == aten.addmm.default and user.args[2] is w_t and w_t not in user.args[:2]))
+
+
+def _linear_read(node: fx.Node) -> bool:
+    """node is W^T read only by linears."""
+    return _is_transpose(node) and all(_as_weight(node, u) for u in node.users)
+
+
+def _other_reads(weight: fx.Node) -> set:
+    """What reads W besides linears: an embedding tied to an output head, W @ y, a sum of W^T
+    (a transpose the linear shares after common-subexpression elimination); for an autocast cast
+    of a parameter, also the parameter's other readers, except further casts to the same dtype
+    read only by linears (a weight shared by two linears under autocast)."""
+    others = set()
+    for u in weight.users:
+        if _is_transpose(u):
+            others |= {f"{v.target} (of W^T)" for v in u.users if not _as_weight(u, v)}
+        else:
+            others.add(str(u.target))
+    if _call(weight, _CONVERT):
+        for u in weight.args[0].users:
+            if u is not weight and not (_call(u, _CONVERT) and u.args[1:] == weight.args[1:]
+                                        and u.kwargs == weight.kwargs and all(map(_linear_read, u.users))):
+                others.add(str(u.target))
+    return others
+
+
+def _defined_here(graph: fx.Graph, weight: fx.Node) -> fx.Node:
+    """_weight_of's result as a node at the graph's insertion point: a parameter is (placeholders
+    come first), an autocast cast is made again there (the same op, folded by freezing)."""
+    if not _call(weight, _CONVERT):
+        return weight
+    cast = graph.call_function(_CONVERT, weight.args, weight.kwargs)
+    cast.meta.update(weight.meta)
+    return cast
 
 
 def _param_of(weight: fx.Node) -> fx.Node:
@@ -148,9 +189,9 @@ def _skip_reason(weight: fx.Node, bias) -> str | None:
     n, k = value.shape
     if n % BLOCK_SIZE or k % BLOCK_SIZE:
         return f"shape ({n}, {k}) is not a multiple of {BLOCK_SIZE}"
-    # Read by more than transposes (an embedding tied to an output head, W @ y): converting would
+    # Read by more than linears (an embedding tied to an output head, W @ y): converting would
     # free nothing, and a head judged by the embedding's name would escape skip_output_head.
-    others = sorted({str(user.target) for user in weight.users if not _is_transpose(user)})
+    others = sorted(_other_reads(weight))
     if others:
         return f"weight also read by {', '.join(others)} (tied)"
     bias_value = _val(bias) if isinstance(bias, fx.Node) else None
@@ -276,7 +317,8 @@ class LinearToNVFP4(_compat.CustomGraphPass):
         places = [slot.setdefault((weight, b), len(slot)) for _, b, _, weight, _ in group]
         members = [group[places.index(i)] for i in range(len(slot))]
         with graph.inserting_before(first):
-            parts = [self._quantized(graph, weight) for _, _, _, weight, _ in members]
+            # an autocast cast of a later member's weight may sit after the first linear: cast again here
+            parts = [self._quantized(graph, _defined_here(graph, weight)) for _, _, _, weight, _ in members]
             widths = [weight.meta["val"].shape[0] for _, _, _, weight, _ in members]
             if len(members) == 1:
                 data, scale, g = parts[0]

@@ -666,6 +666,65 @@ def test_fp32_model_under_autocast_is_converted():
     assert y.dtype == torch.bfloat16 and torch.equal(y, want)
 
 
+class _AutocastShapes(nn.Module):
+    """Under autocast: q and k read one bf16 h (merged: their weights' casts sit after the first
+    linear), and one weight shared by two linears (read through two casts)."""
+
+    def __init__(self):
+        super().__init__()
+        self.inp, self.q, self.k = (nn.Linear(64, 64, bias=False) for _ in range(3))
+        self.a, self.c = nn.Linear(64, 64, bias=False), nn.Linear(64, 64, bias=False)
+        self.b = nn.Linear(64, 64, bias=False)
+        self.b.weight = self.a.weight
+
+    def forward(self, x):
+        h = self.inp(x)
+        return self.q(h) * self.k(h) + self.c(self.b(self.a(x)))
+
+
+def test_autocast_merges_and_shared_weights_convert(caplog):
+    """An fp32 model under torch.autocast: the merged q / k GEMM compiled (its quantize read the
+    second weight's cast before it was defined: the compile crashed), and a weight shared by two
+    linears converts as it does in a bf16 model (its parameter, read by two casts, was left bf16
+    and named nowhere). Found by an audit."""
+    torch.manual_seed(0)
+    model = _AutocastShapes().eval()
+    x = torch.randn(4, 64)
+    with caplog.at_level(logging.INFO, logger="nvfp4_inductor"), torch.autocast("cpu", dtype=torch.bfloat16):
+        y = nv.compile(model, nv.Config(activations="bf16"))(x)
+    assert "converted 6 linear weights, skipped 0" in caplog.text
+    assert "merged into one GEMM each: [['q.weight', 'k.weight']]" in caplog.text
+    with torch.no_grad():
+        def lin(m, h):
+            return nv.linear(h, nv.quantize(m.weight.bfloat16()))
+        xb = x.bfloat16()
+        h = lin(model.inp, xb)
+        want = lin(model.q, h) * lin(model.k, h) + lin(model.c, lin(model.b, lin(model.a, xb)))
+    assert y.dtype == torch.bfloat16
+    # Inductor rounds the fused product and sum once, eager at each op
+    assert ((y.float() - want.float()).norm() / want.float().norm()).item() < 1e-2
+
+
+def test_a_weight_also_read_through_its_transpose_stays_bf16(caplog):
+    """W^T shared by the linear and a sum (common-subexpression elimination) is a tied weight, as
+    W.sum() is: it stays bf16, with the reader named (it converted before)."""
+    class Model(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.W = nn.Parameter(torch.randn(64, 64))
+
+        def forward(self, x):
+            return F.linear(x, self.W) + self.W.T.sum()
+
+    model = Model().to(torch.bfloat16).eval()
+    x = torch.randn(4, 64, dtype=torch.bfloat16)
+    with caplog.at_level(logging.INFO, logger="nvfp4_inductor"):
+        y = nv.compile(model, nv.Config(activations="bf16"))(x)
+    assert "converted 0 linear weights, skipped 1" in caplog.text and "(of W^T) (tied)" in caplog.text
+    with torch.no_grad():
+        assert torch.allclose(y.float(), model(x).float(), rtol=2e-2, atol=2e-1)
+
+
 class CalledTwice(nn.Module):
     """One linear applied twice to the same x, beside another reading it."""
 
