@@ -101,11 +101,12 @@ def _resolve_activation(mode: str, x: torch.Tensor) -> str:
 
 
 def _checked_global_scale(name: str, scale) -> torch.Tensor:
-    """A loaded weight_scale_2: fp32, every element finite and > 0 (its shape is the module's:
-    load_state_dict checks that)."""
+    """A global scale (a loaded weight_scale_2, whose shape load_state_dict checks against the
+    module's; or x's, _checked_input_scale): fp32, every element finite and > 0."""
     _checks.check_tensor(name, scale, (torch.float32,))
-    if not bool(torch.isfinite(scale).all() and (scale > 0).all()):  # loaded once: a sync is fine
-        raise ValueError(f"{name} must be finite and > 0; got {scale.detach().flatten()[:4].tolist()}")
+    if not bool(torch.isfinite(scale).all() and (scale > 0).all()):  # set once, not per call: a sync is fine
+        got = scale.item() if scale.numel() == 1 else scale.detach().flatten()[:4].tolist()
+        raise ValueError(f"{name} must be finite and > 0; got {got}")
     return scale
 
 
@@ -122,10 +123,7 @@ def _checked_input_scale(name: str, input_scale) -> torch.Tensor:
     _checks.check_tensor(name, input_scale, (torch.float32,))
     if input_scale.numel() != 1:
         raise ValueError(f"{name} must hold one per-tensor scale; got shape {tuple(input_scale.shape)}")
-    value = input_scale.detach().reshape(())
-    if not (torch.isfinite(value) and value > 0):  # set once, not per call: a sync is fine
-        raise ValueError(f"{name} must be finite and > 0; got {value.item()}")
-    return value
+    return _checked_global_scale(name, input_scale.detach().reshape(()))
 
 
 class NVFP4Linear(nn.Module):
