@@ -171,6 +171,32 @@ def test_splitk_mainloop_matches_reference(kernel_device, m, n, k, swizzled, con
     assert torch.equal(again, y)
 
 
+def test_captured_splitk_launches_get_counters_of_their_own(kernel_device, monkeypatch):
+    """A split-K launch captured in a CUDA graph (capture stood in for here) keeps its tile counters
+    for every replay, so it gets a zeroed slice no other launch uses: with the stream's shared
+    buffer, graphs captured on one stream (torch.cuda.graph's default: all of them) replayed on two
+    streams at once raced on it, and one allocated inside a capture was zeroed only when that graph
+    replayed. With the reserve used up, a zeroed tensor of its own (a fill node in the graph)."""
+    gen = torch.Generator().manual_seed(41)
+    m, n, k, config = 3, 128, 512, (16, 64, 64, 4, 4, 1)  # 2 output tiles, 4 splits
+    x = torch.randn(m, k, generator=gen).to(_operand(kernel_device)).to(kernel_device)
+    w = nv.quantize(torch.randn(n, k, generator=gen))
+    parts = [t.to(kernel_device) for t in (w.data, w.scale.view(torch.uint8), w.global_scale)]
+    want = x.double().cpu() @ w.dequantize(torch.float32).double().T
+    device = x.device
+    eager = gemm_splitk.split_counters(device, 2)  # made outside any capture, with the reserve
+    monkeypatch.setattr(gemm_splitk, "_capturing", lambda device: True)
+    first, second = gemm_splitk.split_counters(device, 2), gemm_splitk.split_counters(device, 2)
+    storages = {t.untyped_storage().data_ptr() + t.storage_offset() * 4 for t in (eager, first, second)}
+    assert len(storages) == 3 and not first.any() and not second.any()
+    assert _rel(gemm_splitk.gemm_splitk(x, *parts, None, torch.float32, False, config=config), want) <= 1e-5
+    reserve = gemm_splitk._reserve[device]
+    assert not reserve[0][:reserve[1]].any()  # the captured launch left its counters zeroed
+    monkeypatch.setitem(gemm_splitk._reserve, device, [reserve[0], reserve[0].numel()])
+    spare = gemm_splitk.split_counters(device, 2)
+    assert spare.untyped_storage().data_ptr() != reserve[0].untyped_storage().data_ptr() and not spare.any()
+
+
 @pytest.mark.parametrize("reg_mma", [False, True])
 def test_skinny_gemm_reads_any_scale_byte(kernel_device, reg_mma):
     """Scale bytes this package never writes but a checkpoint's may hold, read as float8_e4m3fn
@@ -725,6 +751,57 @@ def test_cublaslt_scaled_mm_layouts_and_bad_arguments():
         scaled_mm(x, w, torch.ones(32, device="cuda"), None, torch.bfloat16)
     with pytest.raises(ValueError, match="bias must be"):
         scaled_mm(x, w, g, torch.ones(32, device="cuda"), torch.bfloat16)
+
+
+@pytest.mark.gpu
+def test_splitk_linears_in_two_cuda_graphs_of_one_capture_stream():
+    """Two graphs captured on torch.cuda.graph's default stream (two pools), the second replayed
+    first: its split-K counters must be its own and zeroed. A buffer kept per capture stream was
+    allocated in the first capture, from a pool holding the -7s of freed tensors, its zero fill a
+    node of the first graph only, and the second graph read it before that ever ran. (Graphs
+    sharing one pool must replay in capture order: PyTorch's rule, not tested here.)"""
+    gen = torch.Generator(device="cuda").manual_seed(11)
+    w = nv.quantize(torch.randn(4096, 4096, generator=gen, device="cuda"))
+    xs = [torch.randn(1, 4096, generator=gen, device="cuda", dtype=torch.bfloat16) for _ in range(2)]
+    want = [nv.linear(x, w).float() for x in xs]  # also compiles the kernels outside the captures
+    pool = torch.cuda.graph_pool_handle()
+    g0 = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(g0, pool=pool):
+        # 1 MB tensors: the allocator's small blocks (2 MB segments), where the counters come from
+        junk = [torch.full((1 << 18,), -7, dtype=torch.int32, device="cuda") for _ in range(8)]
+    g0.replay()
+    torch.cuda.synchronize()
+    del junk  # their blocks go back to the pool, -7s and all
+    graphs, outs = [torch.cuda.CUDAGraph(), torch.cuda.CUDAGraph()], []
+    for graph, x, graph_pool in zip(graphs, xs, (pool, None)):
+        with torch.cuda.graph(graph, pool=graph_pool):
+            outs.append(nv.linear(x, w))
+    graphs[1].replay()
+    graphs[0].replay()
+    torch.cuda.synchronize()
+    for got, expected in zip(outs, want):
+        assert _rel(got, expected) <= 1e-6
+
+
+@pytest.mark.gpu
+def test_converted_splitk_linear_under_cuda_graph_trees():
+    """A converted model compiled with mode="reduce-overhead" (Inductor's own backend: nvfp4.linear
+    stays the eager op) at M = 1, where the op splits K: the tree's warm-up runs the op in the
+    tree's memory pool, which must hold nothing the call does not return (a counter buffer cached
+    there raised "Detected 1 tensor(s) in the cudagraph pool not tracked as outputs")."""
+    torch.manual_seed(5)
+    model = torch.nn.Sequential(torch.nn.Linear(4096, 4096, bias=False)).to(device="cuda", dtype=torch.bfloat16).eval()
+    nv.convert(model, nv.Config(activations="bf16", skip_output_head=False))
+    torch._dynamo.reset()
+    try:
+        compiled = torch.compile(model, mode="reduce-overhead", fullgraph=True)
+        with torch.no_grad():
+            for _ in range(3):  # warm up, record, replay
+                x = torch.randn(1, 4096, device="cuda", dtype=torch.bfloat16)
+                y = compiled(x).clone()
+                torch.testing.assert_close(y, model(x))
+    finally:
+        torch._dynamo.reset()
 
 
 @pytest.mark.gpu

@@ -38,6 +38,8 @@ turned a bf16 x above 65504 into inf and one below 2^-24 into 0), so CPU tests c
 and the numerics.
 """
 
+import threading
+
 import torch
 import triton
 import triton.language as tl
@@ -380,10 +382,14 @@ def _splitk_kernel(
                   UNSCALE)
 
 
-# Split-K tile counters, zero between launches (the last split of a tile resets its counter), one
-# buffer per (device, stream): launches on one stream run in order, on two streams they could
-# overlap. A buffer first used in a CUDA-graph capture belongs to that graph's memory pool.
+# Split-K tile counters, zero between launches (the last split of a tile resets its counter). Eager
+# launches share a buffer per (device, stream): on one stream they run in order, on two they could
+# overlap. A launch captured in a CUDA graph keeps its counters for every replay, on whatever stream
+# and beside whatever other graph, so it gets a slice of its own from a reserve zeroed before any
+# capture (or, with none left, a zeroed tensor of its own: a fill node in the graph).
 _counters: dict = {}
+_reserve: dict = {}  # device -> [zeroed int32 buffer, first slice not handed out]
+RESERVED_COUNTERS = 1 << 20  # a device's, for captured launches: 4 MiB, 2340 launches of 448 tiles (N = 28672)
 # Launch with programmatic dependent launch on sm_90+: every program waits for the previous kernel
 # (griddepcontrol.wait) before any global load or store, so only the launch and the programs' set-up
 # overlap that kernel's tail; the next launch is not released early. H100, M = 1 / 16, tiled weights,
@@ -394,13 +400,53 @@ _counters: dict = {}
 LAUNCH_PDL = True
 
 
+def _zeros_outside_graph_pools(numel: int, device) -> torch.Tensor:
+    """torch.zeros(numel) int32 on device; on CUDA made by another thread and finished before it
+    returns: a CUDA-graph tree's warm-up routes its own thread's (its stream's, torch 2.11)
+    allocations to the graph's memory pool, which may hold only what the call returns ("Detected 1
+    tensor(s) in the cudagraph pool not tracked as outputs"). Called outside captures only, once a
+    buffer."""
+    if device.type != "cuda":
+        return torch.zeros(numel, dtype=torch.int32, device=device)
+    made = []
+
+    def make():
+        try:
+            with torch.cuda.device(device):
+                made.append(torch.zeros(numel, dtype=torch.int32, device=device))
+                torch.cuda.current_stream(device).synchronize()
+        except BaseException as error:  # re-raised in the caller's thread
+            made.append(error)
+
+    thread = threading.Thread(target=make)
+    thread.start()
+    thread.join()
+    if isinstance(made[0], BaseException):
+        raise made[0]
+    return made[0]
+
+
+def _capturing(device) -> bool:
+    return device.type == "cuda" and torch.cuda.is_current_stream_capturing()
+
+
 def split_counters(device, tiles: int) -> torch.Tensor:
-    """A zeroed int32 counter for each of `tiles` output tiles, kept for the next launch."""
+    """A zeroed int32 counter for each of `tiles` output tiles, left zeroed by the launch: the
+    stream's shared buffer for an eager launch, a slice of its own for a launch being captured in a
+    CUDA graph (see _counters above)."""
+    if _capturing(device):
+        reserve = _reserve.get(device)
+        if reserve is None or reserve[1] + tiles > reserve[0].numel():
+            return torch.zeros(tiles, dtype=torch.int32, device=device)  # filled at every replay
+        reserve[1] += tiles
+        return reserve[0][reserve[1] - tiles:reserve[1]]
+    if device not in _reserve:
+        _reserve[device] = [_zeros_outside_graph_pools(RESERVED_COUNTERS, device), 0]
     stream = torch.cuda.current_stream(device).cuda_stream if device.type == "cuda" else 0
     key = (device, stream)
     counters = _counters.get(key)
     if counters is None or counters.numel() < tiles:
-        counters = torch.zeros(max(tiles, 1024), dtype=torch.int32, device=device)
+        counters = _zeros_outside_graph_pools(max(tiles, 1024), device)
         _counters[key] = counters
     return counters
 
