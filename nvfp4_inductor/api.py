@@ -72,7 +72,10 @@ def _global_scale_tensor(global_scale, x: Tensor, per_row: bool,
     if not torch.compiler.is_compiling() and not (math.isfinite(g.item()) and g.item() > 0):
         raise ValueError(f"{name} must be finite and > 0 in float32; got {global_scale} "
                          f"({g.item()} in float32)")
-    return g.to(x.device)
+    # Filled on x's device, not copied from the host: a host-to-GPU copy synchronizes, and inside a
+    # CUDA-graph capture it fails (H100: "Cannot copy between CPU and CUDA tensors during CUDA graph
+    # capture unless the CPU tensor is pinned").
+    return torch.full((), value, dtype=torch.float32, device=x.device)
 
 
 def quantize(x: Tensor, global_scale=None, *, swizzle: bool = False, per_row: bool = False,

@@ -488,3 +488,33 @@ def test_a_float_global_scale_argument_inside_torch_compile():
         with pytest.raises(ValueError, match="must be finite and > 0"):
             fn(x, -1.0)  # eagerly, a Python number is checked at once
     torch._dynamo.reset()
+
+
+def test_a_float_global_scale_is_filled_on_the_device_of_x():
+    """A Python number as global scale becomes a tensor made on x's device, not a CPU tensor copied
+    there: on CUDA that copy synchronized with the host (the README's no-sync claim) and failed
+    inside a CUDA-graph capture (H100; found by an audit). Checked on the meta device here: no op
+    of quantize or W4A4 linear takes a CPU tensor to x's device."""
+    from torch.utils._python_dispatch import TorchDispatchMode
+    from torch.utils._pytree import tree_leaves
+
+    class HostToDevice(TorchDispatchMode):
+        def __init__(self):
+            super().__init__()
+            self.ops = []
+
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            out = func(*args, **(kwargs or {}))
+            ins, outs = ([t for t in tree_leaves(a) if isinstance(t, torch.Tensor)] for a in ((args, kwargs), out))
+            if any(t.device.type == "cpu" for t in ins) and any(t.device.type == "meta" for t in outs):
+                self.ops.append(func)
+            return out
+
+    x = torch.randn(8, 64, device="meta")
+    w = nv.quantize(torch.randn(32, 64, device="meta"))
+    with HostToDevice() as mode:
+        q = nv.quantize(x, 0.01)
+        y = nv.linear(x, w, activation="nvfp4", x_global_scale=0.01)
+    assert mode.ops == []
+    assert q.global_scale.device.type == "meta" and y.device.type == "meta"
+    assert torch.equal(nv.quantize(torch.randn(8, 64), 0.01).global_scale, torch.tensor(0.01))  # fp32's 0.01
