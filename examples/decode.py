@@ -284,13 +284,23 @@ def decode_seconds(step, loop: GreedyStep, start: int, steps: int) -> float:
     return time.perf_counter() - begin
 
 
+def positive_int(text: str) -> int:
+    """argparse type of the counts: an int >= 1 (0 or less ran the default steps, printed negative
+    tokens/s or crashed inside the model)."""
+    value = int(text)
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be a positive integer; got {text}")
+    return value
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--small", action="store_true", help="the tiny CPU config ('small' preset)")
     parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
-    parser.add_argument("--steps", type=int, default=None, help="decode steps (default 64; 16 with --small)")
-    parser.add_argument("--batch", type=int, default=1)
-    parser.add_argument("--prompt-len", type=int, default=16)
+    parser.add_argument("--steps", type=positive_int, default=None,
+                        help="decode steps (default 64; 16 with --small)")
+    parser.add_argument("--batch", type=positive_int, default=1)
+    parser.add_argument("--prompt-len", type=positive_int, default=16)
     parser.add_argument("--seed", type=int, default=0)
     args = parser.parse_args()
     steps = args.steps or (16 if args.small else 64)

@@ -388,6 +388,17 @@ def test_example_runs_on_cpu(monkeypatch, capsys):
     assert all(f"{name:>12}" in out for name in decode.VARIANTS) and "100.0%" in out
 
 
+@pytest.mark.parametrize("flag", ["--steps", "--batch", "--prompt-len"])
+@pytest.mark.parametrize("value", ["0", "-2"])
+def test_example_refuses_counts_below_one(flag, value, monkeypatch, capsys):
+    # --steps 0 ran the default 64 steps, --steps -2 printed negative tokens/s, --batch 0 and
+    # --prompt-len 0 crashed inside the run (ZeroDivisionError, IndexError); found by an audit.
+    monkeypatch.setattr("sys.argv", ["decode.py", "--small", flag, value])
+    with pytest.raises(SystemExit):
+        decode.main()
+    assert f"argument {flag}: must be a positive integer; got {value}" in capsys.readouterr().err
+
+
 # --- on a GPU, captured in CUDA graphs -----------------------------------------------------------
 
 GPU_ACTIVATIONS = ["bf16", "nvfp4"]  # W4A16, W4A4
