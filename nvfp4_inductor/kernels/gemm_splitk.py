@@ -436,10 +436,11 @@ def split_counters(device, tiles: int) -> torch.Tensor:
     CUDA graph (see _counters above)."""
     if _capturing(device):
         reserve = _reserve.get(device)
-        if reserve is None or reserve[1] + tiles > reserve[0].numel():
+        span = -(-tiles // 32) * 32  # slices on 128-byte boundaries: the JIT specializes on alignment
+        if reserve is None or reserve[1] + span > reserve[0].numel():
             return torch.zeros(tiles, dtype=torch.int32, device=device)  # filled at every replay
-        reserve[1] += tiles
-        return reserve[0][reserve[1] - tiles:reserve[1]]
+        reserve[1] += span
+        return reserve[0][reserve[1] - span:reserve[1] - span + tiles]
     if device not in _reserve:
         _reserve[device] = [_zeros_outside_graph_pools(RESERVED_COUNTERS, device), 0]
     stream = torch.cuda.current_stream(device).cuda_stream if device.type == "cuda" else 0
