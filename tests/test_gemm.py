@@ -198,6 +198,19 @@ def test_captured_splitk_launches_get_counters_of_their_own(kernel_device, monke
     assert spare.untyped_storage().data_ptr() != reserve[0].untyped_storage().data_ptr() and not spare.any()
 
 
+def test_outgrown_splitk_counters_stay_allocated(monkeypatch):
+    """An eager stream's counter buffer replaced by a larger one is kept, not freed: it is made by
+    another thread (gemm_splitk._zeros_outside_graph_pools), so the allocator would not order its
+    reuse after the kernels still reading it on the caller's stream."""
+    device = torch.device("cpu")
+    monkeypatch.setattr(gemm_splitk, "_counters", {})
+    monkeypatch.setattr(gemm_splitk, "_retired", [])
+    small = gemm_splitk.split_counters(device, 8)
+    large = gemm_splitk.split_counters(device, small.numel() + 1)
+    assert large.numel() > small.numel() and gemm_splitk._retired == [small]
+    assert gemm_splitk.split_counters(device, 8) is large
+
+
 @pytest.mark.parametrize("reg_mma", [False, True])
 def test_skinny_gemm_reads_any_scale_byte(kernel_device, reg_mma):
     """Scale bytes this package never writes but a checkpoint's may hold, read as float8_e4m3fn

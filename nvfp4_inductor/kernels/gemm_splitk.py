@@ -386,9 +386,12 @@ def _splitk_kernel(
 # launches share a buffer per (device, stream): on one stream they run in order, on two they could
 # overlap. A launch captured in a CUDA graph keeps its counters for every replay, on whatever stream
 # and beside whatever other graph, so it gets a slice of its own from a reserve zeroed before any
-# capture (or, with none left, a zeroed tensor of its own: a fill node in the graph).
+# capture (or, with none left or none made yet, before any eager call on the device, a zeroed tensor
+# of its own: a fill node in the graph).
 _counters: dict = {}
+_retired: list = []  # eager buffers outgrown: kept, as kernels on their stream may still use them
 _reserve: dict = {}  # device -> [zeroed int32 buffer, first slice not handed out]
+_reserve_lock = threading.Lock()  # two threads may capture at once
 RESERVED_COUNTERS = 1 << 20  # a device's, for captured launches: 4 MiB, 2340 launches of 448 tiles (N = 28672)
 # Launch with programmatic dependent launch on sm_90+: every program waits for the previous kernel
 # (griddepcontrol.wait) before any global load or store, so only the launch and the programs' set-up
@@ -402,8 +405,8 @@ LAUNCH_PDL = True
 
 def _zeros_outside_graph_pools(numel: int, device) -> torch.Tensor:
     """torch.zeros(numel) int32 on device; on CUDA made by another thread and finished before it
-    returns: a CUDA-graph tree's warm-up routes its own thread's (its stream's, torch 2.11)
-    allocations to the graph's memory pool, which may hold only what the call returns ("Detected 1
+    returns: a CUDA-graph tree's warm-up routes its own thread's allocations (torch 2.8 and
+    later; its stream's before) to the graph's memory pool, which may hold only what the call returns ("Detected 1
     tensor(s) in the cudagraph pool not tracked as outputs"). Called outside captures only, once a
     buffer."""
     if device.type != "cuda":
@@ -437,16 +440,21 @@ def split_counters(device, tiles: int) -> torch.Tensor:
     if _capturing(device):
         reserve = _reserve.get(device)
         span = -(-tiles // 32) * 32  # slices on 128-byte boundaries: the JIT specializes on alignment
-        if reserve is None or reserve[1] + span > reserve[0].numel():
+        with _reserve_lock:
+            start = None if reserve is None or reserve[1] + span > reserve[0].numel() else reserve[1]
+            if start is not None:
+                reserve[1] = start + span
+        if start is None:
             return torch.zeros(tiles, dtype=torch.int32, device=device)  # filled at every replay
-        reserve[1] += span
-        return reserve[0][reserve[1] - span:reserve[1] - span + tiles]
+        return reserve[0][start:start + tiles]
     if device not in _reserve:
         _reserve[device] = [_zeros_outside_graph_pools(RESERVED_COUNTERS, device), 0]
     stream = torch.cuda.current_stream(device).cuda_stream if device.type == "cuda" else 0
     key = (device, stream)
     counters = _counters.get(key)
     if counters is None or counters.numel() < tiles:
+        if counters is not None:
+            _retired.append(counters)  # made on another stream: its memory is not freed in order
         counters = _zeros_outside_graph_pools(max(tiles, 1024), device)
         _counters[key] = counters
     return counters
