@@ -106,7 +106,7 @@ extern_mm_tiled_f32_x4 = ExternKernelChoice(mm_tiled_f32_x4, name="nvfp4_mm_tile
 # The split-K template's tile counters: one zeroed int32 tensor per device, a constant of every
 # graph that splits K there. Kernels leave it zeroed (the last split of a tile resets its
 # counter); those of one graph run in order on its stream, so they can share it, but two compiled
-# graphs must not run at once on two streams of one device.
+# graphs (or one, from two threads) must not run at once on two streams of one device.
 _counters: dict = {}
 
 
