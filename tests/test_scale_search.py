@@ -391,6 +391,37 @@ def test_kernel_equals_brute_force_on_gpu(method, prune):
     assert torch.equal(got, bits), _describe_mismatches(w, g, got, bits, err, hessian)
 
 
+@pytest.mark.parametrize("method", ["mse", "hessian"])
+def test_kernel_search_copies_a_given_global_scale(kernel_device, method):
+    """The returned g is a new tensor, as the CPU path's: nvfp4::quantize_weight's CUDA kernel
+    returned the caller's scale itself, an output aliasing an input, which torch.library refuses
+    (nv.quantize(w, g, method="mse") raised on a GPU)."""
+    from nvfp4_inductor.kernels import scale_search as kernels
+
+    gen = torch.Generator().manual_seed(41)
+    x = torch.randn(5, 32, generator=gen).to(kernel_device)
+    hessian = _hessian(32, seed=42).to(kernel_device) if method == "hessian" else None
+    g = torch.tensor(0.01, device=kernel_device)
+    got = kernels.search(x, g, method, hessian)[2]
+    assert torch.equal(got, g)
+    assert got.untyped_storage().data_ptr() != g.untyped_storage().data_ptr()
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("method", ["mse", "hessian"])
+def test_static_global_scale_search_on_gpu(method):
+    gen = torch.Generator().manual_seed(43)
+    w = torch.randn(64, 128, generator=gen).to(torch.bfloat16)
+    hessian = _hessian(128, seed=44) if method == "hessian" else None
+    g = torch.tensor(0.002)
+    want = nv.quantize(w, g, method=method, hessian=hessian)
+    got = nv.quantize(w.cuda(), g.cuda(), method=method,
+                      hessian=None if hessian is None else hessian.cuda())
+    assert torch.equal(got.global_scale.cpu(), g)
+    assert torch.equal(got.data.cpu(), want.data)
+    assert torch.equal(got.scale.view(torch.uint8).cpu(), want.scale.view(torch.uint8))
+
+
 def _describe_mismatches(x, g, got, want, want_err, hessian=None, limit=8):
     """Assertion message: each differing block's values, both bits and both reference errors."""
     lines = [f"{int((got != want).sum())} blocks differ (g = {g.item()!r})"]

@@ -352,7 +352,10 @@ def search(x: torch.Tensor, global_scale: torch.Tensor | None, method: str,
     if x2.stride(-1) != 1:
         x2 = x2.contiguous()
     m, groups = x2.shape[0], k // BLOCK_SIZE
-    g = _dynamic_global_scale(x2) if global_scale is None else global_scale.float().reshape(())
+    # a given scale is copied: returned as is, it would alias an input of nvfp4::quantize_weight,
+    # which torch.library refuses (and a later in-place change of it would change the result's)
+    g = (_dynamic_global_scale(x2) if global_scale is None
+         else global_scale.to(torch.float32, copy=True).reshape(()))
     data = torch.empty((*lead, k // 2), dtype=torch.uint8, device=x.device)
     scale = torch.empty((*lead, groups), dtype=torch.uint8, device=x.device)
     errors = torch.empty((*lead, groups), dtype=torch.float32, device=x.device)
