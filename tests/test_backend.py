@@ -537,6 +537,37 @@ def test_rebuilt_graph_keeps_dynamo_metadata():
     assert _compat._keeping_dynamo_metadata(lambda graph_module, inputs: graph_module)(gm, []) is gm
 
 
+
+def test_compat_shims_take_the_other_torch_versions_branch(monkeypatch):
+    """The _compat branches this torch does not take, each with the other version's API stood in:
+    autotune_select_algorithm's bare node (2.11) or (node, choice) (2.13), a Dynamo without the
+    callback API it expects, and a TritonTemplate.generate without triton_meta (before PR 174292)."""
+    from torch._inductor.select_algorithm import TritonTemplate
+
+    from nvfp4_inductor import _compat
+
+    node, choice = object(), object()
+    assert _compat.selected_node(node) is node and _compat.selected_node((node, choice)) is node
+
+    class Handler:
+        def register_start_callback(self, fn): ...
+
+        def register_end_callback(self, fn): ...
+
+    monkeypatch.setattr(torch._dynamo, "callback_handler", Handler(), raising=False)
+    assert _compat.compile_callback_handler() is None  # no start_callbacks: not the API it needs
+    Handler.start_callbacks = []
+    assert isinstance(_compat.compile_callback_handler(), Handler)
+    monkeypatch.delattr(torch._dynamo, "callback_handler")
+    assert _compat.compile_callback_handler() is None
+
+    def generate(self, input_nodes, layout, num_stages, num_warps, **kwargs): ...
+
+    monkeypatch.setattr(TritonTemplate, "generate", generate)
+    assert not _compat.template_launch_options()
+    monkeypatch.setattr(TritonTemplate, "generate", lambda self, input_nodes, triton_meta=None: None)
+    assert _compat.template_launch_options()
+
 def _check_buffer_steps(device, mode, steps):
     """BufferStep compiled by the backend, `steps` calls, against the same steps eagerly."""
     torch.manual_seed(0)
