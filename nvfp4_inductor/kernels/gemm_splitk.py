@@ -392,7 +392,8 @@ _counters: dict = {}
 _retired: list = []  # eager buffers outgrown: kept, as kernels on their stream may still use them
 _reserve: dict = {}  # device -> [zeroed int32 buffer, first slice not handed out]
 _reserve_lock = threading.Lock()  # two threads may capture at once
-RESERVED_COUNTERS = 1 << 20  # a device's, for captured launches: 4 MiB, 2340 launches of 448 tiles (N = 28672)
+# A device's reserve for captured launches: 4 MiB, 2340 launches of 448 tiles (N = 28672).
+RESERVED_COUNTERS = 1 << 20
 # Launch with programmatic dependent launch on sm_90+: every program waits for the previous kernel
 # (griddepcontrol.wait) before any global load or store, so only the launch and the programs' set-up
 # overlap that kernel's tail; the next launch is not released early. H100, M = 1 / 16, tiled weights,
@@ -406,9 +407,9 @@ LAUNCH_PDL = True
 def _zeros_outside_graph_pools(numel: int, device) -> torch.Tensor:
     """torch.zeros(numel) int32 on device; on CUDA made by another thread and finished before it
     returns: a CUDA-graph tree's warm-up routes its own thread's allocations (torch 2.8 and
-    later; its stream's before) to the graph's memory pool, which may hold only what the call returns ("Detected 1
-    tensor(s) in the cudagraph pool not tracked as outputs"). Called outside captures only, once a
-    buffer."""
+    later; its stream's before) to the graph's memory pool, which may hold only what the call
+    returns ("Detected 1 tensor(s) in the cudagraph pool not tracked as outputs"). Called outside
+    captures only, once a buffer."""
     if device.type != "cuda":
         return torch.zeros(numel, dtype=torch.int32, device=device)
     made = []
