@@ -27,6 +27,7 @@ import threading
 import torch
 
 # library_types.h / cublas_api.h
+_CUBLAS_STATUS_NOT_SUPPORTED = 15
 _CUDA_R_32F = 0
 _CUDA_R_16BF = 14
 _CUBLAS_COMPUTE_32F = 68
@@ -134,8 +135,16 @@ class _Plan:
     """Descriptors and the heuristic's algorithm for one (shape, dtype, alignment) key."""
 
     def __init__(self, device, m, n, k, ldx, out_dtype, bias, alignments):
-        lib, vp = _library(), ctypes.c_void_p
+        vp = ctypes.c_void_p
         self.desc, self.a, self.b, self.d = vp(), vp(), vp(), vp()
+        try:  # a failed step destroys what the earlier ones made (a failing shape is planned at every call)
+            self._create(device, m, n, k, ldx, out_dtype, bias, alignments)
+        except BaseException:
+            self.destroy()
+            raise
+
+    def _create(self, device, m, n, k, ldx, out_dtype, bias, alignments):
+        lib, vp = _library(), ctypes.c_void_p
         _check(lib.cublasLtMatmulDescCreate(ctypes.byref(self.desc), _CUBLAS_COMPUTE_32F, _CUDA_R_32F),
                "cublasLtMatmulDescCreate")
         set_desc = lib.cublasLtMatmulDescSetAttribute
@@ -163,15 +172,16 @@ class _Plan:
             for name, align in alignments.items():
                 _set(set_pref, pref, _PREF_MIN_ALIGNMENT_BYTES[name], ctypes.c_uint32(align))
             self.algo, count = _HeuristicResult(), ctypes.c_int(0)
-            _check(lib.cublasLtMatmulAlgoGetHeuristic(
+            status = lib.cublasLtMatmulAlgoGetHeuristic(
                 _handle(device), self.desc, self.a, self.b, self.d, self.d, pref, 1,
-                ctypes.byref(self.algo), ctypes.byref(count)), "cublasLtMatmulAlgoGetHeuristic")
+                ctypes.byref(self.algo), ctypes.byref(count))
         finally:
             lib.cublasLtMatmulPreferenceDestroy(pref)
-        if count.value < 1:
-            self.destroy()
+        # (no algorithm: a count of 0, or CUBLAS_STATUS_NOT_SUPPORTED, which cuBLAS 13 returns)
+        if status == _CUBLAS_STATUS_NOT_SUPPORTED or (status == 0 and count.value < 1):
             raise CublasLtError(f"cuBLASLt has no algorithm for x ({m}, {k}) @ w ({n}, {k})^T -> "
-                                f"{out_dtype} (bias {bias is not None})")
+                                f"{out_dtype} (bias {bias is not None}, alignments {alignments})")
+        _check(status, "cublasLtMatmulAlgoGetHeuristic")
 
     def set_bias(self, bias: torch.Tensor) -> None:
         _set(_library().cublasLtMatmulDescSetAttribute, self.desc, _DESC_BIAS_POINTER,
@@ -179,9 +189,11 @@ class _Plan:
 
     def destroy(self):
         lib = _library()
-        lib.cublasLtMatmulDescDestroy(self.desc)
+        if self.desc.value:
+            lib.cublasLtMatmulDescDestroy(self.desc)
         for layout in (self.a, self.b, self.d):
-            lib.cublasLtMatrixLayoutDestroy(layout)
+            if layout.value:
+                lib.cublasLtMatrixLayoutDestroy(layout)
 
 
 def scaled_mm(x: torch.Tensor, w: torch.Tensor, alpha: torch.Tensor, bias: torch.Tensor | None,
