@@ -2,6 +2,8 @@
 stood in for by tests/fake_cublaslt.py (which also runs the GEMM from the pointers and layouts
 it is given). The GPU tests of the real library are in test_gemm.py."""
 
+import io
+
 import pytest
 import torch
 
@@ -39,3 +41,34 @@ def test_a_failed_plan_destroys_its_descriptors(monkeypatch, fail):
     want = (x.float() @ w.float().T * alpha + bias.float()).to(torch.bfloat16)
     assert torch.allclose(got.float(), want.float(), rtol=2**-7, atol=0)
     assert len(lt._plans) == 1 and lib.live() == 4
+
+
+def test_the_library_is_the_one_of_torchs_cuda(monkeypatch):
+    """The libcublasLt torch loaded (its CUDA's major version), not the first one mapped: another
+    library of the process (a JAX or CuPy of another CUDA) can map one first (/proc/self/maps is
+    in address order)."""
+    maps = ["7f0000000000-7f0000100000 r-xp 00000000 08:01 11 /opt/jax/nvidia/cublas/lib/libcublasLt.so.12\n",
+            "7f1000000000-7f1000100000 r-xp 00000000 08:01 12 /env/nvidia/cu13/lib/libcublasLt.so.13\n",
+            "7f2000000000-7f2000100000 rw-p 00000000 00:00 0 \n"]
+    opened = []
+
+    class Library:  # what the loader returns: entry points that take argtypes and restype
+        def __getattr__(self, name):
+            entry = lambda *args: 0  # noqa: E731
+            setattr(self, name, entry)
+            return entry
+
+    def cdll(path):
+        opened.append(path)
+        return Library()
+
+    monkeypatch.setattr(lt, "open", lambda path: io.StringIO("".join(maps)), raising=False)
+    monkeypatch.setattr(lt.ctypes, "CDLL", cdll)
+    monkeypatch.setattr(lt, "_lib", None)
+    monkeypatch.setattr(torch.version, "cuda", "13.0")
+    lt._library()
+    assert opened == ["/env/nvidia/cu13/lib/libcublasLt.so.13"]
+    monkeypatch.setattr(lt, "_lib", None)  # none of torch's mapped yet: the loader finds its soname
+    maps[1:2] = []
+    lt._library()
+    assert opened[-1] == "libcublasLt.so.13"

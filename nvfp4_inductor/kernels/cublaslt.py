@@ -73,14 +73,17 @@ _plans: collections.OrderedDict = collections.OrderedDict()
 def _library():
     global _lib
     if _lib is None:
-        path = None
+        # torch's: the one of its CUDA's major version (another library in the process may have
+        # mapped a libcublasLt of another CUDA); not mapped yet: that soname
+        soname = f"libcublasLt.so.{torch.version.cuda.split('.')[0]}"
+        path = soname
         with open("/proc/self/maps") as maps:
             for line in maps:
-                if "libcublasLt.so" in line:
-                    path = line.split()[-1]
+                mapped = line.split()[-1]
+                base = mapped.rsplit("/", 1)[-1]
+                if base == soname or base.startswith(soname + "."):
+                    path = mapped
                     break
-        if path is None:  # not mapped yet: the soname of torch's CUDA
-            path = f"libcublasLt.so.{torch.version.cuda.split('.')[0]}"
         lib = ctypes.CDLL(path)
         vp, sz = ctypes.c_void_p, ctypes.c_size_t
         for name, args in {
