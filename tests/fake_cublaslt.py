@@ -3,7 +3,8 @@
 It keeps the descriptors kernels/cublaslt.py creates (counting creations and destructions) and
 runs cublasLtMatmul on host memory through the pointers and column-major layouts it is given,
 as cuBLASLt reads device memory: D = alpha * op(A) @ op(B) (+ beta * C) (+ bias), in fp32,
-rounded once to D's type. `FakeLib(fail=name, status=s)` makes one entry point return s.
+rounded once to D's type; an operand less aligned than the plan's preference said is refused.
+`FakeLib(fail=name, status=s)` makes one entry point return s.
 `on_fake_cuda` installs it and lets CPU tensors through scaled_mm's CUDA checks (`cuda(t)`).
 """
 
@@ -40,7 +41,7 @@ def _write(ptr: int, t: torch.Tensor, ld: int) -> None:
 class FakeLib:
     def __init__(self, fail: str | None = None, status: int = 7):
         self.objects, self.next_id = {}, 1
-        self.created = self.destroyed = 0
+        self.created = self.destroyed = self.misaligned = 0
         self.fail, self.status = fail, status
         self.matmuls = []  # (layouts of A, B, D, the descriptor's attributes, stream)
         for name in _ENTRY_POINTS:
@@ -98,12 +99,18 @@ class FakeLib:
         return 0
 
     def _MatmulAlgoGetHeuristic(self, handle, desc, a, b, c, d, pref, requested, result_ref, count_ref):
+        # the algorithm found needs the operands' addresses as aligned as the preference said
+        self.objects[desc.value]["min_alignments"] = [
+            self.objects[pref.value].get(lt._PREF_MIN_ALIGNMENT_BYTES[name], 256) for name in "abcd"]
         count_ref._obj.value = 1
         return 0
 
     def _Matmul(self, handle, desc, alpha, a, a_layout, b, b_layout, beta, c, c_layout, d, d_layout,
                 algo, workspace, workspace_size, stream):
         attrs = self.objects[desc.value]
+        if any(ptr % align for ptr, align in zip((a, b, c, d), attrs["min_alignments"])):
+            self.misaligned += 1  # (cuBLAS would run a kernel that assumes the alignment)
+            return 7  # CUBLAS_STATUS_INVALID_VALUE
         layouts = [self.objects[x.value] for x in (a_layout, b_layout, d_layout)]
         (a_type, *a_shape), (b_type, *b_shape), (d_type, *d_shape) = layouts
         op_a = _read(a, _DTYPES[a_type], *a_shape).float()

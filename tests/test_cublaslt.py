@@ -7,7 +7,7 @@ import io
 import pytest
 import torch
 
-from fake_cublaslt import FakeLib, cuda, on_fake_cuda
+from fake_cublaslt import STREAM, FakeLib, cuda, on_fake_cuda
 from nvfp4_inductor.kernels import cublaslt as lt
 
 
@@ -72,3 +72,71 @@ def test_the_library_is_the_one_of_torchs_cuda(monkeypatch):
     maps[1:2] = []
     lt._library()
     assert opened[-1] == "libcublasLt.so.13"
+
+
+def _x_layouts(m, k, gen):
+    """x (M, K) bf16 as scaled_mm may get it: contiguous, rows of a wider matrix (16-byte aligned,
+    used in place), 2 bytes into its storage, column-major, one row broadcast (stride 0)."""
+    wide = torch.randn(m, k + 40, generator=gen).to(torch.bfloat16)
+    return {"contiguous": wide[:, :k].contiguous(), "rows of a wider x": wide[:, 8:8 + k],
+            "2-byte offset": wide[:, 1:1 + k], "column-major": wide[:, :k].T.contiguous().T,
+            "broadcast row": wide[:1, :k].expand(m, k)}
+
+
+@pytest.mark.parametrize("m, n, k", [(1, 48, 64), (37, 100, 96)])
+def test_scaled_mm_layouts_and_dtypes(monkeypatch, m, n, k):
+    """The operands scaled_mm hands cuBLASLt (read back by the stand-in from the pointers and
+    layouts: ld, transposes, bias, alpha and beta in device memory) give alpha * x @ w^T + bias
+    for every x layout, per-tensor and per-row alpha, bias and output dtypes, on the current
+    stream. (No defect found: this holds the review's reading.)"""
+    lib = FakeLib()
+    on_fake_cuda(monkeypatch, lib)
+    gen = torch.Generator().manual_seed(m * n + k)
+    w = torch.randn(n, k, generator=gen).to(torch.bfloat16)
+    for name, x in _x_layouts(m, k, gen).items():
+        for per_row in (False, True):
+            alpha = torch.rand(n if per_row else (), generator=gen) + 0.5
+            for bias_dtype in (None, torch.bfloat16, torch.float32, torch.float16):
+                bias = None if bias_dtype is None else torch.randn(n, generator=gen).to(bias_dtype)
+                for out_dtype in (torch.bfloat16, torch.float16, torch.float32):
+                    got = lt.scaled_mm(cuda(x), cuda(w), cuda(alpha), cuda(bias), out_dtype)
+                    want = x.float() @ w.float().T * alpha
+                    want = (want if bias is None else want + bias.float()).to(out_dtype)
+                    assert got.dtype == out_dtype and got.shape == (m, n) and got.is_contiguous()
+                    # one rounding each (the stand-in's sums are in another order: fp32 ulps)
+                    tol = {torch.float32: 2e-6, torch.bfloat16: 2**-7, torch.float16: 2**-10}[out_dtype]
+                    assert torch.allclose(got.float(), want.float(), rtol=tol, atol=1e-5), (
+                        name, per_row, bias_dtype, out_dtype)
+    assert lib.matmuls and all(stream == STREAM for *_, stream in lib.matmuls)
+
+
+def _at_alignment(numel: int, align: int) -> torch.Tensor:
+    """numel bf16 elements whose address is a multiple of align bytes and of no larger power of 2."""
+    buf = torch.empty(numel + 512, dtype=torch.bfloat16)
+    start = (-buf.data_ptr() % 512 + align) // 2
+    return buf[start:start + numel]
+
+
+def test_a_plan_serves_only_calls_of_its_key(monkeypatch):
+    """Calls that differ from a planned one only in x's row stride, its alignment, the bias or the
+    output dtype get plans of their own (a stale plan reads x's rows with the wrong stride, or
+    runs an algorithm for more alignment than x has: the stand-in refuses it)."""
+    lib = FakeLib()
+    on_fake_cuda(monkeypatch, lib)
+    m, n, k = 40, 48, 64
+    gen = torch.Generator().manual_seed(1)
+    w = torch.randn(n, k, generator=gen).to(torch.bfloat16)
+    alpha, bias = torch.tensor(1.5), torch.randn(n, generator=gen).to(torch.bfloat16)
+    values = torch.randn(m * (k + 8), generator=gen).to(torch.bfloat16)
+    calls = []
+    for align, ld in ((256, k), (256, k + 8), (16, k), (16, k + 8)):
+        x = _at_alignment(m * (k + 8), align).copy_(values).as_strided((m, k), (ld, 1))
+        calls += [(x, None, torch.bfloat16), (x, bias, torch.bfloat16), (x, None, torch.float32)]
+    for x, b, out_dtype in calls:
+        assert lt._alignment(x) == (256 if x.data_ptr() % 256 == 0 else 16)
+        got = lt.scaled_mm(cuda(x), cuda(w), cuda(alpha), cuda(b), out_dtype)
+        want = x.float() @ w.float().T * alpha
+        want = (want if b is None else want + b.float()).to(out_dtype)
+        assert torch.allclose(got.float(), want.float(), rtol=2**-7, atol=1e-5), (
+            x.stride(), b is None, out_dtype)
+    assert lib.misaligned == 0
