@@ -219,10 +219,12 @@ def scaled_mm(x: torch.Tensor, w: torch.Tensor, alpha: torch.Tensor, bias: torch
                          f"{tuple(x.shape)} on {x.device}, w {w.dtype} {tuple(w.shape)} on {w.device}")
     # Rows of unit stride on 16-byte boundaries, or a copy: with a 2-byte aligned x and the bias
     # epilogue the H100 test failed (cuBLAS 13.0); the package's K is a multiple of 16, so a
-    # contiguous copy is aligned.
+    # contiguous copy is aligned. The same for w (a contiguous view can start anywhere).
     if x.stride(1) != 1 or (m > 1 and (x.stride(0) < k or x.stride(0) % 8)) or x.data_ptr() % 16:
         x = x.clone(memory_format=torch.contiguous_format)
     w = w.contiguous()
+    if w.data_ptr() % 16:
+        w = w.clone()
     if alpha.dtype != torch.float32 or alpha.device != x.device or alpha.shape not in ((), (n,)):
         raise ValueError(f"scaled_mm: alpha must be fp32 () or ({n},) on {x.device}, got "
                          f"{alpha.dtype} {tuple(alpha.shape)} on {alpha.device}")
