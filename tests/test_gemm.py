@@ -744,6 +744,62 @@ def test_cublaslt_scaled_mm_rounds_once(m, n, k, per_row, bias_dtype, out_dtype)
 
 
 @pytest.mark.gpu
+@pytest.mark.parametrize("m, n, k", [(65, 1004, 1040), (40, 1, 64), (33, 13, 128)])
+def test_cublaslt_scaled_mm_odd_widths_stale_output_memory(m, n, k):
+    """Output rows not on 16-byte boundaries (N not a multiple of 8, N = 1: nv.linear takes any N),
+    with the bias epilogue, into memory that held NaN (beta is a device zero, so cuBLAS must not
+    read the output it is given): alpha * (x @ w^T) + bias, rounded once."""
+    from nvfp4_inductor.kernels.cublaslt import scaled_mm
+
+    gen = torch.Generator(device="cuda").manual_seed(m + n + k)
+    x = torch.randn(m, k, generator=gen, device="cuda", dtype=torch.bfloat16)
+    w = torch.randn(n, k, generator=gen, device="cuda", dtype=torch.bfloat16)
+    alpha = torch.rand((), generator=gen, device="cuda") + 0.5
+    bias = torch.randn(n, generator=gen, device="cuda").to(torch.bfloat16)
+    want = torch.mm(x, w.T, out_dtype=torch.float32) * alpha + bias.float()
+    for out_dtype in (torch.bfloat16, torch.float32):
+        stale = torch.full((m, n), float("nan"), device="cuda", dtype=out_dtype)
+        del stale  # its block goes back to the caching allocator, for the output to take
+        got = scaled_mm(x, w, alpha, bias, out_dtype)
+        assert not got.isnan().any()
+        assert _rel(got, want) <= (1e-5 if out_dtype == torch.float32 else 2e-3)
+
+
+@pytest.mark.gpu
+def test_cublaslt_first_call_inside_a_cuda_graph_capture(monkeypatch):
+    """No call before the capture: the handle and the plan are made while capturing."""
+    from nvfp4_inductor.kernels import cublaslt
+
+    monkeypatch.setattr(cublaslt, "_handles", {})
+    monkeypatch.setattr(cublaslt, "_plans", type(cublaslt._plans)())
+    gen = torch.Generator(device="cuda").manual_seed(7)
+    x = torch.randn(96, 256, generator=gen, device="cuda", dtype=torch.bfloat16)
+    w = torch.randn(80, 256, generator=gen, device="cuda", dtype=torch.bfloat16)
+    alpha = torch.rand((), generator=gen, device="cuda") + 0.5
+    bias = torch.randn(80, generator=gen, device="cuda").to(torch.bfloat16)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        out = cublaslt.scaled_mm(x, w, alpha, bias, torch.bfloat16)
+    x.copy_(torch.randn(96, 256, generator=gen, device="cuda", dtype=torch.bfloat16))
+    graph.replay()
+    torch.cuda.synchronize()
+    want = torch.mm(x, w.T, out_dtype=torch.float32) * alpha + bias.float()
+    assert _rel(out, want) <= 2e-3
+
+
+@pytest.mark.gpu
+def test_linear_of_one_output_feature_at_large_m():
+    """N = 1 above the skinny kernels' M (dequantize + cuBLASLt; torch avoids cuBLASLt there)."""
+    gen = torch.Generator().manual_seed(11)
+    w = torch.randn(1, 128, generator=gen).to(torch.bfloat16)
+    x = torch.randn(300, 128, generator=gen).to(torch.bfloat16)
+    bias = torch.randn(1, generator=gen).to(torch.bfloat16)
+    want = nv.linear(x, nv.quantize(w), bias)  # the CPU reference
+    got = nv.linear(x.cuda(), nv.quantize(w.cuda()), bias.cuda())
+    assert _rel(got.cpu(), want) <= 1e-3
+
+
+@pytest.mark.gpu
 def test_cublaslt_scaled_mm_layouts_and_bad_arguments():
     from nvfp4_inductor.kernels.cublaslt import scaled_mm
 
