@@ -380,12 +380,14 @@ def table(mutations, runs, baseline: Run, wall_s: float, flags: bool = True) -> 
     if baseline_failed:
         lines.append(f"# baseline failures (a mutant caught only by these is inconclusive): {sorted(baseline_failed)}")
     lines.append(f"{'mutation':22} {'file':15} {'expect':10} {'outcome':11} {'s':>5}  detail")
+    outcomes = {}
     for m in mutations:
         run = runs[m.name]
         outcome = run.outcome
         first = {t.split("::")[-1] for t in run.failed}
         if outcome == "caught" and first and first <= baseline_failed:
             outcome = "inconclusive"
+        outcomes[m.name] = outcome
         flag = "" if (outcome == "caught") == (m.expect == "caught") else "  <-- unexpected"
         if outcome in ("timeout", "error", "skipped", "ran nothing", "inconclusive"):
             flag = "  <-- no verdict"
@@ -393,7 +395,7 @@ def table(mutations, runs, baseline: Run, wall_s: float, flags: bool = True) -> 
         cpu = f" [CPU suite catches: {m.cpu_caught}]" if m.cpu_caught else ""
         lines.append(f"{m.name:22} {Path(m.path).name:15} {m.expect:10} {outcome:11} {run.seconds:5.0f}  "
                      f"{run.detail}{cpu}{flag}")
-    caught = sum(runs[m.name].outcome == "caught" for m in mutations if m.expect == "caught")
+    caught = sum(outcomes[m.name] == "caught" for m in mutations if m.expect == "caught")
     real = sum(m.expect == "caught" for m in mutations)
     lines.append(f"# {caught} of {real} expected-caught mutants caught; wall {wall_s:.0f} s")
     return "\n".join(lines)
