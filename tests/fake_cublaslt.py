@@ -26,7 +26,7 @@ _ENTRY_POINTS = (
 
 def _read(ptr: int, dtype, rows: int, cols: int, ld: int) -> torch.Tensor:
     """The column-major (rows, cols) matrix at ptr, column j at ptr + j * ld elements."""
-    size = torch.empty((), dtype=dtype).element_size()
+    size = dtype.itemsize
     raw = bytearray((ctypes.c_char * (((cols - 1) * ld + rows) * size)).from_address(ptr))
     return torch.frombuffer(raw, dtype=dtype).as_strided((rows, cols), (1, ld))
 
