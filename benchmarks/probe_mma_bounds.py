@@ -12,6 +12,9 @@ function at its first compile.
     python benchmarks/probe_mma_bounds.py nodecode   # bound: _decode_pairs returns the code word
     python benchmarks/probe_mma_bounds.py noscale    # bound: _scales returns the scale bytes
     python benchmarks/probe_mma_bounds.py nodecode noscale
+    python benchmarks/probe_mma_bounds.py nosum      # bound: split 0 runs the epilogue at once, on
+        zeros (no barrier, counter atomic or partial loads); every split still stores its partials
+    python benchmarks/probe_mma_bounds.py nodecode nosum
 
 Eager tiled W4A16 (gemm_splitk), CUDA-graph times over weight copies beyond L2; base and paired
 are checked against float64 first."""
@@ -21,7 +24,7 @@ import triton
 import triton.language as tl
 from bench_gemm import time_tiled_w4a16
 
-from nvfp4_inductor.kernels import gemm_mma
+from nvfp4_inductor.kernels import gemm_mma, gemm_splitk
 
 VARIANT = sys.argv[1:] or ["base"]
 CHECKED = VARIANT in (["base"], ["paired"])
@@ -54,6 +57,17 @@ def _no_scales(s_pair):
     return s_pair, s_pair
 
 
+@triton.jit
+def _first_split(counter_ptr, num_splits):
+    return tl.program_id(1) == 0
+
+
+@triton.jit
+def _no_sum(partial_ptr, num_splits, M, N, cols_n, BLOCK_N: tl.constexpr, ROWS: tl.constexpr,
+            SPLITS: tl.constexpr):
+    return tl.zeros((BLOCK_N, ROWS), tl.float32)
+
+
 if "paired" in VARIANT or "mmaorder" in VARIANT:
     gemm_mma._x_pairs = _x_words
 if "mmaorder" in VARIANT:  # gemm_mma._decode_pairs with this asm (the same operands and outputs)
@@ -62,6 +76,9 @@ if "nodecode" in VARIANT:
     gemm_mma._decode_pairs = _no_decode
 if "noscale" in VARIANT:
     gemm_mma._scales = _no_scales
+if "nosum" in VARIANT:
+    gemm_splitk.last_split = _first_split
+    gemm_splitk.sum_splits = _no_sum
 
 
 def x_as_read(x):
