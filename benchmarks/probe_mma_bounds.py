@@ -20,6 +20,9 @@ function at its first compile.
     python benchmarks/probe_mma_bounds.py red        # each split adds its partials into one zeroed fp32
         (M, N) tile with relaxed fp32 atomics (sum order not fixed); the last split reads the tile
         once, zeroes it and runs the epilogue: correct, checked
+    python benchmarks/probe_mma_bounds.py onewarp16  # programs of one warp on half a 64-row tile (32
+        weight rows), about 16 an SM (as many warps as the shipped 8 programs of 2 at M = 16): twice
+        the output tiles, half the splits; the warp's work per K-tile unchanged: correct, checked
 
 Eager tiled W4A16 (gemm_splitk), CUDA-graph times over weight copies beyond L2; base and paired
 are checked against float64 first."""
@@ -28,12 +31,13 @@ import sys
 import torch
 import triton
 import triton.language as tl
+import bench_gemm
 from bench_gemm import time_tiled_w4a16
 
-from nvfp4_inductor.kernels import gemm_mma, gemm_splitk
+from nvfp4_inductor.kernels import gemm_configs, gemm_mma, gemm_splitk
 
 VARIANT = sys.argv[1:] or ["base"]
-CHECKED = VARIANT in (["base"], ["paired"], ["red"])
+CHECKED = VARIANT in (["base"], ["paired"], ["red"]) or VARIANT[0].startswith("onewarp")
 
 _MMA_ORDER_ASM: tl.constexpr = tl.constexpr("""
 {
@@ -115,6 +119,89 @@ def _red_kernel(
                               HAS_BIAS, UNSCALE)
 
 
+@triton.jit
+def _sums_half_tile(c, NB: tl.constexpr):
+    """gemm_mma.sums_tile for one warp: (32, 8 * max(NB, 2)) fp32 of its 32 weight rows."""
+    zero = tl.zeros_like(c[0])
+    if NB == 1:
+        c = c + (zero, zero, zero, zero, zero, zero, zero, zero)
+    acc = tl.join(gemm_mma._join8(c[0:8]), gemm_mma._join8(c[8:16]))
+    acc = tl.reshape(acc, (8, 4, 2, 2, 2, 2))  # (g, q, b, r, blk, h)
+    return tl.reshape(tl.permute(acc, (4, 3, 0, 5, 1, 2)), (32, 16))
+
+
+@triton.jit
+def _mma_mainloop_half_tile(x_ptr, w_ptr, w_scale_ptr, M, K, stride_xm, pid_n, tile_begin, tile_end,
+                            NB: tl.constexpr, EVEN_K: tl.constexpr, PDL: tl.constexpr = 0, N=0,
+                            scale_cols=0, LAYOUT: tl.constexpr = 0):
+    """gemm_mma.mma_mainloop (tiled weights) run by one warp on half a tile: pid_n counts 32-row
+    halves, tile pid_n // 2, rows 32 * (pid_n % 2) ...; the lanes and their loads are those of the
+    shipped kernel's warp pid_n % 2."""
+    lane = tl.arange(0, 32)
+    g = lane // 4
+    q = lane % 4
+    half = pid_n % 2
+    row = half * 32 + g
+    tiles_k = tl.cdiv(K, 64)
+    xw_ptr = x_ptr.to(tl.pointer_type(tl.uint32))
+    kq = gemm_mma.lane_k(q, 0)
+    wp = w_ptr.to(tl.pointer_type(tl.uint32)) + row * 8 + 2 * q
+    sp = w_scale_ptr.to(tl.pointer_type(tl.uint32)) + half * 32 + lane
+    x_rows = gemm_mma.lane_x_rows(g, kq, M, stride_xm, NB)
+    zero = tl.zeros([32], tl.float32)
+    c = (zero, zero, zero, zero, zero, zero, zero, zero) * NB
+    sw = (zero.to(tl.uint32),) * 12
+    first = (pid_n // 2) * tiles_k
+    if PDL == 1:
+        tl.extra.cuda.gdc_wait()
+    _, xw, k = gemm_mma._tile_offsets(tile_begin, 0)
+    w, sw = gemm_mma._load_w(wp, sp, sw, first, tile_begin, k + kq < K, 0, EVEN_K)
+    xs = gemm_mma._load_xs(xw_ptr, x_rows, xw, k + kq < K, NB, EVEN_K)
+    if NB == 1:
+        for t in tl.range(tile_begin, tile_end, loop_unroll_factor=2):
+            w, xs, sw, c = gemm_mma._step(w, xs, sw, c, wp, sp, xw_ptr, first, t, tile_end, x_rows, kq, K,
+                                          0, NB, EVEN_K)
+    else:
+        for t in range(tile_begin, tile_end):
+            w, xs, sw, c = gemm_mma._step(w, xs, sw, c, wp, sp, xw_ptr, first, t, tile_end, x_rows, kq, K,
+                                          0, NB, EVEN_K)
+    return _sums_half_tile(c, NB)
+
+
+def _one_warp_launch(per_sm):
+    """A gemm_splitk stand-in for tiled W4A16 (bias-free) that launches _splitk_kernel on one-warp
+    programs of 32 rows (_mma_mainloop_half_tile), about per_sm of them an SM, the shipped minimum
+    K-steps a split."""
+    def launch(x, w_data, w_scale, w_g, bias, out_dtype, swizzled, tiled_n=None):
+        assert bias is None and not swizzled and tiled_n is not None
+        m, k = x.shape
+        n = tiled_n
+        nb = gemm_configs.reg_mma_blocks(m)
+        assert m <= 16 and n % 64 == 0
+        out = torch.empty((m, n), dtype=out_dtype, device=x.device)
+        num_sms = gemm_configs.sm_count(x.device)
+        tiles_n = n // 32
+        steps = -(-k // 64)
+        splits = max(1, min(steps // gemm_configs.REG_MMA_MIN_STEPS[m > 8], -(-per_sm * num_sms // tiles_n)))
+        splits, tiles_per_split = gemm_configs.split_ranges(k, 64, splits)
+        if splits > 1:
+            partial = torch.empty((splits, m, n), dtype=torch.float32, device=x.device)
+            counters = gemm_splitk.split_counters(x.device, tiles_n)
+        else:
+            partial = counters = out
+        sum_rows, sum_splits = gemm_configs.split_sum_tile(m, splits, 32, 1)
+        gemm_splitk._splitk_kernel[(tiles_n, splits)](
+            x, x, w_data, w_scale, w_g, w_g, out, partial, counters, m, n, k, k // 16, tiles_per_split,
+            x.stride(0), out.stride(0),
+            SWIZZLED=False, W_G_PER_ROW=w_g.dim() > 0, HAS_BIAS=False, SPLIT=splits > 1, USE_ASM=True,
+            OPERAND=tl.bfloat16, EVEN=k % 64 == 0, TILED=True, DOT_SCALED=False, REG_MMA=nb,
+            UNSCALE=2.0**7, GROUPED=False, BLOCK_M=8 * max(2, nb), BLOCK_N=32, BLOCK_K=64,
+            SUM_ROWS=sum_rows, SUM_SPLITS=sum_splits, PDL=True, launch_pdl=True, num_warps=1,
+            num_stages=1)
+        return out
+    return launch
+
+
 class _ZeroedPartials:
     """gemm_splitk's `torch`, its fp32 partials (splits, M, N) one zeroed buffer per shape, made at
     the first call (before any capture): the red kernel leaves it zeroed."""
@@ -145,6 +232,9 @@ if "signal" in VARIANT:
 if "red" in VARIANT:
     gemm_splitk._splitk_kernel = _red_kernel
     gemm_splitk.torch = _ZeroedPartials()
+if VARIANT[0].startswith("onewarp"):
+    gemm_splitk.mma_mainloop = _mma_mainloop_half_tile
+    bench_gemm.gemm_splitk = _one_warp_launch(int(VARIANT[0][len("onewarp"):]))
 if "nosum" in VARIANT:
     gemm_splitk.last_split = _first_split
     gemm_splitk.sum_splits = _no_sum
