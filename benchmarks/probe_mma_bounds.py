@@ -24,8 +24,8 @@ function at its first compile.
         weight rows), about 16 an SM (as many warps as the shipped 8 programs of 2 at M = 16): twice
         the output tiles, half the splits; the warp's work per K-tile unchanged: correct, checked
 
-Eager tiled W4A16 (gemm_splitk), CUDA-graph times over weight copies beyond L2; base and paired
-are checked against float64 first."""
+Eager tiled W4A16 (gemm_splitk), CUDA-graph times over weight copies beyond L2; base, paired, red
+and onewarpP are checked against float64 first."""
 import sys
 
 import torch
@@ -81,6 +81,7 @@ def _no_sum(partial_ptr, num_splits, M, N, cols_n, BLOCK_N: tl.constexpr, ROWS: 
 @triton.jit
 def _no_sum_loads(partial_ptr, num_splits, M, N, cols_n, BLOCK_N: tl.constexpr, ROWS: tl.constexpr,
                   SPLITS: tl.constexpr):
+    """signal: a value in place of the sum (num_splits everywhere), no partial loaded."""
     return tl.zeros((BLOCK_N, ROWS), tl.float32) + num_splits
 
 
