@@ -180,10 +180,10 @@ def _one_warp_launch(per_sm):
         nb = gemm_configs.reg_mma_blocks(m)
         assert m <= 16 and n % 64 == 0
         out = torch.empty((m, n), dtype=out_dtype, device=x.device)
-        num_sms = gemm_configs.sm_count(x.device)
         tiles_n = n // 32
-        steps = -(-k // 64)
-        splits = max(1, min(steps // gemm_configs.REG_MMA_MIN_STEPS[m > 8], -(-per_sm * num_sms // tiles_n)))
+        _, _, _, splits, _, _ = gemm_configs._skinny_config(  # the shipped rule, on 32-row tiles
+            m, n, k, gemm_configs.sm_count(x.device), 32, 64, per_sm, 1, 1,
+            gemm_configs.REG_MMA_MIN_STEPS[m > 8])
         splits, tiles_per_split = gemm_configs.split_ranges(k, 64, splits)
         if splits > 1:
             partial = torch.empty((splits, m, n), dtype=torch.float32, device=x.device)
