@@ -28,6 +28,7 @@ measured here.
 """
 
 import argparse
+import collections
 import copy
 import statistics
 import sys
@@ -38,7 +39,6 @@ import torch
 import torch.nn.functional as F
 import triton
 from bench_quantize import copy_bandwidth_gbs
-from probe_template import kernel_times
 from torch.profiler import ProfilerActivity, profile
 from torch import nn
 
@@ -52,6 +52,22 @@ VARIANTS = {"bf16": None, "nvfp4 W4A16": nv.Config(activations="bf16"),
             "nvfp4 W4A4": nv.Config(activations="nvfp4")}
 TARGETS = {1: 2.5, 16: 2.5, 4096: 0.9}  # x bf16 (issue #5): >= 2.5x at M <= 16, >= 0.9x at 4096
 NVFP4_BYTES_PER_WEIGHT = 0.5 + 1 / 16
+
+
+def kernel_times(fn, calls=50):
+    """-> {kernel name: average us per call} over `calls` calls of fn (after 5 warm-up calls)."""
+    for _ in range(5):
+        fn()
+    torch.cuda.synchronize()
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        for _ in range(calls):
+            fn()
+        torch.cuda.synchronize()
+    times = collections.defaultdict(float)
+    for event in prof.events():
+        if event.device_type == torch.autograd.DeviceType.CUDA:
+            times[event.name[:60]] += event.device_time / calls  # us
+    return dict(times)
 
 
 class Block(nn.Module):

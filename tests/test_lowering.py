@@ -488,11 +488,11 @@ def test_unsplit_template_applies_the_rms_norm(template_inductor, monkeypatch):
         return [c._replace(split=1, tiles_per_split=-(-k // c.block_k)) for c in configs(m, n, k, *args)]
 
     monkeypatch.setattr(gemm_configs, "template_configs", unsplit)
-    monkeypatch.setattr(torch._inductor.config, "fx_graph_cache", False)  # (keyed without the patch)
     torch.manual_seed(4)
     model = NormLinear("after_cast", 256, 192).to(device=template_inductor, dtype=torch.bfloat16).eval()
     x = torch.randn(5, 256, device=template_inductor, dtype=torch.bfloat16) * 3
-    y, code = run_and_get_code(nv.compile(model, nv.Config(activations="bf16")), x)
+    with torch._inductor.config.patch(fx_graph_cache=False):  # (keyed without the patch)
+        y, code = run_and_get_code(nv.compile(model, nv.Config(activations="bf16")), x)
     source = "\n".join(code)
     assert "workspace_" not in source and len(_launches(source)) == 2, _launches(source)
     with torch.no_grad():
@@ -508,7 +508,6 @@ def test_a_deferred_norm_the_template_cannot_read_whole_runs_the_eager_op(templa
     from torch._inductor import lowering as inductor_lowering
 
     linear_lowering.register()
-    monkeypatch.setattr(torch._inductor.config, "fx_graph_cache", False)
     lowered = []
     op = torch.ops.nvfp4.linear_tiled.default
     lower = inductor_lowering.lowerings[op]
@@ -522,7 +521,8 @@ def test_a_deferred_norm_the_template_cannot_read_whole_runs_the_eager_op(templa
         return _linear_eager(linear, x, "bf16", (h, 1e-6))
 
     assert not gemm_configs.rms_in_template(16, 512)
-    y, code = run_and_get_code(torch.compile(run, fullgraph=True), x, h)
+    with torch._inductor.config.patch(fx_graph_cache=False):
+        y, code = run_and_get_code(torch.compile(run, fullgraph=True), x, h)
     calls = [line for line in "\n".join(code).splitlines()
              if "torch.ops.nvfp4.linear_tiled.default(" in line and not line.strip().startswith("#")]
     assert lowered and len(calls) == 1 and "1e-06)" in calls[0], (lowered, calls)
