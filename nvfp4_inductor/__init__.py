@@ -5,7 +5,8 @@ Importing the package defines the `nvfp4::` ops (torch.library) and the public A
 """
 
 from . import ops  # noqa: F401  (defines the nvfp4:: ops)
-from .convert import Config, ConversionReport, NVFP4Linear, convert
+from .config import Config
+from .convert import ConversionReport, NVFP4Linear, convert
 from .api import (
     NVFP4,
     dequantize,
@@ -16,7 +17,7 @@ from .api import (
     unswizzle_scales,
 )
 
-from .backend import compile  # noqa: A004  (nvfp4_inductor.compile, like torch.compile)
+from .inductor.backend import compile  # noqa: A004  (nvfp4_inductor.compile, like torch.compile)
 from .calibrate import collect_hessians, collect_input_scales
 
 __all__ = [

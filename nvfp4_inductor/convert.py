@@ -6,99 +6,15 @@ The weight is stored under the ModelOpt checkpoint names: `weight` uint8 (N, K/2
 """
 
 from dataclasses import dataclass, field
-from typing import Callable
 
 import torch
 from torch import nn
 
 from . import _checks, api
 from .format import BLOCK_SIZE
-from .kernels import gemm_configs  # the path tables: no Triton import
+from .config import Config, check_activations, layer_skip_reason, resolve_activation
 
-__all__ = ["Config", "NVFP4Linear", "ConversionReport", "convert"]
-
-ACTIVATION_MODES = ("auto", "nvfp4", "bf16")
-# Names of output heads, skipped by default: their error reaches the logits directly.
-OUTPUT_HEAD_NAMES = ("lm_head", "output", "head", "classifier")
-
-
-@dataclass(frozen=True)
-class Config:
-    """User options for NVFP4 conversion.
-
-    activations: "bf16" (W4A16), "nvfp4" (W4A4), or "auto": W4A4 where the GPU multiplies NVFP4
-        natively (sm_100 and newer), else W4A16.
-    include: called with (qualified name, module); a layer is converted only where it returns
-        True. None converts every eligible layer.
-    skip_output_head: leave layers whose last name component is one of OUTPUT_HEAD_NAMES in bf16.
-    Under backend="nvfp4", include receives the weight's module path where Dynamo records it
-    (else the graph's parameter name) and module None.
-    min_weight_numel: leave smaller layers (out * in below this) in bf16.
-    weight_method: how block scales are chosen: "rtn" (round to nearest), "mse" (smallest squared
-        error per block) or "hessian" (smallest (w - w_hat)^T H (w - w_hat) per block).
-    hessians: for "hessian", {layer name: (in_features/16, 16, 16) fp32}, e.g. from
-        nvfp4_inductor.collect_hessians; every converted layer needs one. Not supported under
-        backend="nvfp4" (convert() first, then compile).
-    input_scales: {layer name: fp32 () global scale of its input}, e.g. from
-        nvfp4_inductor.collect_input_scales: W4A4 layers (activations "nvfp4", or "auto" where it
-        means W4A4) then quantize their input with this static (calibrated) scale instead of one
-        computed from each input; every converted layer needs one. Not supported under
-        backend="nvfp4" (convert() first, then compile).
-    merge_linears: under backend="nvfp4", linears that read the same input (q / k / v, gate /
-        up) become one GEMM at decode sizes (at most 64 rows), each weight keeping its own global
-        scale (nvfp4_inductor/rewrite.py).
-    fuse_norms: under backend="nvfp4", an RMSNorm whose output only feeds NVFP4 linears at decode
-        sizes leaves its own kernel: W4A4 quantizes in the norm's kernel (at most 2 rows), W4A16
-        GEMMs apply the norm themselves (h of up to 4096 elements with rows and K each rounded up
-        to a power of two: one row of 4096, 16 rows of 256; rounded otherwise than the norm, no
-        less accurately: nvfp4_inductor/norm_fusion.py). False keeps Inductor's norm kernels.
-    """
-
-    activations: str = "auto"
-    include: Callable[[str, nn.Module], bool] | None = None
-    skip_output_head: bool = True
-    min_weight_numel: int = 0
-    weight_method: str = "rtn"
-    hessians: dict | None = field(default=None, compare=False)  # tensors: not hashed / compared
-    input_scales: dict | None = field(default=None, compare=False)
-    merge_linears: bool = True
-    fuse_norms: bool = True
-
-    def __post_init__(self):
-        _check_activations(self.activations)
-        if self.include is not None and not callable(self.include):
-            raise TypeError(f"include must be callable (name, module) -> bool or None; got {self.include!r}")
-        _checks.check_bool("skip_output_head", self.skip_output_head)
-        if (not isinstance(self.min_weight_numel, int) or isinstance(self.min_weight_numel, bool)
-                or self.min_weight_numel < 0):
-            raise ValueError(f"min_weight_numel must be an int >= 0; got {self.min_weight_numel!r}")
-        if self.hessians is not None and not isinstance(self.hessians, dict):
-            raise TypeError(f"hessians must be a dict {{layer name: tensor}} or None; got "
-                            f"{type(self.hessians).__name__}")
-        _checks.check_weight_method(self.weight_method, self.hessians)
-        if self.input_scales is not None:
-            if not isinstance(self.input_scales, dict):
-                raise TypeError(f"input_scales must be a dict {{layer name: tensor}} or None; got "
-                                f"{type(self.input_scales).__name__}")
-            if self.activations == "bf16":
-                raise ValueError('input_scales quantize activations: they need activations="nvfp4" '
-                                 '(or "auto", W4A4 where the GPU multiplies NVFP4); got "bf16"')
-        _checks.check_bool("merge_linears", self.merge_linears)
-        _checks.check_bool("fuse_norms", self.fuse_norms)
-
-
-def _check_activations(mode) -> None:
-    if mode not in ACTIVATION_MODES:
-        raise ValueError(f"activations must be one of {ACTIVATION_MODES}; got {mode!r}")
-
-
-def _resolve_activation(mode: str, x: torch.Tensor) -> str:
-    if mode != "auto":
-        return mode
-    if gemm_configs.block_scaled_mma(x.device):
-        return "nvfp4"
-    return "bf16"
-
+__all__ = ["NVFP4Linear", "ConversionReport", "convert"]
 
 def _checked_global_scale(name: str, scale) -> torch.Tensor:
     """A global scale (a loaded weight_scale_2, whose shape load_state_dict checks against the
@@ -146,7 +62,7 @@ class NVFP4Linear(nn.Module):
         if len(weight.shape) != 2:
             raise ValueError(f"weight must be a 2-D (out_features, in_features) NVFP4; got shape "
                              f"{tuple(weight.shape)}")
-        _check_activations(activations)
+        check_activations(activations)
         out_features, in_features = weight.shape
         self.in_features, self.out_features = in_features, out_features
         self.activations = activations
@@ -222,7 +138,7 @@ class NVFP4Linear(nn.Module):
         method, see nvfp4_inductor.quantize)."""
         if not isinstance(linear, nn.Linear):
             raise TypeError(f"linear must be a torch.nn.Linear; got {type(linear).__name__}")
-        _check_activations(activations)
+        check_activations(activations)
         weight = api.quantize(linear.weight.detach(), method=method, hessian=hessian)
         return cls(weight, linear.bias, activations)
 
@@ -231,7 +147,7 @@ class NVFP4Linear(nn.Module):
                          torch.Size((self.out_features, self.in_features)), self.swizzled)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        activation = _resolve_activation(self.activations, x)
+        activation = resolve_activation(self.activations, x)
         x_global_scale = self.input_scale if activation == "nvfp4" else None  # W4A16 has no use for it
         return api.linear(x, self.nvfp4_weight(), self.bias, activation=activation,
                           x_global_scale=x_global_scale)
@@ -255,33 +171,6 @@ class ConversionReport:
         lines = [f"NVFP4: converted {self.layers} linear layers{names}, skipped {len(self.skipped)}"]
         lines += [f"  skipped {name}: {reason}" for name, reason in self.skipped.items()]
         return "\n".join(lines)
-
-
-def _is_output_head(name: str) -> bool:
-    """A module path ("model.lm_head") whose last component is one of OUTPUT_HEAD_NAMES. A flat
-    Dynamo parameter name ("L__self___lm_head_weight", where the backend finds no module path)
-    has no component boundaries: there the name ending in "_" + head counts."""
-    if "." in name or not name.startswith("L_"):
-        return name.rpartition(".")[2] in OUTPUT_HEAD_NAMES
-    stem = name.removesuffix("_weight")
-    return any(stem.endswith("_" + head) for head in OUTPUT_HEAD_NAMES)
-
-
-def layer_skip_reason(config: Config, name: str, shape, module: nn.Module | None = None) -> str | None:
-    """Why Config leaves the linear `name` with an (out, in) weight in bf16, or None to convert.
-    Used by convert() and by backend="nvfp4" (which knows no module: module None there)."""
-    out_features, in_features = shape
-    if not out_features or not in_features:
-        return f"shape ({out_features}, {in_features}) has no weights"
-    if in_features % BLOCK_SIZE or out_features % BLOCK_SIZE:
-        return f"shape ({out_features}, {in_features}) is not a multiple of {BLOCK_SIZE}"
-    if config.skip_output_head and _is_output_head(name):
-        return "output head (Config.skip_output_head)"
-    if out_features * in_features < config.min_weight_numel:
-        return f"{out_features * in_features} weights < Config.min_weight_numel"
-    if config.include is not None and not config.include(name, module):
-        return "excluded by Config.include"
-    return None
 
 
 # Modules whose forward reads a child Linear's .weight itself (nn.TransformerEncoderLayer's fast

@@ -14,7 +14,7 @@ from torch._dynamo.utils import counters
 from torch._inductor.utils import run_and_get_code
 
 import nvfp4_inductor as nv
-from nvfp4_inductor.backend import nvfp4_backend
+from nvfp4_inductor.inductor.backend import nvfp4_backend
 
 
 class Block(nn.Module):
@@ -415,7 +415,7 @@ def test_fx_graph_cache_is_not_bypassed():
 def test_fx_graph_cache_keys_on_the_template_source():
     """The Inductor template's text makes the generated code: the pass's uuid hashes it with the
     package's Python files (a changed template must not be served from an older cache entry)."""
-    from nvfp4_inductor import rewrite
+    from nvfp4_inductor.inductor import rewrite
 
     assert any(path.endswith("nvfp4_tiled_gemm.py.jinja") for path in rewrite._PACKAGE_FILES)
 
@@ -427,7 +427,7 @@ def test_fx_graph_cache_keys_on_the_gemm_configuration(monkeypatch):
     from torch._dynamo.utils import counters
 
     from nvfp4_inductor.kernels import gemm_configs
-    from nvfp4_inductor.rewrite import LinearToNVFP4
+    from nvfp4_inductor.inductor.rewrite import LinearToNVFP4
 
     key = LinearToNVFP4("bf16", []).uuid()
     monkeypatch.setattr(gemm_configs, "TEMPLATE_MAX_M", gemm_configs.TEMPLATE_MAX_M + 1)
@@ -455,7 +455,7 @@ def test_inductor_options_the_backend_sets(monkeypatch, device, options, pdl):
     CPU graphs whatever the option says). Fake CUDA inputs: no GPU needed to see the patches."""
     from torch._subclasses.fake_tensor import FakeTensorMode
 
-    from nvfp4_inductor import _compat
+    from nvfp4_inductor.inductor import _compat
 
     seen = {}
     monkeypatch.setattr(_compat, "compile_fx",
@@ -475,7 +475,7 @@ def test_pdl_for_a_cuda_graph_without_tensor_inputs(monkeypatch):
     that keeps its token and position in buffers)."""
     from torch._subclasses.fake_tensor import FakeTensorMode
 
-    from nvfp4_inductor import _compat
+    from nvfp4_inductor.inductor import _compat
 
     seen = {}
     monkeypatch.setattr(_compat, "compile_fx",
@@ -509,7 +509,7 @@ def test_rebuilt_graph_keeps_dynamo_metadata():
     marked none of its inputs static, and CUDA graphs were skipped for the mutated buffers (the
     GPU test below, on torch 2.11). torch 2.13 reads the metadata before those passes, so here
     the shim is checked on its own: the rebuilt module gets the metadata back."""
-    from nvfp4_inductor import _compat
+    from nvfp4_inductor.inductor import _compat
 
     gm = torch.fx.symbolic_trace(nn.ReLU())
     gm.meta["dynamo_compile_id"] = "0/0"
@@ -544,7 +544,7 @@ def test_compat_shims_take_the_other_torch_versions_branch(monkeypatch):
     callback API it expects, and a TritonTemplate.generate without triton_meta (before PR 174292)."""
     from torch._inductor.select_algorithm import TritonTemplate
 
-    from nvfp4_inductor import _compat
+    from nvfp4_inductor.inductor import _compat
 
     node, choice = object(), object()
     assert _compat.selected_node(node) is node and _compat.selected_node((node, choice)) is node
@@ -616,7 +616,7 @@ def test_backend_on_cuda(mode):
 def test_prepare_freezing_only_while_dynamo_compiles(monkeypatch, callbacks):
     """nv.compile turns prepare_freezing on for Dynamo's traces only (its compile callbacks, or a
     per-call config patch where torch lacks them), also for traces after torch._dynamo.reset()."""
-    from nvfp4_inductor import _compat
+    from nvfp4_inductor.inductor import _compat
 
     if not callbacks:
         monkeypatch.setattr(_compat, "compile_callback_handler", lambda: None)

@@ -468,7 +468,7 @@ def test_skinny_gemm_waits_for_a_pdl_producer(m, tiled, activation, late):
     producer releases it at once and writes x (or the weight codes) ~0.5 ms later; a GEMM that read
     early would see zeros. Register-fed (M = 1 / 16 / 20) and tl.dot (M = 33, tiled) mainloops; W4A4
     quantizes x in a kernel of its own first (on PDL too)."""
-    assert gemm_splitk.LAUNCH_PDL and gemm_configs.sm90_or_later(torch.device("cuda"))
+    assert gemm_splitk.LAUNCH_PDL and capability.sm90_or_later(torch.device("cuda"))
     gen = torch.Generator().manual_seed(m + tiled)
     x = torch.randn(m, 1024, generator=gen, dtype=torch.bfloat16).cuda()
     w = nv.quantize(torch.randn(4096, 1024, generator=gen).cuda())

@@ -461,7 +461,7 @@ def test_quantize_waits_for_a_pdl_producer(shape, mode):
     kernel before it runs, so it must wait before reading x. The producer here releases it at once
     and writes x only after ~0.5 ms; a kernel that read x early would see its old zeros. (At
     512 x 4096 a dynamic scale runs the partial-amax kernel first, on PDL too.)"""
-    assert quantize_kernels.LAUNCH_PDL and gemm_configs.sm90_or_later(torch.device("cuda"))
+    assert quantize_kernels.LAUNCH_PDL and capability.sm90_or_later(torch.device("cuda"))
     src = torch.randn(shape, device="cuda", dtype=torch.bfloat16)
     x = torch.zeros_like(src)
     g = torch.tensor(0.01, device="cuda")

@@ -16,9 +16,9 @@ from torch import nn
 from torch._inductor.utils import run_and_get_code
 
 import nvfp4_inductor as nv
-from nvfp4_inductor import norm_fusion
+from nvfp4_inductor.inductor import norm_fusion
 from nvfp4_inductor.kernels import gemm_configs
-from nvfp4_inductor.lowerings import linear as linear_lowering
+from nvfp4_inductor.inductor import lowering as linear_lowering
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "examples"))
 import decode  # noqa: E402  (its RMSNorm)
@@ -570,7 +570,7 @@ def _deferred_norms(monkeypatch, model, config, *inputs) -> tuple[int, torch.Ten
     """Compiles and runs model; -> (how many norms the rewrite deferred, its output). The pass
     decides as on a device the template runs on, whatever Inductor emits here (on the CPU the
     linears then run as the eager op: the deferred norm's CPU implementation)."""
-    from nvfp4_inductor import rewrite
+    from nvfp4_inductor.inductor import rewrite
 
     counts, original = [], rewrite.LinearToNVFP4.__call__
 

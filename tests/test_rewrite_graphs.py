@@ -8,7 +8,7 @@ from test_backend import _block  # the same bf16 MLP: up (bias), ReLU, down, lm_
 from torch import fx
 
 import nvfp4_inductor as nv
-from nvfp4_inductor import rewrite
+from nvfp4_inductor.inductor import rewrite
 
 
 def _graph_text(graph: fx.Graph) -> str:

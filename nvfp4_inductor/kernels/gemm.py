@@ -20,6 +20,7 @@ import triton
 import triton.language as tl
 
 from ..format import BLOCK_SIZE
+from .. import capability
 from . import gemm_configs
 from ._common import BLOCK, check_swizzled_offsets, e2m1_decode, e4m3_bits_to_f32, scale_offsets
 
@@ -184,7 +185,7 @@ def linear(x, w_data, w_scale, w_g, bias, w_swizzled: bool, activation: str):
         return _linear_dequant_cublas(x2, w, w_g, bias, activation, x.dtype).reshape(*lead, n)
     if activation == "nvfp4":
         a, a_scale, a_g = quantize(x2, None, False, w_swizzled)
-        mma = (gemm_configs.MMA_DOT_SCALED if gemm_configs.block_scaled_mma(x.device) and w_swizzled
+        mma = (gemm_configs.MMA_DOT_SCALED if capability.block_scaled_mma(x.device) and w_swizzled
                else gemm_configs.MMA_DEQUANT)
         y = gemm(a, a_scale, a_g, w_data, w_scale, w_g, bias, x.dtype, w_swizzled, True, mma)
     else:
@@ -213,7 +214,7 @@ def _linear_splitk(x2, w_data, w_scale, w_g, bias, w_swizzled, activation, out_d
     from .gemm_splitk import gemm_splitk
     from .quantize import quantize
 
-    if activation == "nvfp4" and tiled_n is not None and gemm_configs.block_scaled_mma(x2.device):
+    if activation == "nvfp4" and tiled_n is not None and capability.block_scaled_mma(x2.device):
         a, a_scale, a_g = quantize(x2, None, False, False)
         return gemm_splitk(a, w_data, w_scale, w_g * a_g, bias, out_dtype, w_swizzled,
                            tiled_n=tiled_n, x_scale=a_scale)

@@ -129,40 +129,6 @@ def splitk_config(m: int, n: int, k: int, num_sms: int, tiled: bool = False,
                           max_per_sm)
 
 
-@functools.cache
-def sm90_or_later(device) -> bool:
-    """CUDA sm_90 and up: the kernels' inline PTX (bf16x2 arithmetic, max.s16x2) and programmatic
-    dependent launch. Cached: the eager quantize launcher asks on every call."""
-    import torch
-
-    return device.type == "cuda" and torch.cuda.get_device_capability(device)[0] >= 9
-
-
-def template_device(device) -> bool:
-    """Where the NVFP4 GEMM's Inductor template runs (lowerings/linear.py): CUDA, or the CPU when
-    Inductor emits Triton for it."""
-    from torch._inductor import config as inductor_config
-
-    return device.type == "cuda" or (device.type == "cpu" and inductor_config.cpu_backend == "triton")
-
-
-def block_scaled_mma(device) -> bool:
-    """Whether a device multiplies NVFP4 natively (sm_100 and up: tcgen05 block-scaled MMA)."""
-    import torch
-
-    return device.type == "cuda" and torch.cuda.get_device_capability(device)[0] >= 10
-
-
-def sm_count(device) -> int:
-    """Streaming multiprocessors of a CUDA device; 8 elsewhere (the Triton interpreter or CPU
-    backend: a small grid)."""
-    import torch
-
-    if device.type == "cuda":
-        return torch.cuda.get_device_properties(device).multi_processor_count
-    return 8
-
-
 # The eager launcher splits K into ranges of at least this many K-steps. Measured when a separate
 # reduce kernel (N / 128 programs looping over the splits) summed the partials, many short splits
 # were slow (H200, benchmarks/probe_skinny.py --min-steps, tiled weights, kernel + reduce: N x K =

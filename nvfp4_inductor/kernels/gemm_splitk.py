@@ -46,6 +46,7 @@ import triton.language as tl
 
 from ..format import BLOCK_SIZE
 from ..tiled import TILE_K, TILE_N
+from .. import capability
 from . import gemm_configs
 from . import gemm_mma
 from .gemm_mma import mma_mainloop
@@ -488,7 +489,7 @@ def gemm_splitk(x, w_data, w_scale, w_g, bias, out_dtype, swizzled, config=None,
         use_asm = x.is_cuda
     # sm_100 with both operands NVFP4 and W tiled: tcgen05 block-scaled MMA (dot_scaled_mainloop)
     dot_scaled = x_scale is not None
-    if dot_scaled and not (tiled_n is not None and gemm_configs.block_scaled_mma(x.device)):
+    if dot_scaled and not (tiled_n is not None and capability.block_scaled_mma(x.device)):
         raise ValueError("an NVFP4 x (x_scale) needs tiled weights on sm_100 or newer; elsewhere pass "
                          "x's quantized values (nvfp4.quantize_values)")
     # sm_90+ (inline PTX), M <= 32, x rows 4-byte aligned, W tiled or in rows that start on 8-byte
@@ -512,7 +513,7 @@ def gemm_splitk(x, w_data, w_scale, w_g, bias, out_dtype, swizzled, config=None,
     grouped = bool(reg_mma and tiled_n is None and not swizzled and m <= 8 and k % (4 * BLOCK_SIZE) == 0
                    and w_scale.data_ptr() % 4 == 0)
     if config is None:
-        num_sms = gemm_configs.sm_count(x.device)
+        num_sms = capability.sm_count(x.device)
         min_steps = None if reg_mma else gemm_configs.MIN_STEPS_PER_SPLIT  # (reg_mma: its own rule)
         config = (gemm_configs.dot_scaled_splitk_config(m, n, k, num_sms, min_steps) if dot_scaled
                   else gemm_configs.splitk_config(m, n, k, num_sms, tiled=tiled_n is not None,
@@ -542,7 +543,7 @@ def gemm_splitk(x, w_data, w_scale, w_g, bias, out_dtype, swizzled, config=None,
     else:
         partial = counters = out
     sum_rows, sum_splits = gemm_configs.split_sum_tile(m, splits, block_n, warps)
-    pdl = LAUNCH_PDL and x.is_cuda and gemm_configs.sm90_or_later(x.device)
+    pdl = LAUNCH_PDL and x.is_cuda and capability.sm90_or_later(x.device)
     _splitk_kernel[(tiles_n, splits)](
         x, x_scale if dot_scaled else x, w_data, w_scale, w_g, bias if bias is not None else w_g, out,
         partial, counters,

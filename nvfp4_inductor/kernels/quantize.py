@@ -60,7 +60,7 @@ from ._common import (
     scale_offsets,
     swizzled_scale_offset,
 )
-from .gemm_configs import sm90_or_later
+from .. import capability
 from .gemm_splitk import decode_tile
 
 G_STATIC: tl.constexpr = tl.constexpr(0)
@@ -445,7 +445,7 @@ def quantize(x: torch.Tensor, global_scale: torch.Tensor | None, per_row: bool, 
     num_partials = 1
     write_g = True
     amax_m, amax_k = AMAX_TILE
-    sm90 = sm90_or_later(x.device)
+    sm90 = capability.sm90_or_later(x.device)
     pdl = LAUNCH_PDL and sm90
     if global_scale is not None:  # per row: read as a contiguous list of the rows' scales
         mode, g_in = (G_STATIC_ROW if per_row else G_STATIC), global_scale.contiguous()

@@ -57,7 +57,8 @@ from torch import fx
 from ._fx import CONVERT as _CONVERT
 from ._fx import LINEAR, VIEWS as _VIEWS, call as _call, pairs as _pairs, tensor_val as _tensor_val
 from ._fx import val as _val, view_root
-from .kernels.gemm_configs import block_scaled_mma, rms_in_template, template_device
+from ..capability import block_scaled_mma, template_device
+from ..kernels.gemm_configs import rms_in_template
 
 aten = torch.ops.aten
 # the ops whose x a W4A4 linear quantizes; x is their first argument, the activation the last
@@ -152,7 +153,7 @@ def _linear_uses(y: fx.Node, activation: str = "nvfp4"):
 
 
 def _fits(h_val) -> bool:
-    from .kernels.quantize import _fits_fused_amax  # imports Triton: only when the pass runs
+    from ..kernels.quantize import _fits_fused_amax  # imports Triton: only when the pass runs
 
     shape = h_val.shape
     if not all(isinstance(d, int) for d in shape) or not 0 < shape.numel() <= MAX_ROWS * shape[-1]:

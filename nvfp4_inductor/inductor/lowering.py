@@ -37,6 +37,7 @@ the op stays the eager custom op (also for an empty x).
 """
 
 import math
+from pathlib import Path
 
 import sympy
 import torch
@@ -56,14 +57,20 @@ from torch._inductor.select_algorithm import (
     realize_inputs,
 )
 
-from .. import _compat, tiled
+from .. import capability, tiled
+from . import _compat
 from ..kernels import gemm_configs
-from ..templates import load_template
 
 aten = torch.ops.aten
 OP = torch.ops.nvfp4.linear_tiled.default
 GLU_OP = torch.ops.nvfp4.linear_tiled_silu_mul.default
 _TL_DTYPES = {torch.bfloat16: "tl.bfloat16", torch.float16: "tl.float16", torch.float32: "tl.float32"}
+
+
+def load_template(name: str) -> str:
+    """The Jinja source of templates/<name>.py.jinja (template bodies live in files named after
+    the template)."""
+    return (Path(__file__).parent / "templates" / f"{name}.py.jinja").read_text()
 
 
 @SymbolicGridFn
@@ -125,7 +132,7 @@ def _uses_template(x) -> bool:
     """A device Inductor emits Triton for, static sizes, at least one row."""
     sizes = x.get_size()
     static = all(isinstance(s, int) or getattr(s, "is_number", False) for s in sizes)
-    return gemm_configs.template_device(x.get_device()) and static and all(int(s) > 0 for s in sizes)
+    return capability.template_device(x.get_device()) and static and all(int(s) > 0 for s in sizes)
 
 
 def _unit_k_stride(x):
@@ -153,7 +160,7 @@ def _pdl_mode(device, w_data, w_scale) -> int:
     the weights are frozen (graph constants, which no kernel of the graph writes: the register-fed
     mainloop loads their first tile before the wait); 1 otherwise (the wait comes first)."""
     if not (device.type == "cuda" and _compat.pdl_enabled() and _compat.template_launch_options()
-            and gemm_configs.sm90_or_later(device)):
+            and capability.sm90_or_later(device)):
         return 0
     return 2 if all(node.get_name() in V.graph.constants for node in (w_data, w_scale)) else 1
 
@@ -170,7 +177,7 @@ def lower_linear_tiled(x, w_data, w_scale, w_global_scale, bias, n, activation, 
     def eager_op():
         return fallback_handler(GLU_OP if glu else OP, add_to_fallback_set=False)(*op_args)
 
-    dot_scaled = activation == "nvfp4" and gemm_configs.block_scaled_mma(x.get_device())
+    dot_scaled = activation == "nvfp4" and capability.block_scaled_mma(x.get_device())
     if not _uses_template(x) or (glu and dot_scaled):
         return eager_op()
     *lead, k = (int(s) for s in x.get_size())
@@ -199,7 +206,7 @@ def lower_linear_tiled(x, w_data, w_scale, w_global_scale, bias, n, activation, 
         extern_choice = extern_mm_tiled_f32
     if activation == "nvfp4" and not glu:  # (the GLU template multiplies them itself)
         w_global_scale = lowerings[aten.mul.Tensor](w_global_scale, x_g)  # the eager kernels' order
-    num_sms = gemm_configs.sm_count(device)
+    num_sms = capability.sm_count(device)
     # the register-fed mainloop reads x's rows as 32-bit words: even row stride and offset (a
     # flexible layout is contiguous until the template freezes it; forcing one copied x)
     # and addresses the codes with int32 word offsets

@@ -44,18 +44,19 @@ from pathlib import Path
 import torch
 from torch import fx
 
-from . import _checks, _compat, norm_fusion
+from .. import _checks
+from . import _compat, norm_fusion
 from ._fx import CONVERT as _CONVERT
 from ._fx import LINEAR, VIEWS as _VIEWS, call as _call, pairs as _pairs, tensor_val as _tensor_val, val as _val
 from ._fx import view_root as _view_root
-from .format import BLOCK_SIZE
-from .tiled import GLU_GROUP, TILE_N
+from ..format import BLOCK_SIZE
+from ..tiled import GLU_GROUP, TILE_N
 
 log = logging.getLogger("nvfp4_inductor")
 aten = torch.ops.aten
 # the sources that make the generated code: the package's Python and its Inductor templates
 _PACKAGE_FILES = tuple(sorted(str(p) for pattern in ("*.py", "*.jinja")
-                              for p in Path(__file__).parent.rglob(pattern)))
+                              for p in Path(__file__).parents[1].rglob(pattern)))
 # Linears sharing an input merge up to this many rows of x: the decode range of the skinny GEMM.
 # Above it the prefill path applies a scalar global scale as cuBLASLt's alpha (scaled_mm_tiled),
 # which a merged weight's per-row scales would rule out.
@@ -368,7 +369,7 @@ class LinearToNVFP4(_compat.CustomGraphPass):
         match = _silu_mul_operands(node)
         if match is None:
             return
-        from .kernels import gemm_configs
+        from ..kernels import gemm_configs
 
         # (a 3-D x: each half viewed back from the GEMM's 2-D rows)
         viewed = all(_call(t, *_VIEWS) and len(t.users) == 1 for t in match)
@@ -449,7 +450,7 @@ class LinearToNVFP4(_compat.CustomGraphPass):
     def uuid(self) -> bytes:
         """Keys the FX graph cache: the package sources, the options, and the GEMM configuration
         values as they are now (a tuning knob set at run time changes the generated code)."""
-        from .kernels import gemm_configs
+        from ..kernels import gemm_configs
 
         tables = sorted((name, repr(value)) for name, value in vars(gemm_configs).items()
                         if name.isupper())

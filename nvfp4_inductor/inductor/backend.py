@@ -16,7 +16,7 @@ import torch
 from torch import nn
 
 from . import _compat
-from .convert import Config, _resolve_activation, layer_skip_reason
+from ..config import Config, layer_skip_reason, resolve_activation
 from .rewrite import LinearToNVFP4
 
 __all__ = ["nvfp4_backend", "compile"]
@@ -108,11 +108,11 @@ def nvfp4_backend(gm: torch.fx.GraphModule, example_inputs, mode=None, options=N
     names = [paths.get(name, name) for name, _ in constants]
     keep = {path: layer_skip_reason(config, path.removesuffix(".weight"), tuple(p.shape))
             for path, (_, p) in zip(names, constants) if p.dim() == 2}
-    rewrite = LinearToNVFP4(_resolve_activation(config.activations, sample), names, keep,
+    rewrite = LinearToNVFP4(resolve_activation(config.activations, sample), names, keep,
                             config.weight_method, config.merge_linears, config.fuse_norms)
-    from . import lowerings  # imports Inductor's lowering machinery: only when compiling
+    from . import lowering  # imports Inductor's lowering machinery: only when compiling
 
-    lowerings.register()  # nvfp4.linear_tiled -> the NVFP4 GEMM template + fused epilogue
+    lowering.register()  # nvfp4.linear_tiled -> the NVFP4 GEMM template + fused epilogue
     patches.update({"freezing": True, "joint_custom_post_pass": rewrite})
     # Inductor's pad_mm (a joint-graph pass, before ours; CUDA only) pads a bf16 mm's unaligned
     # dims when a benchmark of the bf16 GEMM says so: x with 5 rows became a copy to 8 rows, the
