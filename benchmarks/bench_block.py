@@ -50,7 +50,7 @@ import decode  # RMSNorm, MLP and the Llama-3-8B config of examples/decode.py
 CFG = decode.PRESETS["llama3-8b-8layers"]
 VARIANTS = {"bf16": None, "nvfp4 W4A16": nv.Config(activations="bf16"),
             "nvfp4 W4A4": nv.Config(activations="nvfp4")}
-TARGETS = {1: 2.5, 16: 2.5, 4096: 0.9}  # x bf16 (issue #5): >= 2.5x at M <= 16, >= 0.9x at 4096
+TARGETS = {1: 2.5, 16: 2.5, 4096: 0.9}  # x bf16: >= 2.5x at M <= 16, >= 0.9x at 4096
 NVFP4_BYTES_PER_WEIGHT = 0.5 + 1 / 16
 
 
@@ -107,8 +107,8 @@ def build_block(seed=0):
 def compile_variant(block, config, mode, pdl=False):
     """pdl: leave the backend's programmatic dependent launch on (bf16: Inductor's option on too).
     Off by default here: with it a kernel's profiled time includes its wait for the one before it,
-    so the "kernel us" sums would count the overlap twice (bench_decode and probe_decode measure
-    PDL per decode step)."""
+    so the "kernel us" sums would count the overlap twice (bench_decode measures PDL per decode
+    step)."""
     if config is not None:
         options = None if pdl else {"triton.enable_pdl": False}
         return nv.compile(block, config, mode=mode, options=options, dynamic=False)
@@ -132,7 +132,7 @@ def call(step, x):
 def per_call_us(step, x, calls=100, repeats=5) -> float:
     """GPU time per call of back-to-back calls (median over repeats): as in a decode loop, the host
     prepares the next call while the GPU runs this one. (triton.testing.do_bench syncs and flushes
-    L2 around each call, which leaves the GPU idle while the host launches: at M = 1 it measured
+    L2 around each call, which leaves the GPU idle while the host launches: at M = 1 it measures
     the CUDA-graph replay's host overhead too.)"""
     for _ in range(10):
         call(step, x)
@@ -149,9 +149,9 @@ def per_call_us(step, x, calls=100, repeats=5) -> float:
     return statistics.median(times)
 
 
-# Kernels of one CUDA graph are less than this apart on the GPU (0.1-0.7 us measured on the H100
-# with and without PDL); where the GPU waits for the host (between calls, and inside a call
-# between the CUDA-graph tree's input copy kernel and the graph's replay: 20-47 us) more.
+# Kernels of one CUDA graph are well under this apart on the GPU (with and without PDL); where the
+# GPU waits for the host (between calls, and inside a call between the CUDA-graph tree's input
+# copy kernel and the graph's replay) well over.
 HOST_GAP_US = 10.0
 
 

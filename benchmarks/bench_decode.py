@@ -2,9 +2,9 @@
 
     python benchmarks/bench_decode.py            # the table (meant to take < 4 minutes with compiles)
     python benchmarks/bench_decode.py --check    # correctness checks only; exit status 1 on a failure
-    python benchmarks/bench_decode.py --matmul-attention  # decode steps as before session 24
-    python benchmarks/bench_decode.py --no-fuse-norms     # NVFP4 norms as kernels (before session 25)
-    python benchmarks/bench_decode.py --host-loop         # argmax and pos += 1 outside the step (before session 26)
+    python benchmarks/bench_decode.py --matmul-attention  # decode attention as the prefill's matmuls
+    python benchmarks/bench_decode.py --no-fuse-norms     # NVFP4 norms as kernels of their own
+    python benchmarks/bench_decode.py --host-loop         # argmax and pos += 1 outside the step
 
 The model is examples/decode.py's Llama-style decoder with 8 layers of Llama-3-8B shapes (hidden
 4096, 32 query / 8 KV heads of 128, MLP 14336; vocab 32000; the output head stays bf16), random
@@ -46,7 +46,7 @@ import nvfp4_inductor as nv
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "examples"))
 import decode  # the model and the decode loop of examples/decode.py
 
-TARGETS = {"nvfp4 W4A16": 2.5, "nvfp4 W4A4": 2.0}  # x bf16 tokens/s at batch 1 (issue #6)
+TARGETS = {"nvfp4 W4A16": 2.5, "nvfp4 W4A4": 2.0}  # x bf16 tokens/s at batch 1
 # bf16 with programmatic dependent launch, which backend="nvfp4" turns on (torch.compile leaves it
 # off): the part of the NVFP4 rows' speed-up that is PDL's, not NVFP4's
 BF16_PDL = "bf16 PDL"
@@ -209,7 +209,7 @@ def check(model, steps) -> bool:
     bf16_choices = greedy_choices(model, None, prompt, steps)
     # Inductor's own bf16 compile is this far from bf16 eager on this model (its fused kernels keep
     # fp32 where eager rounds after every op, and 8 random layers grow the difference: 2.6e-2 on
-    # the CPU): the scale of the W4A16 bound below, which was a fixed 2e-2 and failed at 2.4e-2.
+    # the CPU): the scale of the W4A16 bound below (a fixed 2e-2 would be tighter than that).
     torch._dynamo.reset()
     bf16_err = max_relative_error(decode.compile_variant(copy.deepcopy(model), None, "default"),
                                   copy.deepcopy(model), prompt, bf16_choices)
@@ -225,7 +225,7 @@ def check(model, steps) -> bool:
         # and vs the model converted eagerly (nv.convert: the same quantized weights), on the
         # logits of the prefill and 4 decode steps. The eager bound applies to W4A16 only: W4A4
         # quantizes activations (discontinuous), and on a tiny model a one-ulp change of the
-        # embeddings already moved its logits by 5% (measured on the CPU).
+        # embeddings already moves its logits by 5% (measured on the CPU).
         eager = copy.deepcopy(model)
         no_graphs = decode.compile_variant(copy.deepcopy(model), config, "default")
         nv.convert(eager, config)
@@ -267,13 +267,13 @@ def main() -> None:
     parser.add_argument("--layers", type=int, default=8)
     parser.add_argument("--matmul-attention", action="store_true",
                         help="decode steps as the prefill (Inductor's RoPE and cache writes, matmuls "
-                             "and softmax), not the decode_attention op (the model before session 24)")
+                             "and softmax), not the decode_attention op")
     parser.add_argument("--no-fuse-norms", action="store_true",
-                        help="NVFP4 with Config(fuse_norms=False): each RMSNorm a kernel of its own (W4A16 "
-                             "before session 25; W4A4 also without its norm + quantize kernel)")
+                        help="NVFP4 with Config(fuse_norms=False): each RMSNorm a kernel of its own "
+                             "(W4A4 also without its norm + quantize kernel)")
     parser.add_argument("--host-loop", action="store_true",
-                        help="time the model step with the argmax and pos += 1 outside it (the loop "
-                             "before session 26) instead of decode.GreedyStep")
+                        help="time the model step with the argmax and pos += 1 outside it "
+                             "instead of decode.GreedyStep")
     args = parser.parse_args()
     torch._dynamo.config.cache_size_limit = 64
     cfg = decode.PRESETS["llama3-8b-8layers"]

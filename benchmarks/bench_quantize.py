@@ -57,9 +57,7 @@ def stream_us(fn, inputs, rounds: int = 3, reps: int = 10, min_calls: int = 32) 
     """Time of one fn(x), from CUDA-graph replays of calls cycling through `inputs` (together
     larger than L2): the GPU's time alone, without the host's launch overhead. At least
     `min_calls` calls a replay (more rounds where there are few inputs): a replay's start is not
-    free (H100, an empty kernel: 12.1 us a replay of 1 launch, 19.3 of 4, 31.4 of 32, 0.8 a
-    launch at 128), and with 4 calls a replay it weighed ~0.5-1 us on each 8-17 us kernel
-    (session 31, benchmarks/NOTES.md)."""
+    free, and with only a few calls a replay it weighs noticeably on each short kernel."""
     rounds = max(rounds, math.ceil(min_calls / len(inputs)))
     return graph_us(lambda: [fn(x) for x in inputs], calls=rounds, reps=reps) / len(inputs)
 
@@ -84,7 +82,7 @@ def copies_beyond_l2(x: torch.Tensor) -> list:
 
 def copy_bandwidth_gbs() -> float:
     """1 GiB device copies timed with events (not in a graph: a graph turns them into copy-engine
-    memcpy nodes, measured at 2.8 instead of 4.2 TB/s on an H200)."""
+    memcpy nodes, which measure markedly slower)."""
     src = torch.empty(1 << 30, dtype=torch.uint8, device="cuda").random_()
     dst = torch.empty_like(src)
     dst.copy_(src)
@@ -103,12 +101,8 @@ def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--ours-only", action="store_true",
                         help="time only our kernels (no reference rows, no tile sweep)")
-    parser.add_argument("--pdl", action="store_true",
-                        help="launch our quantize kernel with PDL, as a compiled graph does: "
-                             "back-to-back calls then overlap each other's launch")
     args = parser.parse_args()
     ours_only = args.ours_only
-    qk.LAUNCH_PDL = args.pdl  # (no such switch before session 14: always off there)
     torch.manual_seed(0)
     print(f"GPU: {torch.cuda.get_device_name()}, torch {torch.__version__}, triton {triton.__version__}")
     copy_gbs = copy_bandwidth_gbs()

@@ -4,7 +4,7 @@ against the brute-force sweep kernel (all 126 candidates), all measured in the s
     python benchmarks/bench_scale_search.py            # GPU: 8192x8192 and 28672x8192 bf16
     python benchmarks/bench_scale_search.py --small    # any machine: tiny shapes, checks only
 
-Targets (issue #7): "mse" <= 10x the time of RTN quantization of the same weight (dynamic global
+Targets: "mse" <= 10x the time of RTN quantization of the same weight (dynamic global
 scale, nv.quantize(w)); "hessian" (H given, its computation excluded) <= 30x; each >= 3x faster
 than the brute-force sweep. Times are GPU medians from CUDA-graph replays cycling through enough
 weight copies to overflow L2 (bench_quantize.stream_us); the search kernel is compute-bound, so

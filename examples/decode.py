@@ -217,9 +217,7 @@ class GreedyStep(nn.Module):
     call feeds `token` (B, 1) at `pos` (1,) to the model, writes the argmax of the logits back to
     `token` and advances `pos`. Compiled with mode="reduce-overhead" (the graph has no inputs but
     the model's buffers), a decode step is one CUDA-graph replay: no input copies and no argmax or
-    position kernels of its own (H100, the benchmark's model, GPU time a step: W4A16 641.6 / 647.1
-    us against 671.1 / 666.4 with the argmax and `pos += 1` outside, bf16 1639.0 / 1589.2 against
-    1653.6 / 1649.6; benchmarks/NOTES.md, session 26)."""
+    position kernels of its own (a shorter step than with the argmax and `pos += 1` outside)."""
 
     def __init__(self, model: Transformer, batch: int):
         super().__init__()
@@ -285,8 +283,8 @@ def decode_seconds(step, loop: GreedyStep, start: int, steps: int) -> float:
 
 
 def positive_int(text: str) -> int:
-    """argparse type of the counts: an int >= 1 (0 or less ran the default steps, printed negative
-    tokens/s or crashed inside the model)."""
+    """argparse type of the counts: an int >= 1 (0 or less would run the default steps, print
+    negative tokens/s or crash inside the model)."""
     value = int(text)
     if value < 1:
         raise argparse.ArgumentTypeError(f"must be a positive integer; got {text}")

@@ -28,8 +28,7 @@ m_s, finite: key 0 is always attended). On sm_90 both are launched with programm
 launch, as the backend's kernels are: each waits for the kernel before it before reading anything,
 and lets the next one launch once its loads are issued. The position is read on the device and
 nothing is allocated but the output and the partials (no state kept between calls), so the op is
-capturable in a CUDA graph. H100, batch 1 / 8, bench_decode's shapes (benchmarks/probe_decode_attention.py):
-see benchmarks/NOTES.md, session 24.
+capturable in a CUDA graph.
 The matmul form it replaces (RoPE and the cache writes as Inductor kernels, then two batched GEMMs
 and a softmax kernel over all L slots, scores and probabilities rounded to bf16) stays the
 prefill's (more than one query position).
@@ -43,7 +42,7 @@ import torch
 import triton
 import triton.language as tl
 
-from nvfp4_inductor.kernels.gemm_configs import sm90_or_later
+from nvfp4_inductor.capability import sm90_or_later
 
 BLOCK_L = 64  # keys a program of the first kernel
 
@@ -91,8 +90,8 @@ def _partials_kernel(q_ptr, k_ptr, v_ptr, cos_ptr, sin_ptr, k_cache_ptr, v_cache
     k = tl.where(is_new, k_new[None, :], k)
     v = tl.where(is_new, v_new[None, :], v)
     # the program whose keys hold pos writes the new key and value (no other program reads slot
-    # pos); a pos outside [0, L) writes nothing and attends no key: every output NaN (pos = -1
-    # wrote before the cache: pos // BLOCK_L truncates to 0)
+    # pos); a pos outside [0, L) writes nothing and attends no key: every output NaN (unmasked,
+    # pos = -1 would write before the cache: pos // BLOCK_L truncates to 0)
     in_range = (pos >= 0) & (pos < L)
     mine = (pos // BLOCK_L == s) & in_range
     slot = (bkv.to(tl.int64) * L + pos) * D + d

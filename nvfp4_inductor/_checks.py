@@ -263,7 +263,7 @@ def check_weight_method(method, hessian) -> None:
 
 def check_hessian_values(name: str, hessian) -> None:
     """Calibration blocks of X^T X are finite with a diagonal >= 0. A NaN (one NaN activation while
-    calibrating) made the search keep RTN silently, a negative diagonal chose far worse scales.
+    calibrating) makes the search keep RTN silently, a negative diagonal choose far worse scales.
     Reads the values (a host sync: the eager search and convert() only, never the fake kernel)."""
     if not torch.isfinite(hessian).all():
         raise ValueError(f"{name} is not finite (a NaN or Inf input while calibrating?)")

@@ -41,12 +41,12 @@ class Config:
         backend="nvfp4" (convert() first, then compile).
     merge_linears: under backend="nvfp4", linears that read the same input (q / k / v, gate /
         up) become one GEMM at decode sizes (at most 64 rows), each weight keeping its own global
-        scale (nvfp4_inductor/rewrite.py).
+        scale (nvfp4_inductor/inductor/rewrite.py).
     fuse_norms: under backend="nvfp4", an RMSNorm whose output only feeds NVFP4 linears at decode
         sizes leaves its own kernel: W4A4 quantizes in the norm's kernel (at most 2 rows), W4A16
         GEMMs apply the norm themselves (h of up to 4096 elements with rows and K each rounded up
         to a power of two: one row of 4096, 16 rows of 256; rounded otherwise than the norm, no
-        less accurately: nvfp4_inductor/norm_fusion.py). False keeps Inductor's norm kernels.
+        less accurately: nvfp4_inductor/inductor/norm_fusion.py). False keeps Inductor's norm kernels.
     """
 
     activations: str = "auto"

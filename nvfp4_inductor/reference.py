@@ -12,13 +12,13 @@ scales bit for bit. The exact fp32 operation order, chosen once:
     code   = signbit(x) << 3 | e2m1_rne_index(|y|)         (saturating at 6)
 
 Multiplying by a per-block reciprocal rather than dividing every element is a choice for the
-kernels: a memory-bound quantizer on an H200 has ~8 instructions per byte moved (its issue rate over
-its HBM bandwidth), and a
-correctly rounded fp32 division costs about ten. It is also what the widely used CUDA NVFP4
-quantizers do. Ties stay ties wherever s * g is a power of two (the reciprocal is then exact).
-The factor k changes nothing where g >= 2^-100 (k = 1); below, it keeps s * g k and r_b within
-fp32's normal range, so y is what the same operations give with no lower exponent limit (without
-it, a block amax below ~1.8e-38 overflowed r_b: nonzero codes saturated, zeros became 0 * inf).
+kernels: a memory-bound quantizer has only a few instructions per byte moved (the issue rate
+over the HBM bandwidth), and a correctly rounded fp32 division costs about ten. It is also what
+the widely used CUDA NVFP4 quantizers do. Ties stay ties wherever s * g is a power of two (the
+reciprocal is then exact). The factor k changes nothing where g >= 2^-100 (k = 1); below, it
+keeps s * g k and r_b within fp32's normal range, so y is what the same operations give with no
+lower exponent limit (without it, a block amax below ~1.8e-38 overflows r_b: nonzero codes
+saturate, zeros become 0 * inf).
 
 Non-finite policy ("propagate, locally"): a block holding a NaN or +-Inf gets the NaN block scale
 (0x7F) and zero codes, so it dequantizes to NaN and poisons exactly the GEMM outputs that use it;

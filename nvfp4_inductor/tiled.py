@@ -11,13 +11,10 @@ q, and loads their four scales as one word):
 
 zero-padded to multiples of (TILE_N, TILE_K) (zero codes and zero scales contribute nothing). A
 program of the skinny kernel then reads each K-step as one contiguous 2 KiB run (16-byte vectors,
-every sector used) instead of 64 rows x 32 bytes: measured on an H200, 1.25-1.6x bf16 cuBLAS at
-M = 1 instead of 0.76-0.85x (the row-major reads left the L1 pipe 88% busy at 15% of DRAM
-bandwidth). The scale order: a word load a thread instead of four byte loads, the same 128-byte
-line a warp (H100, the W4A16 decode step: 634.4-634.5 us against 647.8-648.7 in the plain order,
-same call; benchmarks/NOTES.md, session 28). Weights are laid out this way once, when they are
-quantized by the backend; the interchange layout (the README's numerics contract) is what users and
-checkpoints see.
+every sector used) instead of 64 rows x 32 bytes, whose reads bind the kernel on the L1 pipe
+(docs/gemm.md). The scale order: a word load a thread instead of four byte loads, the same
+128-byte line a warp. Weights are laid out this way once, when they are quantized by the backend;
+the interchange layout (the README's numerics contract) is what users and checkpoints see.
 """
 
 import torch

@@ -19,7 +19,6 @@ from triton.backends.compiler import GPUTarget  # noqa: E402
 from triton.compiler import ASTSource  # noqa: E402
 
 from nvfp4_inductor.kernels import dequantize as dk  # noqa: E402
-from nvfp4_inductor.kernels import gemm as gk  # noqa: E402
 from nvfp4_inductor.kernels import gemm_configs  # noqa: E402
 from nvfp4_inductor.kernels import gemm_splitk as sk  # noqa: E402
 from nvfp4_inductor.kernels import quantize as qk  # noqa: E402
@@ -56,13 +55,6 @@ DEQUANTIZE_SIGNATURE = {
 }
 
 
-GEMM_SIGNATURE = {
-    "a_ptr": None, "a_scale_ptr": "*u8", "a_g_ptr": "*fp32", "b_ptr": "*u8", "b_scale_ptr": "*u8",
-    "b_g_ptr": "*fp32", "bias_ptr": "*bf16", "c_ptr": "*bf16", "M": "i32", "N": "i32", "K": "i32",
-    "a_scale_cols_pad": "i32", "b_scale_cols_pad": "i32", "stride_am": "i32", "stride_cm": "i32",
-    **{name: "constexpr" for name in ("MMA", "A_FP4", "SWIZZLED", "B_G_PER_ROW", "HAS_BIAS",
-                                      "OPERAND", "BLOCK_M", "BLOCK_N", "BLOCK_K")},
-}
 SPLITK_SIGNATURE = {
     "x_ptr": "*bf16", "x_scale_ptr": "*u8", "w_ptr": "*u8", "w_scale_ptr": "*u8", "w_g_ptr": "*fp32",
     "bias_ptr": "*bf16", "out_ptr": "*bf16", "partial_ptr": "*fp32", "counter_ptr": "*i32", "M": "i32",
@@ -73,7 +65,6 @@ SPLITK_SIGNATURE = {
                                       "BLOCK_M", "BLOCK_N", "BLOCK_K", "SUM_ROWS", "SUM_SPLITS",
                                       "GROUPED")},
 }
-WGMMA = r"wgmma\.mma_async"
 MMA_SYNC_BF16 = r"mma\.sync\.aligned\.m16n8k16\.row\.col\.f32\.bf16\.bf16\.f32"
 WORD_DECODE = r"mul\.rn\.bf16x2"  # the inline-PTX decode made it into the kernel
 # NVFP4: scale_vec::4X is one scale per 16 elements (NVFP4's block; 2X is MXFP4's 32)
@@ -86,28 +77,6 @@ def compile_for(fn, signature, constexprs, target, num_warps=4, num_stages=3):
     source = ASTSource(fn=fn, signature=signature, constexprs=constexprs, attrs=attrs)
     return triton.compile(source, target=target,
                           options={"num_warps": num_warps, "num_stages": num_stages})
-
-
-def gemm_cases(sm):
-    """sm_90: the dequant path for every M bucket (wgmma expected from 64-row tiles up);
-    sm_100: the block-scaled path for every shipped tile (tcgen05 block_scale expected)."""
-    if sm >= 100:
-        for config in gemm_configs.DOT_SCALED_CONFIGS:
-            bm, bn, bk, warps, stages = config
-            yield (f"gemm-dot-scaled-{bm}x{bn}x{bk}", gk._nvfp4_gemm_kernel,
-                   {**GEMM_SIGNATURE, "a_ptr": "*u8"},
-                   {"MMA": gemm_configs.MMA_DOT_SCALED, "A_FP4": True, "SWIZZLED": True,
-                    "B_G_PER_ROW": False, "HAS_BIAS": True, "OPERAND": triton.language.bfloat16,
-                    "BLOCK_M": bm, "BLOCK_N": bn, "BLOCK_K": bk}, warps, [TCGEN05_BLOCK_SCALE], stages)
-        return
-    for bound, (bm, bn, bk, warps, stages) in gemm_configs.DEQUANT_CONFIGS:
-        for a_fp4 in (False, True):
-            yield (f"gemm-dequant-{bm}x{bn}x{bk}-a{'fp4' if a_fp4 else 'bf16'}",
-                   gk._nvfp4_gemm_kernel, {**GEMM_SIGNATURE, "a_ptr": "*u8" if a_fp4 else "*bf16"},
-                   {"MMA": gemm_configs.MMA_DEQUANT, "A_FP4": a_fp4, "SWIZZLED": False,
-                    "B_G_PER_ROW": False, "HAS_BIAS": True, "OPERAND": triton.language.bfloat16,
-                    "BLOCK_M": bm, "BLOCK_N": bn, "BLOCK_K": bk}, warps,
-                   [WGMMA] if bm >= 64 else [], stages)
 
 
 def _splitk_constexprs(**overrides):
@@ -218,10 +187,8 @@ def dot_scaled_splitk_cases():
 
 def cases(sm):
     if sm >= 100:
-        yield from gemm_cases(sm)
         yield from dot_scaled_splitk_cases()
         return
-    yield from gemm_cases(sm)
     yield from splitk_cases()
     yield from reg_mma_cases()
     yield from pdl_cases()

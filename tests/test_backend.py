@@ -421,16 +421,15 @@ def test_fx_graph_cache_keys_on_the_template_source():
 
 
 def test_fx_graph_cache_keys_on_the_gemm_configuration(monkeypatch):
-    """A GEMM configuration value changed at run time (a tuning knob: FORCE_PATH, a config table)
-    changes the generated code, so it must change the cache key: with the old key, a benchmark that
-    set such a value got the code compiled before it (measured: four variants, one code)."""
+    """A plan threshold or config table value changed at run time changes the generated code, so
+    it must change the cache key (else a process that set one would get the code compiled before)."""
     from torch._dynamo.utils import counters
 
-    from nvfp4_inductor.kernels import gemm_configs
+    from nvfp4_inductor.kernels import gemm_configs, plan
     from nvfp4_inductor.inductor.rewrite import LinearToNVFP4
 
     key = LinearToNVFP4("bf16", []).uuid()
-    monkeypatch.setattr(gemm_configs, "TEMPLATE_MAX_M", gemm_configs.TEMPLATE_MAX_M + 1)
+    monkeypatch.setattr(plan, "TEMPLATE_MAX_M", plan.TEMPLATE_MAX_M + 1)
     assert LinearToNVFP4("bf16", []).uuid() != key
     monkeypatch.undo()
     assert LinearToNVFP4("bf16", []).uuid() == key

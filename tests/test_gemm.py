@@ -12,7 +12,8 @@ import triton.language as tl
 
 import nvfp4_inductor as nv
 from nvfp4_inductor import tiled as nv_tiled
-from nvfp4_inductor.kernels import gemm, gemm_configs, gemm_mma, gemm_splitk
+from nvfp4_inductor import capability
+from nvfp4_inductor.kernels import gemm, gemm_configs, gemm_mma, gemm_splitk, plan
 from nvfp4_inductor.kernels._common import round_to
 from pdl import late_copy
 
@@ -28,47 +29,10 @@ def _operand(device):
     return torch.bfloat16 if device == "cuda" else torch.float16
 
 
-@pytest.mark.parametrize("m, n, k", [(1, 16, 16), (5, 48, 64), (33, 80, 160)])
-@pytest.mark.parametrize("swizzled", [False, True])
-def test_gemm_mainloop_matches_reference(kernel_device, m, n, k, swizzled):
-    gen = torch.Generator().manual_seed(m * 7 + n + k)
-    operand = _operand(kernel_device)
-    x = torch.randn(m, k, generator=gen).to(operand)
-    w = nv.quantize(torch.randn(n, k, generator=gen), swizzle=swizzled)
-    bias = torch.randn(n, generator=gen)
-    w_f32 = w.dequantize(torch.float32)
-    dev = [t.to(kernel_device) for t in (w.data, w.scale.view(torch.uint8), w.global_scale)]
-    # W4A16: x used as given (exact in the operand dtype), fp32 accumulation, bias in the epilogue.
-    y = gemm.gemm(x.to(kernel_device), None, None, *dev, bias.to(kernel_device), torch.float32,
-                  swizzled, False, operand=operand)
-    assert _rel(y, x.float() @ w_f32.T + bias) <= 1e-5
-    # W4A4: A decoded in-kernel from its own NVFP4 codes; both global scales in the epilogue.
-    q = nv.quantize(x.float(), swizzle=swizzled)
-    y4 = gemm.gemm(q.data.to(kernel_device), q.scale.view(torch.uint8).to(kernel_device),
-                   q.global_scale.to(kernel_device), *dev, None, torch.float32, swizzled, True,
-                   operand=operand)
-    assert _rel(y4, q.dequantize(torch.float32) @ w_f32.T) <= 1e-5
-
-
-def test_gemm_per_row_weight_scale_and_output_dtypes(kernel_device):
-    gen = torch.Generator().manual_seed(3)
-    operand = _operand(kernel_device)
-    x = torch.randn(9, 96, generator=gen).to(operand)
-    w = nv.quantize(torch.randn(32, 96, generator=gen) * torch.logspace(-2, 2, 32)[:, None],
-                    per_row=True)
-    want = x.float() @ w.dequantize(torch.float32).T
-    for out_dtype in (torch.float32, torch.float16, torch.bfloat16):
-        y = gemm.gemm(x.to(kernel_device), None, None, w.data.to(kernel_device),
-                      w.scale.view(torch.uint8).to(kernel_device), w.global_scale.to(kernel_device),
-                      None, out_dtype, False, False, operand=operand)
-        assert y.dtype == out_dtype
-        assert _rel(y, want) <= (1e-5 if out_dtype == torch.float32 else 4e-3)
-
-
 def test_launchers_take_strided_biases_and_empty_weights(kernel_device):
     """A bias view (stride 2, or an expanded stride 0) gives what its contiguous copy gives (the
     epilogues read (N,) with unit stride: other elements or past the storage); a weight of no rows
-    gives an (M, 0) output (the split rule divided by the tile count). Found by an audit."""
+    gives an (M, 0) output (the split rule divided by the tile count)."""
     gen = torch.Generator().manual_seed(6)
     operand = _operand(kernel_device)
     x = torch.randn(5, 128, generator=gen).to(operand).to(kernel_device)
@@ -76,15 +40,11 @@ def test_launchers_take_strided_biases_and_empty_weights(kernel_device):
     parts = [t.to(kernel_device) for t in (w.data, w.scale.view(torch.uint8), w.global_scale)]
     wide = torch.randn(128, generator=gen).to(kernel_device)
     for bias in (wide[::2], wide[:1].expand(64)):
-        want_dense = gemm.gemm(x, None, None, *parts, bias.contiguous(), torch.float32, False, False, operand=operand)
-        assert torch.equal(gemm.gemm(x, None, None, *parts, bias, torch.float32, False, False, operand=operand),
-                           want_dense)
         want_split = gemm_splitk.gemm_splitk(x, *parts, bias.contiguous(), torch.float32, False)
         assert torch.equal(gemm_splitk.gemm_splitk(x, *parts, bias, torch.float32, False), want_split)
     empty = nv.quantize(torch.randn(0, 128))
     none = [t.to(kernel_device) for t in (empty.data, empty.scale.view(torch.uint8), empty.global_scale)]
     assert gemm_splitk.gemm_splitk(x, *none, None, torch.float32, False).shape == (5, 0)
-    assert gemm.gemm(x, None, None, *none, None, torch.float32, False, False, operand=operand).shape == (5, 0)
 
 
 def test_launchers_refuse_swizzled_scales_beyond_int32_offsets(kernel_device, monkeypatch):
@@ -100,9 +60,6 @@ def test_launchers_refuse_swizzled_scales_beyond_int32_offsets(kernel_device, mo
         quantize.quantize(x, None, False, True)
     with pytest.raises(ValueError, match="exceed the kernels' 32-bit offsets"):
         gemm_splitk.gemm_splitk(x[:4].to(_operand(kernel_device)), *parts, None, torch.float32, True)
-    with pytest.raises(ValueError, match="exceed the kernels' 32-bit offsets"):
-        gemm.gemm(x[:4].to(_operand(kernel_device)), None, None, *parts, None, torch.float32, True, False,
-                  operand=_operand(kernel_device))
     monkeypatch.setattr(_common, "SWIZZLED_MAX_BYTES", 256 * 4)  # exactly fits
     data, scale, _ = quantize.quantize(x, None, False, True)
     assert scale.shape == (256, 4)
@@ -114,11 +71,7 @@ def test_launchers_refuse_swizzled_scales_beyond_int32_offsets(kernel_device, mo
 @pytest.mark.parametrize("m", [1, 7, 24, 33, 257])
 @pytest.mark.parametrize("n, k", [(48, 64), (80, 160), (96, 1344), (1024, 1056)])
 @pytest.mark.parametrize("activation", ["bf16", "nvfp4"])
-@pytest.mark.parametrize("path", gemm_configs.PATHS)
-def test_linear_on_cuda_matches_reference(m, n, k, activation, path, monkeypatch):
-    if path == "splitk" and m > gemm_configs.SPLITK_MAX_M:
-        pytest.skip("the skinny kernel serves M <= SPLITK_MAX_M")
-    monkeypatch.setattr(gemm_configs, "FORCE_PATH", path)
+def test_linear_on_cuda_matches_reference(m, n, k, activation):
     gen = torch.Generator().manual_seed(m + n + k)
     x = torch.randn(m, k, generator=gen, dtype=torch.bfloat16)
     bias = torch.randn(n, generator=gen, dtype=torch.bfloat16)
@@ -131,15 +84,22 @@ def test_linear_on_cuda_matches_reference(m, n, k, activation, path, monkeypatch
         assert _rel(got, want.float()) <= 1e-3
 
 
-def test_linear_path_choice():
-    # M <= 32: the skinny split-K kernel; above, any x dtype: dequantize + cuBLASLt (x as bf16, as
-    # W4A16 defines). Measured in gemm_configs.
-    assert gemm_configs.linear_path(1, 4096, 4096, torch.bfloat16, "bf16") == "splitk"
-    assert gemm_configs.linear_path(16, 4096, 4096, torch.float32, "nvfp4") == "splitk"
-    assert gemm_configs.linear_path(32, 4096, 4096, torch.float16, "bf16") == "splitk"
-    assert gemm_configs.linear_path(33, 4096, 4096, torch.bfloat16, "bf16") == "dequant_cublas"
-    assert gemm_configs.linear_path(4096, 4096, 4096, torch.bfloat16, "nvfp4") == "dequant_cublas"
-    assert gemm_configs.linear_path(64, 4096, 4096, torch.float32, "bf16") == "dequant_cublas"
+def test_plan_by_rows_and_layout():
+    """Row-major weights: the split-K kernel up to plan.SPLITK_MAX_M rows, tiled ones up to
+    plan.SPLITK_MAX_M_TILED; above, dequantize + cuBLASLt eagerly. Whatever x's dtype and activation."""
+    cpu = torch.device("cpu")
+    for tiled, limit in ((False, plan.SPLITK_MAX_M), (True, plan.SPLITK_MAX_M_TILED)):
+        for activation in ("bf16", "nvfp4"):
+            for m in (1, limit, limit + 1, 4096):
+                chosen = plan.plan_gemm(m, 4096, 4096, tiled=tiled, activation=activation, device=cpu)
+                assert chosen.kernel == ("splitk" if m <= limit else "dequant_cublas"), (tiled, m, chosen)
+                assert chosen.x_format == "bf16"  # (no NVFP4 MMA on the CPU)
+                assert chosen.mainloop == ("dot" if m <= limit else "")  # (no inline PTX either)
+
+
+def pin_splitk_config(monkeypatch, config):
+    """The split-K launcher with this (BLOCK_M, BLOCK_N, BLOCK_K, splits, warps, stages) config."""
+    monkeypatch.setattr(gemm_configs, "splitk_config", lambda *args, **kwargs: config)
 
 
 @pytest.mark.parametrize("m, n, k, swizzled, config", [
@@ -149,7 +109,7 @@ def test_linear_path_choice():
     (3, 64, 256, True, (16, 64, 256, 1, 4, 1)),      # even: no masks, one split
     (9, 64, 2560, False, (16, 64, 64, 40, 4, 1)),    # more splits than the split sum loads at once
 ])
-def test_splitk_mainloop_matches_reference(kernel_device, m, n, k, swizzled, config):
+def test_splitk_mainloop_matches_reference(kernel_device, m, n, k, swizzled, config, monkeypatch):
     """The skinny kernel's index formulas and fp32 epilogue, at fresh random inputs with a wide
     range of x and per-row weight scales. On a GPU the word decode (inline PTX) runs; under the
     interpreter the byte decode builds the same operand."""
@@ -160,14 +120,15 @@ def test_splitk_mainloop_matches_reference(kernel_device, m, n, k, swizzled, con
                     swizzle=swizzled, per_row=m % 2 == 1)
     bias = torch.randn(n, generator=gen)
     parts = [t.to(kernel_device) for t in (w.data, w.scale.view(torch.uint8), w.global_scale)]
+    pin_splitk_config(monkeypatch, config)
     y = gemm_splitk.gemm_splitk(x.to(kernel_device), *parts, bias.to(kernel_device), torch.float32,
-                                swizzled, config=config)
+                                swizzled, mainloop="dot")
     assert _rel(y, x.double() @ w.dequantize(torch.float32).double().T + bias.double()) <= 1e-5
     # the last split of each tile left its counter at zero: the next call sums the same way
     counters = gemm_splitk.split_counters(y.device, -(-n // config[1]))
     assert not counters.any()
     again = gemm_splitk.gemm_splitk(x.to(kernel_device), *parts, bias.to(kernel_device), torch.float32,
-                                    swizzled, config=config)
+                                    swizzled, mainloop="dot")
     assert torch.equal(again, y)
 
 
@@ -190,7 +151,8 @@ def test_captured_splitk_launches_get_counters_of_their_own(kernel_device, monke
     starts = {t.data_ptr() for t in (eager, first, second)}
     assert len(starts) == 3 and not first.any() and not second.any()
     assert all(t.data_ptr() % 16 == 0 for t in (first, second))  # else the JIT compiles anew in the capture
-    assert _rel(gemm_splitk.gemm_splitk(x, *parts, None, torch.float32, False, config=config), want) <= 1e-5
+    pin_splitk_config(monkeypatch, config)
+    assert _rel(gemm_splitk.gemm_splitk(x, *parts, None, torch.float32, False, mainloop="dot"), want) <= 1e-5
     reserve = gemm_splitk._reserve[device]
     assert not reserve[0][:reserve[1]].any()  # the captured launch left its counters zeroed
     monkeypatch.setitem(gemm_splitk._reserve, device, [reserve[0], reserve[0].numel()])
@@ -212,7 +174,7 @@ def test_outgrown_splitk_counters_stay_allocated(monkeypatch):
 
 
 @pytest.mark.parametrize("reg_mma", [False, True])
-def test_skinny_gemm_reads_any_scale_byte(kernel_device, reg_mma):
+def test_skinny_gemm_reads_any_scale_byte(kernel_device, reg_mma, monkeypatch):
     """Scale bytes this package never writes but a checkpoint's may hold, read as float8_e4m3fn
     (the reference's dequantize): 0xFF NaN, the sign bit a negative scale. The tl.dot mainloop's
     decode (and the interpreter's byte decode); on a GPU the register-fed one (hardware e4m3)."""
@@ -226,16 +188,17 @@ def test_skinny_gemm_reads_any_scale_byte(kernel_device, reg_mma):
     scale[0, 0], scale[1, 1], scale[2, 2], scale[3, 3], scale[4, 4] = 0xFF, 0x80, 0xB8, 0x81, 0xC0
     w_f32 = nv.NVFP4(w.data, scale.view(torch.float8_e4m3fn), w.global_scale, w.shape, False).dequantize(torch.float32)
     want = x.double() @ w_f32.double().T
-    config = None if reg_mma else (16, 64, 64, 2, 4, 1)
+    if not reg_mma:
+        pin_splitk_config(monkeypatch, (16, 64, 64, 2, 4, 1))
     y = gemm_splitk.gemm_splitk(x.to(kernel_device), w.data.to(kernel_device), scale.to(kernel_device),
-                                w.global_scale.to(kernel_device), None, torch.float32, False, config=config,
-                                reg_mma=reg_mma or None).cpu()
+                                w.global_scale.to(kernel_device), None, torch.float32, False,
+                                mainloop="mma" if reg_mma else "dot").cpu()
     assert y[:, 0].isnan().all() and not y[:, 1:].isnan().any()
     assert _rel(y[:, 1:], want[:, 1:]) <= 1e-5
 
 
 @pytest.mark.parametrize("m, n, k", [(1, 64, 64), (5, 80, 208), (16, 128, 512)])
-def test_splitk_on_tiled_weights_matches_reference(kernel_device, m, n, k):
+def test_splitk_on_tiled_weights_matches_reference(kernel_device, m, n, k, monkeypatch):
     from nvfp4_inductor import tiled
 
     gen = torch.Generator().manual_seed(m + n * 3 + k)
@@ -245,10 +208,10 @@ def test_splitk_on_tiled_weights_matches_reference(kernel_device, m, n, k):
     data_t, scale_t = tiled.tile(w.data, w.scale.view(torch.uint8))
     block_m, block_n, block_k, _, warps, stages = gemm_configs.splitk_config(m, n, k, 4, tiled=True)
     # several splits: the in-kernel split sum runs
-    config = (block_m, block_n, block_k, min(3, -(-k // block_k)), warps, stages)
+    pin_splitk_config(monkeypatch, (block_m, block_n, block_k, min(3, -(-k // block_k)), warps, stages))
     y = gemm_splitk.gemm_splitk(x.to(kernel_device), data_t.to(kernel_device), scale_t.to(kernel_device),
                                 w.global_scale.to(kernel_device), None, torch.float32, False,
-                                config=config, tiled_n=n)
+                                tiled_n=n, mainloop="dot")
     assert _rel(y, x.double() @ w.dequantize(torch.float32).double().T) <= 1e-5
 
 
@@ -267,7 +230,7 @@ def _reg_mma_weights(w, layout):
                                      (1, 128, 4160)])
 @pytest.mark.parametrize("splits", [1, 3, 33])
 @pytest.mark.parametrize("layout", ["tiled", "rows", "rows-swizzled"])
-def test_register_fed_mainloop_matches_reference(m, n, k, splits, layout):
+def test_register_fed_mainloop_matches_reference(m, n, k, splits, layout, monkeypatch):
     """gemm_mma's lane mapping, K tails (K not a multiple of the 64-wide tile), N not a tile
     multiple, one, two and four x-row blocks (M <= 8, 9..16, 17..32), NaN-free wide-range inputs and per-row
     weight scales, split K (the last split sums the partials) and not; weights tiled or in the
@@ -279,10 +242,10 @@ def test_register_fed_mainloop_matches_reference(m, n, k, splits, layout):
                     swizzle=layout == "rows-swizzled")
     bias = torch.randn(n, generator=gen)
     data, scale, tiled_n, swizzled, nan_at = _reg_mma_weights(w, layout)
-    y = gemm_splitk.gemm_splitk(x.cuda(), data.cuda(), scale.cuda(), w.global_scale.cuda(), bias.cuda(),
-                                torch.float32, swizzled,
-                                config=(16 if m <= 16 else 32, 64, 64, splits, gemm_mma.WARPS, 1),
-                                tiled_n=tiled_n, reg_mma=True)
+    with monkeypatch.context() as patch:
+        pin_splitk_config(patch, (16 if m <= 16 else 32, 64, 64, splits, gemm_mma.WARPS, 1))
+        y = gemm_splitk.gemm_splitk(x.cuda(), data.cuda(), scale.cuda(), w.global_scale.cuda(), bias.cuda(),
+                                    torch.float32, swizzled, tiled_n=tiled_n, mainloop="mma")
     want = x.double() @ w.dequantize(torch.float32).double().T + bias.double()
     assert _rel(y, want) <= 1e-5
     # a NaN block scale makes exactly its own weight row NaN (the default choice of mainloop)
@@ -376,31 +339,30 @@ def test_row_major_addressing(kernel_device, layout, n, k):
                         assert not xs[at].any(), at
 
 
-def test_register_fed_mainloop_refuses_what_it_cannot_run():
-    x = torch.zeros(33, 64, dtype=torch.bfloat16)
-    data_t, scale_t = nv_tiled.tile(torch.zeros(64, 32, dtype=torch.uint8), torch.zeros(64, 4, dtype=torch.uint8))
-    g = torch.ones(())
+def test_register_fed_mainloop_refuses_what_it_cannot_run(kernel_device):
+    """Asked for where it cannot run, the launcher refuses: more than plan.MMA_MAX_M rows, weight
+    rows or tiled codes off 8-byte boundaries, tiled scales off 4, tiled codes past int32 word
+    offsets (and anything off a GPU: inline PTX). Each condition through the checks the plan takes."""
+    cuda = torch.device("cuda")
+    x = torch.zeros(33, 64, dtype=torch.bfloat16, device=kernel_device)
+    data_t, scale_t = (t.to(kernel_device) for t in nv_tiled.tile(torch.zeros(64, 32, dtype=torch.uint8),
+                                                                 torch.zeros(64, 4, dtype=torch.uint8)))
+    g = torch.ones((), device=kernel_device)
+    assert gemm_splitk._mma_operands_fit(x[:3], data_t, scale_t, True)
     with pytest.raises(ValueError, match="register-fed mainloop needs"):
-        gemm_splitk.gemm_splitk(x, data_t, scale_t, g, None, torch.float32, False, tiled_n=64,
-                                use_asm=True, reg_mma=True)
-    with pytest.raises(ValueError, match=f"runs 16 x 64 x 64 tiles on {gemm_mma.WARPS} warps at M = 3"):
-        gemm_splitk.gemm_splitk(x[:3], data_t, scale_t, g, None, torch.float32, False, tiled_n=64,
-                                use_asm=True, reg_mma=True, config=(16, 64, 64, 1, 2 * gemm_mma.WARPS, 4))
-    with pytest.raises(ValueError, match="runs 32 x 64 x 64 tiles on .* at M = 17"):
-        gemm_splitk.gemm_splitk(x[:17], data_t, scale_t, g, None, torch.float32, False, tiled_n=64,
-                                use_asm=True, reg_mma=True, config=(16, 64, 64, 1, gemm_mma.WARPS, 1))
+        gemm_splitk.gemm_splitk(x, data_t, scale_t, g, None, torch.float32, False, tiled_n=64, mainloop="mma")
+    assert not plan.mma_runs(33, tiled=True, device=cuda) and plan.mma_runs(32, tiled=True, device=cuda)
     rows = torch.zeros(64 * 32 + 4, dtype=torch.uint8)[4:].view(64, 32)  # rows 4 bytes off 8-byte boundaries
-    with pytest.raises(ValueError, match="weight rows on 8-byte boundaries"):
-        gemm_splitk.gemm_splitk(x[:3], rows, torch.zeros(64, 4, dtype=torch.uint8), g, None, torch.float32,
-                                False, use_asm=True, reg_mma=True)
+    assert not gemm_splitk._mma_operands_fit(x[:3], rows, torch.zeros(64, 4, dtype=torch.uint8), False)
     odd_scales = torch.zeros(scale_t.numel() + 2, dtype=torch.uint8)[2:]  # 2 bytes off a 4-byte boundary
-    with pytest.raises(ValueError, match="tiled weights: codes on 8 bytes, scales on 4"):
-        gemm_splitk.gemm_splitk(x[:3], data_t, odd_scales, g, None, torch.float32, False, tiled_n=64,
-                                use_asm=True, reg_mma=True)
-    huge = torch.empty(gemm_configs.REG_MMA_MAX_CODE_BYTES, dtype=torch.uint8, device="meta")  # int32 word offsets
-    with pytest.raises(ValueError, match="fewer than 8589934592 code bytes"):
-        gemm_splitk.gemm_splitk(x[:3], huge, scale_t, g, None, torch.float32, False, tiled_n=64,
-                                use_asm=True, reg_mma=True)
+    assert not gemm_splitk._mma_operands_fit(x[:3], data_t.cpu(), odd_scales, True)
+    odd_x = torch.zeros(3 * 64 + 1, dtype=torch.bfloat16)[1:].view(3, 64)  # x rows 2 bytes off 4
+    assert not gemm_splitk._mma_operands_fit(odd_x, data_t.cpu(), scale_t.cpu(), True)
+    assert not plan.mma_runs(1, tiled=True, device=cuda, code_bytes=plan.MMA_MAX_CODE_BYTES)
+    assert not plan.mma_runs(1, tiled=True, device=torch.device("cpu"))
+    with pytest.raises(ValueError, match="does not multiply an x of format 'bf16'"):
+        gemm_splitk.gemm_splitk(x[:3], data_t, scale_t, g, None, torch.float32, False, tiled_n=64,
+                                mainloop="dot_scaled")
 
 
 @pytest.mark.gpu
@@ -514,16 +476,16 @@ def test_cuda_linear_launchers_under_the_interpreter(m, activation, monkeypatch)
     bias = torch.randn(48, generator=gen).to(torch.bfloat16)
     want = nv.linear(x, w, bias, activation=activation).float()  # the reference
     parts = (w.data, w.scale.view(torch.uint8), w.global_scale)
-    paths = [p for p in ("splitk", "dequant_cublas") if p != "splitk" or m <= gemm_configs.SPLITK_MAX_M]
-    for path in paths:
-        monkeypatch.setattr(gemm_configs, "FORCE_PATH", path)
-        got = gemm.linear(x, *parts, bias, False, activation)
-        assert _rel(got, want) <= 1e-2, path
-        if w.global_scale.dim():  # per-row scales as a strided view: each row still gets its own
-            strided = torch.stack([w.global_scale, torch.zeros_like(w.global_scale)], 1)[:, 0]
-            assert not strided.is_contiguous()
-            assert torch.equal(gemm.linear(x, *parts[:2], strided, bias, False, activation), got), path
-    monkeypatch.setattr(gemm_configs, "FORCE_PATH", None)
+    got = gemm.linear(x, *parts, bias, False, activation)  # the plan's kernel: split-K at these M
+    assert _rel(got, want) <= 1e-2
+    if w.global_scale.dim():  # per-row scales as a strided view: each row still gets its own
+        strided = torch.stack([w.global_scale, torch.zeros_like(w.global_scale)], 1)[:, 0]
+        assert not strided.is_contiguous()
+        assert torch.equal(gemm.linear(x, *parts[:2], strided, bias, False, activation), got)
+    # dequantize + cuBLASLt, the plan's kernel above the decode sizes, at this M
+    monkeypatch.setattr(plan, "SPLITK_MAX_M", 0)
+    assert _rel(gemm.linear(x, *parts, bias, False, activation), want) <= 1e-2
+    monkeypatch.setattr(plan, "SPLITK_MAX_M", 32)
     data_t, scale_t = tiled.tile(parts[0], parts[1])
     assert _rel(gemm.linear_tiled(x, data_t, scale_t, w.global_scale, bias, 48, activation), want) <= 1e-2
     if activation == "bf16":  # the backend's prefill extern (g read on the device)
@@ -552,28 +514,56 @@ def test_splitk_config_fills_the_gpu():
             assert programs >= min(4 * 132, -(-n // block_n) * (steps // min_steps))
 
 
-@pytest.mark.parametrize("m, n, k, splits", [
-    (1, 4096, 4096, 16),   # 64 steps, at least 4 a split (REG_MMA_MIN_STEPS at M <= 8)
-    (16, 4096, 4096, 8),   # at least 8 a split above M = 8
-    (1, 28672, 4096, 5),   # 448 tile rows: 16 programs per SM of 132 leave ~5 splits
-    (16, 28672, 4096, 2),  # ~8 programs per SM above M = 8, at most 10 (3 splits: 10.2 an SM)
-    (16, 14336, 4096, 5),  # 224 tile rows: 1056 / 224 = 4.7 rounded up (5.9 fit)
-    (9, 4096, 14336, 17),  # 64 tile rows: 16.5 rounded up
-    (1, 4096, 14336, 33),  # 224 steps, 2112 programs over 64 tile rows (32 ranges of 7 steps)
-    (32, 28672, 4096, 2),  # 6 programs per SM above M = 16
-])
-def test_register_fed_config(m, n, k, splits):
-    """The register-fed mainloop's split rule, eager and template alike (min_steps None)."""
-    config = gemm_configs.splitk_config(m, n, k, 132, reg_mma=True)
-    assert config == (16 if m <= 16 else 32, 64, 64, splits, gemm_mma.WARPS, 1)
-    if 8 < m <= 16:  # one wave: at most REG_MMA_MAX_PER_SM_TWO_B an SM
-        assert -(-n // 64) * splits <= gemm_configs.REG_MMA_MAX_PER_SM_TWO_B * 132
-    template = gemm_configs.template_configs(m, n, k, 132, reg_mma=True)[0]
-    if m <= gemm_configs.REG_MMA_MAX_M_TILED:
-        assert (template.split, template.tiles_per_split) == gemm_configs.split_ranges(k, 64, splits)
-        assert template.reg_mma == gemm_configs.reg_mma_blocks(m)
-    else:  # the tl.dot mainloop above
-        assert template.reg_mma == 0
+@pytest.mark.parametrize("m", [1, 8, 9, 16, 17, 32])
+@pytest.mark.parametrize("n, k", [(4096, 4096), (28672, 4096), (14336, 4096), (4096, 14336), (64, 64)])
+def test_register_fed_config(m, n, k):
+    """The register-fed mainloop's split rule, eager and template alike: its fixed tile, splits
+    that cover K with no empty range and at least its minimum K-steps each, one wave at M = 9..16
+    (what fits an SM), and the template's first config splitting K as the eager launcher does."""
+    sms = 132
+    config = gemm_configs.splitk_config(m, n, k, sms, reg_mma=True)
+    block_m, block_n, block_k, splits, warps, stages = config
+    assert (block_m, block_n, block_k, warps, stages) == (16 if m <= 16 else 32, 64, 64, gemm_mma.WARPS, 1)
+    steps = -(-k // 64)
+    min_steps = gemm_configs.REG_MMA_MIN_STEPS[m > 8]
+    assert 1 <= splits and (splits == 1 or steps // splits >= min_steps)
+    if 8 < m <= 16:
+        assert -(-n // 64) * splits <= gemm_configs.REG_MMA_MAX_PER_SM_TWO_B * sms
+    kernel = "splitk"
+    template = gemm_configs.template_configs(m, n, k, sms, kernel, "mma")[0]
+    assert (template.split, template.tiles_per_split) == gemm_configs.split_ranges(k, 64, splits)
+    assert template.reg_mma == gemm_configs.reg_mma_blocks(m)
+    ranges = gemm_configs.split_ranges(k, 64, splits)
+    assert (ranges[0] - 1) * ranges[1] < steps <= ranges[0] * ranges[1]
+
+
+def test_plan_takes_the_register_fed_mainloop_where_it_runs():
+    """On CUDA: up to plan.MMA_MAX_M rows of row-major weights, plan.MMA_MAX_M_TILED of tiled ones,
+    where the operands fit its word loads; tl.dot elsewhere; never on the CPU (inline PTX)."""
+    cuda, cpu = torch.device("cuda"), torch.device("cpu")
+    for tiled, limit in ((False, plan.MMA_MAX_M), (True, plan.MMA_MAX_M_TILED)):
+        for m in (1, limit, limit + 1):
+            chosen = plan.splitk_mainloop(m, tiled=tiled, x_format="bf16", device=cuda)
+            assert chosen == ("mma" if m <= limit else "dot"), (tiled, m)
+            assert plan.splitk_mainloop(m, tiled=tiled, x_format="bf16", device=cpu) == "dot"
+        assert plan.plan_gemm(1, 4096, 4096, tiled=tiled, activation="bf16", device=cuda,
+                              mma_operands_fit=False).mainloop == "dot"
+    assert plan.plan_gemm(1, 64, 64, tiled=True, activation="bf16", device=cuda,
+                          code_bytes=plan.MMA_MAX_CODE_BYTES).mainloop == "dot"
+
+
+def test_compiled_plan_above_the_decode_sizes(monkeypatch):
+    """Compiled, above plan.SPLITK_MAX_M_TILED rows: the template without split K where it has a
+    program per SM up to plan.TEMPLATE_MAX_M rows, else dequantize + cuBLAS."""
+    monkeypatch.setattr(capability, "sm_count", lambda device: 132)
+    cpu = torch.device("cpu")
+    m = plan.SPLITK_MAX_M_TILED + 1
+    assert plan.plan_gemm(m, 64 * 132, 4096, tiled=True, activation="bf16", device=cpu,
+                          compiled=True) == ("tile", "dot", "bf16")
+    assert plan.plan_gemm(m, 64, 4096, tiled=True, activation="bf16", device=cpu, compiled=True).kernel \
+        == "dequant_cublas"
+    assert plan.plan_gemm(plan.TEMPLATE_MAX_M + 1, 64 * 132, 4096, tiled=True, activation="bf16", device=cpu,
+                          compiled=True).kernel == "dequant_cublas"
 
 
 @triton.jit
@@ -672,9 +662,13 @@ class _LaunchRecorder:
 ])
 def test_skinny_launcher_picks_the_mainloop(case, m, k, expect, monkeypatch):
     """Which mainloop and scale reads the skinny launcher picks by default, per layout and M
-    (launch arguments recorded on the CPU; the GPU tests run each choice)."""
+    (launch arguments recorded on the CPU, the plan asked as for a GPU; the GPU tests run each
+    choice)."""
     recorder = _LaunchRecorder()
     monkeypatch.setattr(gemm_splitk, "_splitk_kernel", recorder)
+    as_on_gpu = plan.splitk_mainloop
+    monkeypatch.setattr(plan, "splitk_mainloop",
+                        lambda m, **kwargs: as_on_gpu(m, **{**kwargs, "device": torch.device("cuda")}))
     n = 128
     w = nv.quantize(torch.randn(n, k), swizzle=case == "swizzled")
     data, scale, tiled_n = w.data, w.scale.view(torch.uint8), None
@@ -686,7 +680,7 @@ def test_skinny_launcher_picks_the_mainloop(case, m, k, expect, monkeypatch):
         data = torch.empty(data.numel() + 4, dtype=torch.uint8)[4:].view(data.shape).copy_(data)
     x = torch.randn(m, k).to(torch.bfloat16)
     gemm_splitk.gemm_splitk(x, data, scale, w.global_scale, None, torch.bfloat16, case == "swizzled",
-                            use_asm=True, tiled_n=tiled_n)
+                            tiled_n=tiled_n)
     (grid, args, kwargs), = recorder.launches
     assert {key: kwargs[key] for key in expect} == expect
     tiles_per_split = args[13]

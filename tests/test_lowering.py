@@ -17,7 +17,7 @@ from torch._inductor.utils import run_and_get_code
 
 import nvfp4_inductor as nv
 from nvfp4_inductor.inductor import norm_fusion
-from nvfp4_inductor.kernels import gemm_configs
+from nvfp4_inductor.kernels import gemm_configs, plan
 from nvfp4_inductor.inductor import lowering as linear_lowering
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "examples"))
@@ -57,7 +57,7 @@ def template_inductor(triton_inductor, monkeypatch):
     """triton_inductor with the template as the pick wherever it applies (on the GPU the default
     pick takes dequantize + cuBLAS for shapes this small above M = 64): these tests check the
     template's code and numerics; the pick itself is tested below."""
-    monkeypatch.setattr(gemm_configs, "template_is_default", lambda *args: True)
+    monkeypatch.setattr(plan, "template_is_default", lambda *args, **kwargs: True)
     return triton_inductor
 
 
@@ -115,7 +115,7 @@ def test_decode_rows_run_one_kernel(template_inductor, m):
 
 
 def test_wide_rows_fuse_the_whole_epilogue_into_the_template(template_inductor):
-    m = gemm_configs.TEMPLATE_MAX_SPLIT_M + 36
+    m = plan.SPLITK_MAX_M_TILED + 36
     code = _run(template_inductor, m, 128, 192)
     launches = _launches(code)
     assert len(launches) == 1 and "triton_tem_fused" in launches[0], launches
@@ -176,7 +176,7 @@ def test_empty_input(template_inductor):
     assert y.shape == (0, 32) and TEMPLATE_MARK not in "\n".join(code)
 
 
-@pytest.mark.parametrize("m", [2, gemm_configs.TEMPLATE_MAX_SPLIT_M + 6])
+@pytest.mark.parametrize("m", [2, plan.SPLITK_MAX_M_TILED + 6])
 def test_nvfp4_activations_feed_the_template_as_values(template_inductor, m):
     """W4A4 (without FP4 tensor cores): one nvfp4.quantize_values kernel (x's quantized values,
     e2m1 * block scale in bf16), then the W4A16 template, the epilogue fused as for W4A16."""
@@ -823,7 +823,7 @@ def test_pdl_template_waits_before_reading_x(template_inductor, m):
 
 @pytest.mark.gpu
 def test_gelu_epilogue_fuses_on_the_gpu(triton_inductor):
-    m = gemm_configs.TEMPLATE_MAX_SPLIT_M + 64
+    m = plan.SPLITK_MAX_M_TILED + 64
     n = 64 * (torch.cuda.get_device_properties(0).multi_processor_count + 4)  # the template's pick
     code = _run(triton_inductor, m, 256, n, act=nn.functional.gelu)
     launches = _launches(code)
@@ -834,7 +834,7 @@ def test_gelu_epilogue_fuses_on_the_gpu(triton_inductor):
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("m", [gemm_configs.TEMPLATE_MAX_SPLIT_M + 36, gemm_configs.TEMPLATE_MAX_M + 44])
+@pytest.mark.parametrize("m", [plan.SPLITK_MAX_M_TILED + 36, plan.TEMPLATE_MAX_M + 44])
 def test_large_m_or_few_programs_pick_the_extern_choice(triton_inductor, m):
     """The extern choice: one cuBLASLt GEMM that reads g (W4A4: g * g_x) on the device and adds
     the bias, then ReLU + residual; no fp32 product (and no literal alpha: a frozen g is a named
@@ -866,7 +866,7 @@ def test_large_m_extern_choice_under_cuda_graph_trees(triton_inductor, activatio
     allocation made while recording that outlives the call (cuBLASLt's workspace and beta are
     per-call allocations for that reason); replays with new x match the eager ops."""
     torch.manual_seed(3)
-    m = gemm_configs.TEMPLATE_MAX_M + 44
+    m = plan.TEMPLATE_MAX_M + 44
     model = LinearBlock(256, 192, torch.relu).to(device="cuda", dtype=torch.bfloat16).eval()
     compiled = nv.compile(model, nv.Config(activations=activations), mode="reduce-overhead")
     for _ in range(3):  # warm up, record, replay

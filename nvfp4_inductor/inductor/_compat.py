@@ -1,5 +1,5 @@
 """The version-specific Inductor / Dynamo APIs this package uses, in one place (torch 2.11 - 2.13;
-each checked on both: see ../shared/INDUCTOR_NOTES.md)."""
+each checked on both)."""
 
 import contextlib
 import importlib
@@ -97,7 +97,7 @@ def scratch_workspace(device, count: int, dtype: torch.dtype):
     if not hasattr(WorkspaceArg, "name"):
         # The wrapper's memory planning reads `.name` of the last line's buffer; when a graph ends
         # with a template kernel, that is the kernel's workspace, which has get_name() only, and
-        # Inductor failed ("'WorkspaceArg' object has no attribute 'name'", 2.13; the graph's
+        # Inductor fails ("'WorkspaceArg' object has no attribute 'name'", 2.13; the graph's
         # output straight from the template). The same name, under the attribute it reads.
         WorkspaceArg.name = property(WorkspaceArg.get_name)
 

@@ -47,7 +47,7 @@ def _inductor_patches(mode, options: dict) -> dict:
                             f"default: {default!r}); got {value!r}")
         patches[name] = value
     # The rewrite is a joint-graph pass over decomposed linears (mm / addmm): mode="lite" turns
-    # both off, which compiled the model in bf16 without a word.
+    # both off, which would compile the model in bf16 without a word.
     off = {name: patches[name] for name, needed in _REWRITE_NEEDS.items()
            if name in patches and patches[name] != needed}
     if off:
@@ -115,26 +115,26 @@ def nvfp4_backend(gm: torch.fx.GraphModule, example_inputs, mode=None, options=N
     lowering.register()  # nvfp4.linear_tiled -> the NVFP4 GEMM template + fused epilogue
     patches.update({"freezing": True, "joint_custom_post_pass": rewrite})
     # Inductor's pad_mm (a joint-graph pass, before ours; CUDA only) pads a bf16 mm's unaligned
-    # dims when a benchmark of the bf16 GEMM says so: x with 5 rows became a copy to 8 rows, the
+    # dims when a benchmark of the bf16 GEMM says so: x with 5 rows becomes a copy to 8 rows, the
     # NVFP4 GEMM on those and a slice (two kernels more), decided by timing noise. Off unless asked.
     patches.setdefault("shape_padding", False)
     # Freezing would turn CPU linears into mkldnn ops first. Off for every graph, not only CPU
     # ones: Inductor registers its mkldnn weight-pack patterns once per process, at the first
     # freezing compile with the option on, and applies them from then on whatever the option says
-    # (a CUDA graph compiled first made a later CPU graph's head an mkldnn op, which also bypasses
-    # the FX graph cache).
+    # (a CUDA graph compiled first would make a later CPU graph's head an mkldnn op, which also
+    # bypasses the FX graph cache).
     patches["cpp.weight_prepack"] = False
     # Inductor inlines a frozen 0-d tensor (our per-tensor global scales) as a literal, while its
-    # FX graph cache keys frozen tensors by metadata only: a model with other global scales then
-    # hit the cache and ran the first model's (its codes and block scales, which are bound by
-    # name, were right). Kept as named constants, they are bound like the codes.
+    # FX graph cache keys frozen tensors by metadata only: a model with other global scales would
+    # hit the cache and run the first model's (its codes and block scales, which are bound by
+    # name, would be right). Kept as named constants, they are bound like the codes.
     patches["always_keep_tensor_constants"] = True
     pdl = _compat.pdl_option()
     if pdl is not None and "cuda" in devices:
         # Programmatic dependent launch (Inductor emits it on sm_90+ only): each kernel launches
         # while the one before it finishes and waits where it reads that kernel's outputs; the
-        # NVFP4 template loads its first weight tile before that wait. Decode step, H100, 8
-        # Llama-3-8B layers: W4A16 793 -> 758 us, W4A4 848 -> 802 (benchmarks/NOTES.md).
+        # NVFP4 template loads its first weight tile before that wait. It shortens the decode step
+        # (docs/backend.md).
         patches.setdefault(pdl, True)
     return _compat.compile_fx(gm, example_inputs, config_patches=patches)  # the pass logs its counts
 
@@ -145,7 +145,7 @@ _calls = threading.local()  # per thread: how many nv.compile calls are running,
 # Set while Dynamo traces inside an nv.compile call: prepare_freezing lifts the parameters as
 # constants; Inductor's freezing flag (with grad off) makes Dynamo guard on their identity, without
 # which a second instance of a module class (or a repeated submodule with a graph break inside)
-# ran the compiled code of the first, with the first's frozen weights.
+# would run the compiled code of the first, with the first's frozen weights.
 def _trace_flags():
     import torch._inductor.config
 
@@ -199,8 +199,8 @@ def compile(model, config: Config | None = None, *, mode=None, options=None, **c
 
     def run(*args, **kwargs):
         # The flag is set only while Dynamo compiles (callbacks above): changing Dynamo's config
-        # on every call cost host time on every call (H200 machine, torch 2.11, one decoder block
-        # at M = 1 under CUDA graphs: 130-194 us a call vs 109 us without, for 98 us of kernels).
+        # on every call costs host time on every call, more than a small graph's kernels take
+        # (docs/backend.md).
         if _install_compile_callbacks():
             freezing = contextlib.nullcontext()
         else:  # no callbacks in this torch: set the flags for the whole call

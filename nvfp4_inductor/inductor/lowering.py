@@ -30,8 +30,8 @@ Choices: the template with the configs of gemm_configs.template_configs, and whe
 extern choice is the pick (not autotuned against the template, so it need not return the fp32
 products), it returns the linear's output itself: one cuBLASLt GEMM that reads the global scale
 (W4A4: g * g_x) on the device as alpha and adds the bias (kernels/cublaslt.py). By default
-one heuristic pick (gemm_configs.template_is_default: the template where it splits K, or up to
-TEMPLATE_MAX_M rows with a program per SM; measured); under mode="max-autotune" all of them. Where the
+the pick of kernels/plan.py (the template where it splits K, or up to plan.TEMPLATE_MAX_M rows
+with a program per SM); under mode="max-autotune" all of them. Where the
 template does not apply (a dynamic M, a non-CUDA device unless Inductor's CPU backend is Triton)
 the op stays the eager custom op (also for an empty x).
 """
@@ -59,7 +59,7 @@ from torch._inductor.select_algorithm import (
 
 from .. import capability, tiled
 from . import _compat
-from ..kernels import gemm_configs
+from ..kernels import gemm_configs, plan
 
 aten = torch.ops.aten
 OP = torch.ops.nvfp4.linear_tiled.default
@@ -177,7 +177,7 @@ def lower_linear_tiled(x, w_data, w_scale, w_global_scale, bias, n, activation, 
     def eager_op():
         return fallback_handler(GLU_OP if glu else OP, add_to_fallback_set=False)(*op_args)
 
-    dot_scaled = activation == "nvfp4" and capability.block_scaled_mma(x.get_device())
+    dot_scaled = plan.x_format(activation, x.get_device()) == "nvfp4"
     if not _uses_template(x) or (glu and dot_scaled):
         return eager_op()
     *lead, k = (int(s) for s in x.get_size())
@@ -209,17 +209,19 @@ def lower_linear_tiled(x, w_data, w_scale, w_global_scale, bias, n, activation, 
     num_sms = capability.sm_count(device)
     # the register-fed mainloop reads x's rows as 32-bit words: even row stride and offset (a
     # flexible layout is contiguous until the template freezes it; forcing one copied x)
-    # and addresses the codes with int32 word offsets
-    reg_mma = (device.type == "cuda" and not dot_scaled and _even_rows(inputs[0])
-               and int(w_data.get_numel()) < gemm_configs.REG_MMA_MAX_CODE_BYTES)
-    configs = gemm_configs.template_configs(m, n, k, num_sms, dot_scaled, reg_mma)
+    chosen = plan.plan_gemm(m, n, k, tiled=True, activation=activation, device=device, compiled=True,
+                            mma_operands_fit=_even_rows(inputs[0]), code_bytes=int(w_data.get_numel()))
+    # (dequantize + cuBLAS as the pick: the template's configs still join under max-autotune)
+    template_kernel, mainloop = (("tile", "dot_scaled" if dot_scaled else "dot")
+                                 if chosen.kernel == "dequant_cublas" else chosen[:2])
+    configs = gemm_configs.template_configs(m, n, k, num_sms, template_kernel, mainloop)
     split = configs[0].split
     if norm_h is not None and split == 1 and not all(gemm_configs.rms_in_template(c.block_m, k) for c in configs):
         return eager_op()  # (unsplit, each program reads its BLOCK_M rows of h)
     # where dequantize + cuBLAS may win (M > 64); it does not apply a deferred norm
     extern = split == 1 and device.type == "cuda" and not glu and norm_h is None
-    if not _compat.max_autotune():  # the heuristic pick alone
-        template = not extern or gemm_configs.template_is_default(m, n, configs[0], num_sms)
+    if not _compat.max_autotune():  # the plan's pick alone
+        template = not extern or chosen.kernel != "dequant_cublas"
         configs = configs[:1] if template else []
         extern = not template
     if extern and not configs and device.type == "cuda" and not dot_scaled:

@@ -57,7 +57,8 @@ from torch import fx
 from ._fx import CONVERT as _CONVERT
 from ._fx import LINEAR, VIEWS as _VIEWS, call as _call, pairs as _pairs, tensor_val as _tensor_val
 from ._fx import val as _val, view_root
-from ..capability import block_scaled_mma, template_device
+from ..capability import template_device
+from ..kernels import plan
 from ..kernels.gemm_configs import rms_in_template
 
 aten = torch.ops.aten
@@ -158,7 +159,7 @@ def _fits(h_val) -> bool:
     shape = h_val.shape
     if not all(isinstance(d, int) for d in shape) or not 0 < shape.numel() <= MAX_ROWS * shape[-1]:
         return False
-    if h_val.device.type == "cuda" and block_scaled_mma(h_val.device):
+    if plan.x_format("nvfp4", h_val.device) == "nvfp4":  # (W4A4 takes x's codes there)
         return False
     return _fits_fused_amax(shape.numel() // shape[-1], shape[-1])
 

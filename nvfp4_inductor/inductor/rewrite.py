@@ -50,6 +50,7 @@ from ._fx import CONVERT as _CONVERT
 from ._fx import LINEAR, VIEWS as _VIEWS, call as _call, pairs as _pairs, tensor_val as _tensor_val, val as _val
 from ._fx import view_root as _view_root
 from ..format import BLOCK_SIZE
+from ..kernels import gemm_configs, plan
 from ..tiled import GLU_GROUP, TILE_N
 
 log = logging.getLogger("nvfp4_inductor")
@@ -57,10 +58,10 @@ aten = torch.ops.aten
 # the sources that make the generated code: the package's Python and its Inductor templates
 _PACKAGE_FILES = tuple(sorted(str(p) for pattern in ("*.py", "*.jinja")
                               for p in Path(__file__).parents[1].rglob(pattern)))
-# Linears sharing an input merge up to this many rows of x: the decode range of the skinny GEMM.
+# Linears sharing an input merge up to this many rows of x: the decode range of the split-K GEMM.
 # Above it the prefill path applies a scalar global scale as cuBLASLt's alpha (scaled_mm_tiled),
 # which a merged weight's per-row scales would rule out.
-MERGE_MAX_M = 64
+MERGE_MAX_M = plan.SPLITK_MAX_M_TILED
 
 
 def _mm_operands(node: fx.Node):
@@ -369,15 +370,13 @@ class LinearToNVFP4(_compat.CustomGraphPass):
         match = _silu_mul_operands(node)
         if match is None:
             return
-        from ..kernels import gemm_configs
-
         # (a 3-D x: each half viewed back from the GEMM's 2-D rows)
         viewed = all(_call(t, *_VIEWS) and len(t.users) == 1 for t in match)
         if viewed:
             match = tuple(t.args[0] for t in match)
         if not all(_call(t, aten.slice.Tensor) and len(t.users) == 1 for t in match):
             return
-        if self.activation == "nvfp4" and gemm_configs.block_scaled_mma(match[0].meta["val"].device):
+        if plan.x_format(self.activation, match[0].meta["val"].device) == "nvfp4":
             return  # (W4A4 on FP4 tensor cores: the block-scaled template has no such epilogue)
         gate, up = match
         sliced = gate.args[0]  # the GEMM, or (one weight's halves, a 3-D x) one view of its rows
@@ -450,10 +449,8 @@ class LinearToNVFP4(_compat.CustomGraphPass):
     def uuid(self) -> bytes:
         """Keys the FX graph cache: the package sources, the options, and the GEMM configuration
         values as they are now (a tuning knob set at run time changes the generated code)."""
-        from ..kernels import gemm_configs
-
-        tables = sorted((name, repr(value)) for name, value in vars(gemm_configs).items()
-                        if name.isupper())
+        tables = sorted((module.__name__, name, repr(value)) for module in (gemm_configs, plan)
+                        for name, value in vars(module).items() if name.isupper())
         return _compat.get_hash_for_files(_PACKAGE_FILES) + repr(
             (self.activation, self.param_names, sorted(self.keep.items()), self.weight_method, self.merge,
              self.fuse_norms, tables)

@@ -18,7 +18,7 @@ E2M1 magnitude index of a = min(|y|, 6): min(rne(2a), rne(a) + 2, rne(a / 2) + 4
     even mantissa. rne is monotonic, so rne(f(a)) is the min of the three pieces rounded.
     rne(v) for 0 <= v < 2^22 is bits(v + 2^23) - bits(2^23): the fp32 add rounds to an integer,
     ties to even (a contracted fma(t, 2^k, 2^23) rounds the same, t * 2^k being exact), and
-    rne(a) + 2 is one add of 2^23 + 2. Checked against the earlier bit formula on every fp32 in
+    rne(a) + 2 is one add of 2^23 + 2. Checked against a bit-level rounding on every fp32 in
     [0, 6].
 With HW (sm_90 and later, not the interpreter) the e4m3 conversions are the hardware's
 (cvt.rn.satfinite.e4m3x2.f32, cvt.rn.f16x2.e4m3x2, through Triton's float8e4nv casts): the same

@@ -3,13 +3,12 @@
 Large M dequantizes the NVFP4 weight to bf16 (e2m1 * block scale, exact) and multiplies with
 cuBLAS. The global scale g is a device tensor, and torch's GEMMs take alpha only as a host float:
 reading g back would be a host sync (not allowed under CUDA graphs), and folding it into the bf16
-weight rounds (3e-3 relative error, measured). So the product used to come back in fp32 and a
-second pass applied g and the bias: 0.62-0.85x the bf16 GEMM at M = 4096 (H100,
-benchmarks/results/bench_gemm_h100_session9.txt). cuBLASLt reads alpha from device memory
-(CUBLASLT_POINTER_MODE_DEVICE) and adds the bias in its epilogue, in fp32, rounding once to the
-output type: the reference's numbers, no fp32 (M, N) product, no sync. Per-row global scales (a
+weight rounds (3e-3 relative error, measured). An fp32 product and a second pass applying g and
+the bias is markedly slower than the bf16 GEMM (docs/gemm.md). cuBLASLt reads alpha from device
+memory (CUBLASLT_POINTER_MODE_DEVICE) and adds the bias in its epilogue, in fp32, rounding once to
+the output type: the reference's numbers, no fp32 (M, N) product, no sync. Per-row global scales (a
 vector alpha) keep the fp32 product and the second pass: CUBLASLT_POINTER_MODE_ALPHA_DEVICE_VECTOR_
-BETA_ZERO is not supported for bf16 GEMMs (cuBLAS 13.0 on the H100: CUBLAS_STATUS_NOT_SUPPORTED).
+BETA_ZERO is not supported for bf16 GEMMs (cuBLAS 13.0: CUBLAS_STATUS_NOT_SUPPORTED).
 
 Row-major torch tensors as cuBLAS's column-major ones: y (M, N) row-major is D = y^T (N x M,
 ld = N); D = op(A) @ B with A = w read as a (K x N, ld = K) matrix, transposed, and B = x^T
@@ -17,7 +16,7 @@ ld = N); D = op(A) @ B with A = w read as a (K x N, ld = K) matrix, transposed, 
 
 The library is the libcublasLt that torch itself loaded (found in /proc/self/maps), called through
 ctypes: the enum values below are those of cublasLt.h / library_types.h (those used here checked
-against CUDA 13.0's header on the GPU machine).
+against CUDA 13.0's header).
 """
 
 import collections
@@ -218,7 +217,7 @@ def scaled_mm(x: torch.Tensor, w: torch.Tensor, alpha: torch.Tensor, bias: torch
         raise ValueError(f"scaled_mm: x (M, K) and w (N, K) bf16 on one CUDA device; got x {x.dtype} "
                          f"{tuple(x.shape)} on {x.device}, w {w.dtype} {tuple(w.shape)} on {w.device}")
     # Rows of unit stride on 16-byte boundaries, or a copy: with a 2-byte aligned x and the bias
-    # epilogue the H100 test failed (cuBLAS 13.0); the package's K is a multiple of 16, so a
+    # epilogue cuBLAS 13.0 does not round once; the package's K is a multiple of 16, so a
     # contiguous copy is aligned. The same for w (a contiguous view can start anywhere).
     if x.stride(1) != 1 or (m > 1 and (x.stride(0) < k or x.stride(0) % 8)) or x.data_ptr() % 16:
         x = x.clone(memory_format=torch.contiguous_format)
@@ -233,8 +232,8 @@ def scaled_mm(x: torch.Tensor, w: torch.Tensor, alpha: torch.Tensor, bias: torch
                          f"{bias.device}")
     rows_align = 16 // out_dtype.itemsize  # output elements a 16-byte step
     if n % rows_align and alpha.dim() == 0 and m > 0:
-        # Output rows off 16-byte boundaries (N = 1004 or 13 in bf16): the H100 test's results,
-        # bias epilogue on, were not rounded once (relative error 2.2-2.4e-3, cuBLAS 13.0). Zero
+        # Output rows off 16-byte boundaries (N = 1004 or 13 in bf16): with the bias epilogue the
+        # results are not rounded once (relative error 2.2-2.4e-3, cuBLAS 13.0). Zero
         # rows pad w and the bias to the next boundary; the columns past N are dropped.
         pad = -n % rows_align
         w = torch.nn.functional.pad(w, (0, 0, 0, pad))

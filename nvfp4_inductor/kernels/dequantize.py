@@ -145,7 +145,7 @@ def dequantize(data, scale, global_scale, swizzled: bool, dtype, indices=None, t
         m = src_rows
     else:
         # (contiguous: the kernel reads the indices as a packed list; a strided view such as a
-        # block table's column gathered other rows)
+        # block table's column would gather other rows)
         out_lead, index = indices.shape, indices.reshape(-1).contiguous()
         m = index.numel()
     out = torch.empty((*out_lead, k), dtype=dtype, device=data.device)

@@ -3,11 +3,11 @@ in the tiled layout (nvfp4_inductor/tiled.py: 64 x 64 tiles, each tile's 64 rows
 contiguous, its 256 e4m3 scale bytes in the order the lanes below read them; what the backend
 makes) or in the row-major interchange layout (what nv.linear takes; see Row-major weights below).
 
-Why not tl.dot: at M <= 16 the GEMM is a weight stream with ~4 instructions per weight to spend on
-an H200 (its issue rate over its HBM bandwidth). Through tl.dot (gemm_splitk.py) Triton stages x^T,
-padded to 16 columns, in shared memory every K-step, and joins the decoded nibbles into its operand
-layout with byte permutes: ~5.7 SASS instructions a weight, the kernel issue- and
-shared-memory-bound at 40-50% of the HBM floor (benchmarks/NOTES.md). Here every warp issues
+Why not tl.dot: at M <= 16 the GEMM is a weight stream with only a few instructions per weight
+to spend (the issue rate over the HBM bandwidth). Through tl.dot (gemm_splitk.py) Triton stages
+x^T, padded to 16 columns, in shared memory every K-step, and joins the decoded nibbles into its
+operand layout with byte permutes: more instructions a weight than the budget, the kernel issue-
+and shared-memory-bound well short of the HBM floor (docs/gemm.md). Here every warp issues
 mma.sync.m16n8k16 itself (inline PTX) on operands that never leave registers, in a mapping chosen so
 that each lane loads exactly the bytes it multiplies.
 
@@ -18,13 +18,11 @@ per K-step (one 64 x 64 tile) lane (g, q) holds
     W rows 32u + g + 8j, j = 0..3, k in [16q, 16q + 16): 4 x 8 bytes, one e4m3 scale each
         (coalesced: each 8-byte load of a warp reads 256 contiguous bytes of the tile; the four
         scales one word, word i of the tile's scales: tiled.py orders them so, and a warp's word
-        load reads 128 contiguous bytes. Four byte loads in the plain order: the W4A16 decode step
-        13-14 us longer, H100, session 28),
+        load reads 128 contiguous bytes; four byte loads in the plain order are slower),
     x row g (and g + 8 when M > 8), the same 16 k: 32 bytes (row M - 1 again for rows >= M:
         their products land in output columns nobody stores).
 A lane's 32 bytes of x serve 4 weight rows (32 bytes of codes). With a warp per 16 rows they
-served 2, and x's loads (L1 hits) slowed a kernel doing only the loads by 15% (4096 x 14336,
-M = 1, H100: 15.4 us, 13.4 without x; benchmarks/probe_loads.py).
+would serve 2, and x's loads (L1 hits) measurably slow the weight stream (docs/gemm.md).
 mma.sync.m16n8k16 (row.col, bf16, fp32 accumulate), A = W (16 rows x 16 k-slots), B = x^T
 (16 k-slots x 8 rows of x): lane (g, q) supplies A rows g, g + 8 and B column g at k-slots
 2q, 2q + 1, 2q + 8, 2q + 9, and gets D rows g, g + 8, columns 2q, 2q + 1. The k-slot -> k mapping
@@ -48,22 +46,18 @@ with K % 64 == 0 at M <= 8 (LAYOUT 3) a lane takes, in tile r of each group of 4
 and picked from by a byte permute; its codes of a group are then 32 contiguous bytes of each row,
 read as two 16-byte loads (tiles 0 and 2 of the group; the second half of each held in registers
 for the next tile). Swizzled scales (LAYOUT 2) need neither: the 8 rows of a warp's scale load
-lie in one 128-byte line. H100, M = 1, same run (benchmarks/probe_mma.py --rows, session 16):
-4096 x 14336 27.3 us (bytes) / 23.8 (words) / 20.8 (swizzled) / 17.2 (tiled); the tl.dot kernel
-on row-major weights 37.6, bf16 cuBLAS 42.7. The 16-byte code loads (session 17, 82 registers
-against 72): 8192 x 28672 76.5 -> 69.6 us, 14336 x 4096 24.7 -> 23.8, 4096 x 14336 23.7 -> 23.2.
+lie in one 128-byte line. Fastest to slowest: tiled, swizzled, plain read as words, plain read as
+bytes; the 16-byte code loads hold more registers but are faster (docs/gemm.md).
 
 More x rows (NB blocks of 8: M <= 8, 16, 32): each block's x words feed an mma per weight row
 block, the weights decoded once. Four blocks hold 32 sums and two tiles of x words a lane (142
 registers, 7 programs an SM): on tiled weights no faster than the tl.dot kernel at M = 17..32,
-so only row-major weights use it there (gemm_configs.REG_MMA_MAX_M_TILED).
+so only row-major weights use it there (plan.MMA_MAX_M_TILED; docs/gemm.md).
 
 L1. The tiled weights' loads carry evict_first (L1 and L2): each byte is read once, and left to
-L1's default policy they pushed out x's lines, which a lane reads again every K-tile (32 bytes a
-tile, L1 hits when they stay). H100, bench_decode's W4A16 step on the GPU (benchmarks/NOTES.md,
-session 27): 637.1 / 639.0 us against 644.6 / 647.0 (x read once, the bound: -11 us). Not on row-major weights,
-whose 128-byte lines serve a lane four K-tiles in a row from L1: there it cost 24% (8192 x 28672,
-M = 1, 79.9 against 64.5 us).
+L1's default policy they push out x's lines, which a lane reads again every K-tile (32 bytes a
+tile, L1 hits when they stay). Not on row-major weights, whose 128-byte lines serve a lane four
+K-tiles in a row from L1: there evict_first is markedly slower (docs/gemm.md).
 
 The mainloop returns the (64, BLOCK_M) fp32 tile of gemm_splitk.splitk_mainloop's contract, so the
 eager split-K kernel and the Inductor template call either (REG_MMA): this one on CUDA for small
@@ -494,11 +488,8 @@ def mma_mainloop(x_ptr, w_ptr, w_scale_ptr, M, K, stride_xm, pid_n, tile_begin, 
     if PDL == 2:
         tl.extra.cuda.gdc_wait()
     xs = _load_xs(xw_ptr, x_rows, xw, k + kq < K, NB, EVEN_K)
-    # M <= 8: the loop unrolled twice, which drops the double buffer's register moves (sm_90 SASS: 421
-    # instructions for two tiles against 215 for one; 56 registers against 54). H100 (session 30,
-    # benchmarks/results/unroll_session30_h100.txt): eager tiled M = 1 0.0-1.4 us faster on six
-    # shapes, the W4A16 decode step 625.4 / 626.6 us against 636.6 / 639.4. At M = 9..16 it held
-    # 102 registers against 96 and was 0.1-2.3 us slower: not unrolled there.
+    # M <= 8: the loop unrolled twice, which drops the double buffer's register moves. At M = 9..16
+    # unrolling holds more registers and is slower: not unrolled there (docs/gemm.md).
     if NB == 1:
         for t in tl.range(tile_begin, tile_end, loop_unroll_factor=2):
             w, xs, sw, c = _step(w, xs, sw, c, wp, sp, xw_ptr, first, t, tile_end, x_rows, kq, K, LAYOUT, NB,

@@ -30,7 +30,7 @@ rate over its HBM bandwidth).
 6. sm_100 (DOT_SCALED, tiled W and NVFP4 x): `dot_scaled_mainloop` hands both packed operands and
    their e4m3 scales to tl.dot_scaled (tcgen05 block-scaled MMA, 128 x 128 weight steps); compiled
    for sm_100 in CI, not run (no Blackwell machine).
-The Inductor template (templates/nvfp4_tiled_gemm.py.jinja) calls the same mainloops.
+The Inductor template (inductor/templates/nvfp4_tiled_gemm.py.jinja) calls the same mainloops.
 
 Without inline PTX (the Triton interpreter) `_decode_bytes` builds the same values in fp32 with
 plain Triton ops and the products run in fp32 (the interpreter has no bf16 dot; fp16 operands had
@@ -47,7 +47,7 @@ import triton.language as tl
 from ..format import BLOCK_SIZE
 from ..tiled import TILE_K, TILE_N
 from .. import capability
-from . import gemm_configs
+from . import gemm_configs, plan
 from . import gemm_mma
 from .gemm_mma import mma_mainloop
 from ._common import (BLOCK, FP8_NAN, check_swizzled_offsets, e2m1_decode, round_to, scale_offsets,
@@ -395,14 +395,10 @@ _reserve: dict = {}  # device -> [zeroed int32 buffer, first slice not handed ou
 _reserve_lock = threading.Lock()  # two threads may capture at once
 # A device's reserve for captured launches: 4 MiB, 2340 launches of 448 tiles (N = 28672).
 RESERVED_COUNTERS = 1 << 20
-# Launch with programmatic dependent launch on sm_90+: every program waits for the previous kernel
+# Launched with programmatic dependent launch on sm_90+: every program waits for the previous kernel
 # (griddepcontrol.wait) before any global load or store, so only the launch and the programs' set-up
-# overlap that kernel's tail; the next launch is not released early. H100, M = 1 / 16, tiled weights,
-# CUDA-graph replays (benchmarks/probe_eager_pdl.py, session 32, off / on alternating twice): W4A16
-# M = 1 4096^2 7.5 -> 7.2 us, 4096 x 14336 15.4 -> 15.1, 14336 x 4096 15.8 -> 15.4, 8192 x 28672
-# 48.6 -> 48.2; M = 16 0.3-0.4 faster on all four; W4A4 equal or faster. Released after the
-# mainloop as the template does: M = 16 W4A16 slower (4096^2 10.0 -> 10.5, 14336 x 4096 19.5 -> 20.9).
-LAUNCH_PDL = True
+# overlap that kernel's tail (releasing the next launch after the mainloop measured slower at M = 16:
+# docs/gemm.md).
 
 
 def _zeros_outside_graph_pools(numel: int, device) -> torch.Tensor:
@@ -462,22 +458,30 @@ def split_counters(device, tiles: int) -> torch.Tensor:
     return counters
 
 
-def gemm_splitk(x, w_data, w_scale, w_g, bias, out_dtype, swizzled, config=None, use_asm=None,
-                tiled_n=None, x_scale=None, reg_mma=None):
+def _mma_operands_fit(x, w_data, w_scale, tiled: bool) -> bool:
+    """x's rows start on 4-byte boundaries (even row stride); W's codes on 8 bytes (row-major: every
+    row), tiled scales on 4: the register-fed mainloop's word loads."""
+    if tiled:
+        w_ok = w_data.data_ptr() % 8 == 0 and w_scale.data_ptr() % 4 == 0
+    else:
+        w_ok = w_data.data_ptr() % 8 == 0 and w_data.stride(0) % 8 == 0
+    return w_ok and x.stride(0) % 2 == 0 and x.data_ptr() % 4 == 0
+
+
+def gemm_splitk(x, w_data, w_scale, w_g, bias, out_dtype, swizzled, tiled_n=None, x_scale=None,
+                mainloop=None):
     """x (M, K) (bf16 on the GPU: the word decode multiplies in bf16; under the interpreter in fp32),
     M <= 64; W NVFP4 (N, K/2) + uint8 scale bits + g (() or (N,)) -> (M, N) out_dtype.
-    tiled_n: W is in the tiled layout of nvfp4_inductor.tiled, with N = tiled_n rows (the config
-    must then use BLOCK_N, BLOCK_K = TILE_N, TILE_K). x_scale (sm_100, tiled W only): x is NVFP4
-    itself, codes (M, K/2) + these plain scale bits (M, K/16), for the block-scaled MMA; g must
-    then hold both global scales (w_g * x_g). Elsewhere W4A4 passes x's quantized values.
-    reg_mma: run gemm_mma's register-fed mainloop (CUDA, M <= 32, x rows 4-byte aligned, W tiled
-    (codes 8-byte, scales 4-byte aligned) or in rows on 8-byte boundaries; config (16 or 32 for
-    M > 16, 64, 64, splits, gemm_mma.WARPS, stages)); None: wherever it applies and no config is
-    given."""
+    tiled_n: W is in the tiled layout of nvfp4_inductor.tiled, with N = tiled_n rows. x_scale
+    (sm_100, tiled W only): x is NVFP4 itself, codes (M, K/2) + these plain scale bits (M, K/16),
+    for the block-scaled MMA; g must then hold both global scales (w_g * x_g). Elsewhere W4A4
+    passes x's quantized values. mainloop: "mma", "dot" or "dot_scaled" (plan.splitk_mainloop's
+    choice where None; a given one is checked against what it needs)."""
     m, k = x.shape[0], x.shape[1] * (2 if x_scale is not None else 1)
     n = w_data.shape[0] if tiled_n is None else tiled_n
-    if m > 64:
-        raise ValueError(f"the skinny NVFP4 GEMM takes at most 64 rows; got {m}")
+    tiled = tiled_n is not None
+    if m > plan.SPLITK_MAX_M_TILED:
+        raise ValueError(f"the split-K NVFP4 GEMM takes at most {plan.SPLITK_MAX_M_TILED} rows; got {m}")
     out = torch.empty((m, n), dtype=out_dtype, device=x.device)
     if m == 0 or n == 0:
         return out
@@ -485,50 +489,41 @@ def gemm_splitk(x, w_data, w_scale, w_g, bias, out_dtype, swizzled, config=None,
         check_swizzled_offsets("w.scale", *w_scale.shape)
     if bias is not None:
         bias = bias.contiguous()  # read as (N,) with unit stride
-    if use_asm is None:
-        use_asm = x.is_cuda
-    # sm_100 with both operands NVFP4 and W tiled: tcgen05 block-scaled MMA (dot_scaled_mainloop)
-    dot_scaled = x_scale is not None
-    if dot_scaled and not (tiled_n is not None and capability.block_scaled_mma(x.device)):
+    x_format = "nvfp4" if x_scale is not None else "bf16"
+    if x_format == "nvfp4" and not (tiled and capability.block_scaled_mma(x.device)):
         raise ValueError("an NVFP4 x (x_scale) needs tiled weights on sm_100 or newer; elsewhere pass "
                          "x's quantized values (nvfp4.quantize_values)")
-    # sm_90+ (inline PTX), M <= 32, x rows 4-byte aligned, W tiled or in rows that start on 8-byte
-    # boundaries (its 8-byte code loads): the register-fed mainloop
-    if tiled_n is not None:  # its 8-byte code loads and a scale word a lane
-        w_aligned = w_data.data_ptr() % 8 == 0 and w_scale.data_ptr() % 4 == 0
-    else:
-        w_aligned = w_data.data_ptr() % 8 == 0 and w_data.stride(0) % 8 == 0
-    reg_mma_applies = (use_asm and not dot_scaled and m <= gemm_configs.REG_MMA_MAX_M and w_aligned
-                       and x.stride(0) % 2 == 0 and x.data_ptr() % 4 == 0)
-    if reg_mma is None:  # the default: tiled weights only up to REG_MMA_MAX_M_TILED (measured)
-        reg_mma = (reg_mma_applies and config is None
-                   and (tiled_n is None or m <= gemm_configs.REG_MMA_MAX_M_TILED))
-    elif reg_mma and not reg_mma_applies:
-        raise ValueError(f"the register-fed mainloop needs inline PTX (CUDA), at most "
-                         f"{gemm_configs.REG_MMA_MAX_M} rows of x, x rows at even element offsets and "
-                         f"weight rows on 8-byte boundaries (tiled weights: codes on 8 bytes, scales on 4)")
+    fits = _mma_operands_fit(x, w_data, w_scale, tiled)
+    if mainloop is None:
+        mainloop = plan.splitk_mainloop(m, tiled=tiled, x_format=x_format, device=x.device,
+                                        mma_operands_fit=fits, code_bytes=w_data.numel())
+    elif mainloop == "mma" and not plan.mma_runs(m, tiled=tiled, device=x.device, mma_operands_fit=fits,
+                                                 code_bytes=w_data.numel()):
+        raise ValueError(f"the register-fed mainloop needs inline PTX (CUDA), at most {plan.MMA_MAX_M} rows "
+                         f"of x, x rows at even element offsets, weight rows on 8-byte boundaries (tiled "
+                         f"weights: codes on 8 bytes, scales on 4) and fewer than {plan.MMA_MAX_CODE_BYTES} "
+                         f"tiled code bytes (int32 word offsets)")
+    elif mainloop not in ("mma", "dot", "dot_scaled") or (mainloop == "dot_scaled") != (x_format == "nvfp4"):
+        raise ValueError(f"mainloop {mainloop!r} does not multiply an x of format {x_format!r}")
+    reg_mma = mainloop == "mma"
+    dot_scaled = mainloop == "dot_scaled"
+    use_asm = x.is_cuda
     # row-major W, plain scales, K % 64 == 0, M <= 8: the register-fed mainloop reads a scale word
-    # per 4 K-tiles (splits of whole groups of 4). H100, M = 1 (benchmarks/probe_mma.py --rows):
-    # 4096 x 14336 27.3 -> 23.8 us, 8192 x 28672 90.8 -> 76.7; at M = 16 slower (25.5 -> 31.8 us).
-    grouped = bool(reg_mma and tiled_n is None and not swizzled and m <= 8 and k % (4 * BLOCK_SIZE) == 0
+    # per 4 K-tiles (splits of whole groups of 4); measured slower at M = 16 (docs/gemm.md).
+    grouped = bool(reg_mma and not tiled and not swizzled and m <= 8 and k % (4 * BLOCK_SIZE) == 0
                    and w_scale.data_ptr() % 4 == 0)
-    if config is None:
-        num_sms = capability.sm_count(x.device)
-        min_steps = None if reg_mma else gemm_configs.MIN_STEPS_PER_SPLIT  # (reg_mma: its own rule)
-        config = (gemm_configs.dot_scaled_splitk_config(m, n, k, num_sms, min_steps) if dot_scaled
-                  else gemm_configs.splitk_config(m, n, k, num_sms, tiled=tiled_n is not None,
-                                                  min_steps=min_steps, reg_mma=reg_mma, grouped=grouped))
+    num_sms = capability.sm_count(x.device)
+    min_steps = None if reg_mma else gemm_configs.MIN_STEPS_PER_SPLIT  # (reg_mma: its own rule)
+    config = (gemm_configs.dot_scaled_splitk_config(m, n, k, num_sms, min_steps) if dot_scaled
+              else gemm_configs.splitk_config(m, n, k, num_sms, tiled=tiled, min_steps=min_steps,
+                                              reg_mma=reg_mma, grouped=grouped))
     block_m, block_n, block_k, splits, warps, stages = config
     reg_block_m = 8 * max(2, gemm_configs.reg_mma_blocks(m))
     if reg_mma and (block_m, block_n, block_k, warps) != (reg_block_m, TILE_N, TILE_K, gemm_mma.WARPS):
         raise ValueError(f"the register-fed mainloop runs {reg_block_m} x {TILE_N} x {TILE_K} tiles on "
                          f"{gemm_mma.WARPS} warps at M = {m}; got {config}")
-    max_bytes = gemm_configs.REG_MMA_MAX_CODE_BYTES
-    if reg_mma and tiled_n is not None and w_data.numel() >= max_bytes:
-        raise ValueError(f"the register-fed mainloop takes fewer than {max_bytes} code bytes (int32 word "
-                         f"offsets); got {w_data.numel()}")
     tile_group = (2 * TILE_N, 2 * TILE_K) if dot_scaled else (TILE_N, TILE_K)
-    if tiled_n is not None and (block_n, block_k) != tile_group:
+    if tiled and (block_n, block_k) != tile_group:
         raise ValueError(f"tiled weights need BLOCK_N, BLOCK_K = {tile_group}; got {block_n}, {block_k}")
     if grouped:
         splits, groups_per_split = gemm_configs.split_ranges(k, gemm_mma.GROUP * block_k, splits)
@@ -543,7 +538,7 @@ def gemm_splitk(x, w_data, w_scale, w_g, bias, out_dtype, swizzled, config=None,
     else:
         partial = counters = out
     sum_rows, sum_splits = gemm_configs.split_sum_tile(m, splits, block_n, warps)
-    pdl = LAUNCH_PDL and x.is_cuda and capability.sm90_or_later(x.device)
+    pdl = x.is_cuda and capability.sm90_or_later(x.device)
     _splitk_kernel[(tiles_n, splits)](
         x, x_scale if dot_scaled else x, w_data, w_scale, w_g, bias if bias is not None else w_g, out,
         partial, counters,
@@ -553,7 +548,7 @@ def gemm_splitk(x, w_data, w_scale, w_g, bias, out_dtype, swizzled, config=None,
         SPLIT=splits > 1, USE_ASM=use_asm,
         OPERAND=tl.bfloat16 if use_asm else tl.float32,
         EVEN=n % block_n == 0 and k % ((gemm_mma.GROUP if grouped else 1) * block_k) == 0,
-        TILED=tiled_n is not None, DOT_SCALED=dot_scaled,
+        TILED=tiled, DOT_SCALED=dot_scaled,
         REG_MMA=gemm_configs.reg_mma_blocks(m) if reg_mma else 0,
         UNSCALE=1.0 if dot_scaled else 2.0**7, GROUPED=grouped,
         BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_K=block_k, SUM_ROWS=sum_rows, SUM_SPLITS=sum_splits,

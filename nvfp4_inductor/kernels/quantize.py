@@ -95,9 +95,8 @@ FUSED_AMAX_MAX_TILE = 16384
 MAX_PARTIALS = 1024  # partial maxima read by every quantize program: 4 KB
 MAX_GRID_Y = 65535  # CUDA's limit on a grid's second and third dimensions
 AMAX_TILE = (16, 512)  # (rows, columns) per step of the partial-amax kernels, 4 warps
-# Launch the quantize and partial-amax kernels with programmatic dependent launch on sm_90 (see
-# _quantize_kernel). The quantize benchmarks turn it off: back-to-back calls would overlap.
-LAUNCH_PDL = True
+# The quantize and partial-amax kernels launch with programmatic dependent launch on sm_90+ (see
+# _quantize_kernel).
 
 
 # The norm's tile (rms_norm_quantize_values, rows <= SMALL_M): every program first normalizes all of
@@ -446,7 +445,7 @@ def quantize(x: torch.Tensor, global_scale: torch.Tensor | None, per_row: bool, 
     write_g = True
     amax_m, amax_k = AMAX_TILE
     sm90 = capability.sm90_or_later(x.device)
-    pdl = LAUNCH_PDL and sm90
+    pdl = sm90
     if global_scale is not None:  # per row: read as a contiguous list of the rows' scales
         mode, g_in = (G_STATIC_ROW if per_row else G_STATIC), global_scale.contiguous()
     elif per_row:
