@@ -160,7 +160,7 @@ def pdl_cases():
 
 
 def eager_pdl_cases():
-    """The eager skinny GEMM on PDL (gemm_splitk.LAUNCH_PDL): no global load or store before its
+    """The eager skinny GEMM on PDL (on sm_90+): no global load or store before its
     wait, and no early release of the next launch; register-fed and tl.dot mainloops."""
     signature = {**SPLITK_SIGNATURE, "PDL": "constexpr"}
     bn, bk, _, warps, stages = gemm_configs.REG_MMA_CONFIG

@@ -425,12 +425,12 @@ def test_linear_tiled_on_cuda_takes_tiled_weights_off_word_boundaries():
                                                   (33, True, "bf16"), (1, False, "bf16"), (20, False, "bf16")])
 @pytest.mark.parametrize("late", ["x", "codes"])
 def test_skinny_gemm_waits_for_a_pdl_producer(m, tiled, activation, late):
-    """The skinny GEMM is launched with programmatic dependent launch (gemm_splitk.LAUNCH_PDL): it
+    """The skinny GEMM is launched with programmatic dependent launch (on sm_90+): it
     may start while the kernel before it runs, so it must wait before it reads x or the weights. The
     producer releases it at once and writes x (or the weight codes) ~0.5 ms later; a GEMM that read
     early would see zeros. Register-fed (M = 1 / 16 / 20) and tl.dot (M = 33, tiled) mainloops; W4A4
     quantizes x in a kernel of its own first (on PDL too)."""
-    assert gemm_splitk.LAUNCH_PDL and capability.sm90_or_later(torch.device("cuda"))
+    assert capability.sm90_or_later(torch.device("cuda"))
     gen = torch.Generator().manual_seed(m + tiled)
     x = torch.randn(m, 1024, generator=gen, dtype=torch.bfloat16).cuda()
     w = nv.quantize(torch.randn(4096, 1024, generator=gen).cuda())
