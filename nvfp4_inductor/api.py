@@ -187,11 +187,11 @@ def linear(x: Tensor, w_q: NVFP4, bias: Tensor | None = None, *, activation: str
         return ops.linear(x, w_q.data, w_scale, g, bias, w_q.swizzled, activation)
     if activation != "nvfp4":
         raise ValueError(f'x_global_scale quantizes x: it needs activation="nvfp4"; got {activation!r}')
-    g_x = _global_scale_tensor(x_global_scale, x, False, "x_global_scale")
-    _checks.check_global_scale("x_global_scale", g_x, x.shape[:-1], False, "x", x)
+    x_global_scale = _global_scale_tensor(x_global_scale, x, False, "x_global_scale")
+    _checks.check_global_scale("x_global_scale", x_global_scale, x.shape[:-1], False, "x", x)
     # W4A4 as its CUDA kernels compute it: x's codes times their block scales (exact in bf16, and
-    # in x.dtype) multiplied as W4A16, the two global scales applied as one product (g * g_x) in
-    # the epilogue. (The CPU reference of dynamic W4A4 applies g_x to x first: fp32 rounding apart.)
+    # in x.dtype) multiplied as W4A16, the two global scales applied as one product in the
+    # epilogue. (The CPU reference of dynamic W4A4 applies x's to x first: fp32 rounding apart.)
     # A backward through it raises, as W4A4's does (quantize_values has no gradient).
-    values, g_x = ops.quantize_values(x, g_x)
-    return ops.linear(values.to(x.dtype), w_q.data, w_scale, g * g_x, bias, w_q.swizzled, "bf16")
+    values, x_global_scale = ops.quantize_values(x, x_global_scale)
+    return ops.linear(values.to(x.dtype), w_q.data, w_scale, g * x_global_scale, bias, w_q.swizzled, "bf16")

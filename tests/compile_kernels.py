@@ -56,11 +56,11 @@ DEQUANTIZE_SIGNATURE = {
 
 
 SPLITK_SIGNATURE = {
-    "x_ptr": "*bf16", "x_scale_ptr": "*u8", "w_ptr": "*u8", "w_scale_ptr": "*u8", "w_g_ptr": "*fp32",
+    "x_ptr": "*bf16", "x_scale_ptr": "*u8", "w_ptr": "*u8", "w_scale_ptr": "*u8", "w_global_scale_ptr": "*fp32",
     "bias_ptr": "*bf16", "out_ptr": "*bf16", "partial_ptr": "*fp32", "counter_ptr": "*i32", "M": "i32",
     "N": "i32", "K": "i32",
     "w_scale_cols": "i32", "tiles_per_split": "i32", "stride_xm": "i32", "stride_om": "i32",
-    **{name: "constexpr" for name in ("SWIZZLED", "W_G_PER_ROW", "HAS_BIAS", "SPLIT", "USE_ASM",
+    **{name: "constexpr" for name in ("SWIZZLED", "W_GLOBAL_SCALE_PER_ROW", "HAS_BIAS", "SPLIT", "USE_ASM",
                                       "OPERAND", "EVEN", "TILED", "DOT_SCALED", "REG_MMA", "UNSCALE",
                                       "BLOCK_M", "BLOCK_N", "BLOCK_K", "SUM_ROWS", "SUM_SPLITS",
                                       "GROUPED")},
@@ -80,7 +80,7 @@ def compile_for(fn, signature, constexprs, target, num_warps=4, num_stages=3):
 
 
 def _splitk_constexprs(**overrides):
-    return {"SWIZZLED": False, "W_G_PER_ROW": False, "HAS_BIAS": True, "SPLIT": True, "USE_ASM": True,
+    return {"SWIZZLED": False, "W_GLOBAL_SCALE_PER_ROW": False, "HAS_BIAS": True, "SPLIT": True, "USE_ASM": True,
             "OPERAND": triton.language.bfloat16, "EVEN": True, "TILED": False,
             "DOT_SCALED": False, "REG_MMA": 0, "UNSCALE": 128.0, "SUM_ROWS": 1, "SUM_SPLITS": 16,
             "GROUPED": False, **overrides}

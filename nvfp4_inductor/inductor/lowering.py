@@ -4,11 +4,11 @@
       -> P = nvfp4_tiled_gemm(x2, W_data, W_scale)          a TritonTemplate (or an extern choice)
          y = (P * g + bias).to(x.dtype)                      Inductor IR: fused, see below
     y = nvfp4.linear_tiled(x, W_data, W_scale, g, bias, N, "nvfp4")          (W4A4)
-      -> x_values, g_x = nvfp4.quantize_values(x2)        its eager kernel: e2m1 * s_x in bf16
+      -> x_values, x_global_scale = nvfp4.quantize_values(x2)        its eager kernel: e2m1 * s_x in bf16
          P = nvfp4_tiled_gemm(x_values, W_data, W_scale)          the W4A16 template
-         y = (P * (g * g_x) + bias).to(x.dtype)
+         y = (P * (g * x_global_scale) + bias).to(x.dtype)
     On sm_100 W4A4 keeps x as NVFP4 for the block-scaled MMA instead:
-      -> x_data, x_scale, g_x = nvfp4.quantize(x2, None, False, False)
+      -> x_data, x_scale, x_global_scale = nvfp4.quantize(x2, None, False, False)
          P = nvfp4_tiled_gemm(x_data, x_scale, W_data, W_scale)          (DOT_SCALED)
 
 The template (templates/nvfp4_tiled_gemm.py.jinja) runs the eager skinny kernel's mainloop and
@@ -29,7 +29,7 @@ Choices: the template with the configs of gemm_configs.template_configs, and whe
 (M, N) on CUDA an extern choice (dequantize + cuBLAS, the eager op's path for large M). Where the
 extern choice is the pick (not autotuned against the template, so it need not return the fp32
 products), it returns the linear's output itself: one cuBLASLt GEMM that reads the global scale
-(W4A4: g * g_x) on the device as alpha and adds the bias (kernels/cublaslt.py). By default
+(W4A4: g * x_global_scale) on the device as alpha and adds the bias (kernels/cublaslt.py). By default
 the pick of kernels/plan.py (the template where it splits K, or up to plan.TEMPLATE_MAX_M rows
 with a program per SM); under mode="max-autotune" all of them. Where the
 template does not apply (a dynamic M, a non-CUDA device unless Inductor's CPU backend is Triton)
@@ -166,13 +166,13 @@ def _pdl_mode(device, w_data, w_scale) -> int:
 
 
 def lower_linear_tiled(x, w_data, w_scale, w_global_scale, bias, n, activation, norm_h=None, norm_eps=0.0,
-                       glu=False, x_g=None):
-    """glu: nvfp4.linear_tiled_silu_mul (x_g its x_global_scale), n = 2 x its output width: the
+                       glu=False, x_global_scale=None):
+    """glu: nvfp4.linear_tiled_silu_mul (with its x_global_scale), n = 2 x its output width: the
     template's epilogue takes silu(gate) * up from each tile's 32 gate and 32 up rows and stores
     (M, n / 2) itself. norm_h: a deferred RMSNorm (the op's docstring), applied by the template
     where it reads h's rows whole (gemm_configs.rms_in_template), else the eager op."""
-    op_args = (x, w_data, w_scale, w_global_scale, *((x_g, n // 2) if glu else (bias, n)), activation,
-               norm_h, norm_eps)  # the op's own arguments, as called
+    op_args = (x, w_data, w_scale, w_global_scale, *((x_global_scale, n // 2) if glu else (bias, n)),
+               activation, norm_h, norm_eps)  # the op's own arguments, as called
 
     def eager_op():
         return fallback_handler(GLU_OP if glu else OP, add_to_fallback_set=False)(*op_args)
@@ -191,12 +191,13 @@ def lower_linear_tiled(x, w_data, w_scale, w_global_scale, bias, n, activation, 
     # quantized values multiply in bf16, so W4A4 runs the W4A16 template on them (measured faster
     # than decoding x's codes in every program: benchmarks/NOTES.md).
     if dot_scaled:
-        x_data, x_scale, x_g = fallback_handler(QUANTIZE, add_to_fallback_set=False)(x2, None, False, False)
+        quantize = fallback_handler(QUANTIZE, add_to_fallback_set=False)
+        x_data, x_scale, x_global_scale = quantize(x2, None, False, False)
         inputs = realize_inputs(x_data, x_scale, w_data, w_scale)
         extern_choice = extern_mm_tiled_f32_x4
     else:
         if activation == "nvfp4":
-            x2, x_g = fallback_handler(QUANTIZE_VALUES, add_to_fallback_set=False)(x2)
+            x2, x_global_scale = fallback_handler(QUANTIZE_VALUES, add_to_fallback_set=False)(x2)
         elif x2.get_dtype() != torch.bfloat16:
             # W4A16 multiplies x rounded to bf16; the register-fed mainloop reads x's words as bf16
             # pairs (an fp16 x read so came out inf: found by an audit)
@@ -205,7 +206,7 @@ def lower_linear_tiled(x, w_data, w_scale, w_global_scale, bias, n, activation, 
         inputs = realize_inputs(x2, w_data, w_scale)
         extern_choice = extern_mm_tiled_f32
     if activation == "nvfp4" and not glu:  # (the GLU template multiplies them itself)
-        w_global_scale = lowerings[aten.mul.Tensor](w_global_scale, x_g)  # the eager kernels' order
+        w_global_scale = lowerings[aten.mul.Tensor](w_global_scale, x_global_scale)  # the eager kernels' order
     num_sms = capability.sm_count(device)
     # the register-fed mainloop reads x's rows as 32-bit words: even row stride and offset (a
     # flexible layout is contiguous until the template freezes it; forcing one copied x)
@@ -216,7 +217,8 @@ def lower_linear_tiled(x, w_data, w_scale, w_global_scale, bias, n, activation, 
                                  if chosen.kernel == "dequant_cublas" else chosen[:2])
     configs = gemm_configs.template_configs(m, n, k, num_sms, template_kernel, mainloop)
     split = configs[0].split
-    if norm_h is not None and split == 1 and not all(gemm_configs.rms_in_template(c.block_m, k) for c in configs):
+    if (norm_h is not None and split == 1
+            and not all(gemm_configs.rms_in_template(c.block_m, k) for c in configs)):
         return eager_op()  # (unsplit, each program reads its BLOCK_M rows of h)
     # where dequantize + cuBLAS may win (M > 64); it does not apply a deferred norm
     extern = split == 1 and device.type == "cuda" and not glu and norm_h is None
@@ -242,9 +244,9 @@ def lower_linear_tiled(x, w_data, w_scale, w_global_scale, bias, n, activation, 
         extra["triton_meta"] = {"launch_pdl": True}
     if glu:  # the global scales go in (the epilogue rounds each linear), the output is final
         inputs.append(realize_inputs(w_global_scale))
-        extra["HAS_GX"] = x_g is not None
-        if x_g is not None:
-            inputs.append(realize_inputs(x_g))
+        extra["HAS_GX"] = x_global_scale is not None
+        if x_global_scale is not None:
+            inputs.append(realize_inputs(x_global_scale))
         layout = ir.FixedLayout(device, x.get_dtype(), [m, n // 2])
         extra["OUT_DTYPE"] = _TL_DTYPES[x.get_dtype()]
         assert all(c.block_n % (2 * tiled.GLU_GROUP) == 0 for c in configs), configs
@@ -301,6 +303,7 @@ def register() -> None:
     if not _registered:
         register_lowering(OP, type_promotion_kind=None)(lower_linear_tiled)
         register_lowering(GLU_OP, type_promotion_kind=None)(
-            lambda x, w_data, w_scale, g, x_g, n, activation, norm_h=None, norm_eps=0.0: lower_linear_tiled(
-                x, w_data, w_scale, g, None, 2 * n, activation, norm_h, norm_eps, glu=True, x_g=x_g))
+            lambda x, w_data, w_scale, g, x_global_scale, n, activation, norm_h=None, norm_eps=0.0:
+            lower_linear_tiled(x, w_data, w_scale, g, None, 2 * n, activation, norm_h, norm_eps, glu=True,
+                               x_global_scale=x_global_scale))
         _registered = True

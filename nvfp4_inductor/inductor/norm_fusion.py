@@ -4,12 +4,13 @@ defers the norm into the GEMM.
 W4A4.
 
 After the linear rewrite, a W4A4 linear is `linear_tiled(x, ..., g, b, N, "nvfp4")`: quantize_values
-(x) -> (values, g_x), the W4A16 GEMM on the values, (g * g_x) in the epilogue. Where x is an
+(x) -> (values, x_global_scale), the W4A16 GEMM on the values, (g * x_global_scale) in the
+epilogue. Where x is an
 RMSNorm of h (a decoder's attention and MLP inputs) that was two kernels before the GEMM (the norm
 Inductor generates, the quantize kernel); this pass makes it one,
 
-    values, g_x = nvfp4.rms_norm_quantize_values(h, weight, eps, weight_after_cast)
-    y = nvfp4.linear_tiled(values, ..., g * g_x, b, N, "bf16")
+    values, x_global_scale = nvfp4.rms_norm_quantize_values(h, weight, eps, weight_after_cast)
+    y = nvfp4.linear_tiled(values, ..., g * x_global_scale, b, N, "bf16")
 
 the same numbers as quantize_values of the norm (reference.rms_norm) multiplied as W4A4 does. The
 residual add that fed the norm then fuses into the GEMM that produces it (its epilogue).
@@ -197,19 +198,20 @@ def fuse_rms_norms(graph: fx.Graph) -> int:
         with graph.inserting_after(call):
             values = graph.call_function(operator.getitem, (call, 0))
         with graph.inserting_after(values):
-            g_x = graph.call_function(operator.getitem, (call, 1))
+            x_global_scale = graph.call_function(operator.getitem, (call, 1))
         out = _fake(call, FUSED, match)
-        values.meta["val"], g_x.meta["val"] = out
+        values.meta["val"], x_global_scale.meta["val"] = out
         y.replace_all_uses_with(values)
         for linear in linears:
             args = list(linear.args)
             if linear.target == LINEAR:
                 with graph.inserting_before(linear):
-                    g_xw = graph.call_function(aten.mul.Tensor, (args[3], g_x))  # (g * g_x): W4A4's order
-                _fake(g_xw, aten.mul.Tensor, (args[3], g_x))
-                args[3] = g_xw
+                    # (g * x_global_scale): W4A4's order
+                    global_scales = graph.call_function(aten.mul.Tensor, (args[3], x_global_scale))
+                _fake(global_scales, aten.mul.Tensor, (args[3], x_global_scale))
+                args[3] = global_scales
             else:  # linear_tiled_silu_mul takes x's global scale itself (its template multiplies)
-                args[4] = g_x
+                args[4] = x_global_scale
             args[-1] = "bf16"  # x: the values, multiplied as bf16
             linear.args = tuple(args)
         fused += 1

@@ -21,22 +21,27 @@ def _rows(x):
     return x2 if x2.stride(-1) == 1 else x2.contiguous()
 
 
-def linear(x, w_data, w_scale, w_g, bias, w_swizzled: bool, activation: str):
+def linear(x, w_data, w_scale, w_global_scale, bias, w_swizzled: bool, activation: str):
     """nvfp4::linear on CUDA (arguments checked by the op): x (..., K) -> (..., N) in x.dtype."""
     from .dequantize import dequantize
 
     lead, k = x.shape[:-1], x.shape[-1]
     n = w_data.shape[0]
-    w_g = w_g.contiguous()  # per row: the kernels read it as a contiguous list
+    w_global_scale = w_global_scale.contiguous()  # per row: the kernels read it as a contiguous list
     x2 = _rows(x)
     chosen = plan.plan_gemm(x2.shape[0], n, k, tiled=False, activation=activation, device=x.device)
     if chosen.kernel == "splitk":
-        y = _linear_splitk(x2, w_data, w_scale, w_g, bias, w_swizzled, activation, chosen.x_format, x.dtype,
-                           None)
+        y = _linear_splitk(x2, w_data, w_scale, w_global_scale, bias, w_swizzled, activation,
+                           chosen.x_format, x.dtype, None)
     else:
         w = dequantize(w_data, w_scale, None, w_swizzled, torch.bfloat16)
-        y = _linear_dequant_cublas(x2, w, w_g, bias, activation, x.dtype)
+        y = _linear_dequant_cublas(x2, w, w_global_scale, bias, activation, x.dtype)
     return y.reshape(*lead, n)
+
+
+def _product(w_global_scale, x_global_scale):
+    """The global scale the epilogue applies: W's, times x's for W4A4 (the eager kernels' order)."""
+    return w_global_scale if x_global_scale is None else w_global_scale * x_global_scale
 
 
 def _activation_operand(x2, activation):
@@ -48,36 +53,37 @@ def _activation_operand(x2, activation):
 
     if activation != "nvfp4":
         return x2.to(torch.bfloat16), None
-    values, _, a_g = quantize(x2, None, False, False, values=True)
-    return values, a_g
+    values, _, x_global_scale = quantize(x2, None, False, False, values=True)
+    return values, x_global_scale
 
 
-def _linear_splitk(x2, w_data, w_scale, w_g, bias, w_swizzled, activation, x_format, out_dtype, tiled_n):
+def _linear_splitk(x2, w_data, w_scale, w_global_scale, bias, w_swizzled, activation, x_format, out_dtype,
+                   tiled_n):
     """Decode sizes: the split-K kernel, both global scales in its epilogue, x a bf16 operand (W4A4:
     its quantized values), or x's codes where the plan multiplies NVFP4 (sm_100, tiled W)."""
     from .gemm_splitk import gemm_splitk
     from .quantize import quantize
 
     if x_format == "nvfp4":
-        a, a_scale, a_g = quantize(x2, None, False, False)
-        return gemm_splitk(a, w_data, w_scale, w_g * a_g, bias, out_dtype, w_swizzled,
+        a, a_scale, x_global_scale = quantize(x2, None, False, False)
+        return gemm_splitk(a, w_data, w_scale, w_global_scale * x_global_scale, bias, out_dtype, w_swizzled,
                            tiled_n=tiled_n, x_scale=a_scale)
-    a, a_g = _activation_operand(x2, activation)
-    return gemm_splitk(a, w_data, w_scale, w_g if a_g is None else w_g * a_g, bias, out_dtype,
+    a, x_global_scale = _activation_operand(x2, activation)
+    return gemm_splitk(a, w_data, w_scale, _product(w_global_scale, x_global_scale), bias, out_dtype,
                        w_swizzled, tiled_n=tiled_n)
 
 
-def _linear_dequant_cublas(x2, w, w_g, bias, activation, out_dtype):
+def _linear_dequant_cublas(x2, w, w_global_scale, bias, activation, out_dtype):
     """x (M, K), W as bf16 e2m1 * block scale (exact in bf16; the global scale would not be:
     measured 3e-3 relative error when folded in): one cuBLASLt GEMM that reads the global scales
     from the device as alpha, adds the bias and rounds once to out_dtype (kernels/cublaslt.py)."""
     from .cublaslt import scaled_mm
 
-    a, a_g = _activation_operand(x2, activation)
-    return scaled_mm(a, w, w_g if a_g is None else w_g * a_g, bias, out_dtype)
+    a, x_global_scale = _activation_operand(x2, activation)
+    return scaled_mm(a, w, _product(w_global_scale, x_global_scale), bias, out_dtype)
 
 
-def linear_tiled(x, w_data, w_scale, w_g, bias, n: int, activation: str, norm_h=None,
+def linear_tiled(x, w_data, w_scale, w_global_scale, bias, n: int, activation: str, norm_h=None,
                  norm_eps: float = 0.0):
     """nvfp4::linear_tiled on CUDA: W in the tiled layout (nvfp4_inductor.tiled). Small M runs the
     skinny kernel on it; larger M dequantizes it (the dequantize kernel reads the tiled layout)
@@ -87,23 +93,23 @@ def linear_tiled(x, w_data, w_scale, w_g, bias, n: int, activation: str, norm_h=
     from .dequantize import dequantize
 
     lead, k = x.shape[:-1], x.shape[-1]
-    w_g = w_g.contiguous()  # per row: the kernels read it as a contiguous list
+    w_global_scale = w_global_scale.contiguous()  # per row: the kernels read it as a contiguous list
     x2 = _rows(x)
     if norm_h is not None:
         from ..reference import rms_scale
 
-        a, a_g = _activation_operand(x2, activation)
+        a, x_global_scale = _activation_operand(x2, activation)
         y = mm_tiled_f32(a, w_data, w_scale, n) * rms_scale(norm_h.reshape(-1, k), norm_eps)
-        y = y * (w_g if a_g is None else w_g * a_g)
+        y = y * (w_global_scale if x_global_scale is None else w_global_scale * x_global_scale)
         if bias is not None:
             y = y + bias.float()
         return y.to(x.dtype).reshape(*lead, n)
     chosen = plan.plan_gemm(x2.shape[0], n, k, tiled=True, activation=activation, device=x.device)
     if chosen.kernel == "splitk":
-        return _linear_splitk(x2, w_data, w_scale, w_g, bias, False, activation, chosen.x_format, x.dtype,
-                              n).reshape(*lead, n)
+        return _linear_splitk(x2, w_data, w_scale, w_global_scale, bias, False, activation,
+                              chosen.x_format, x.dtype, n).reshape(*lead, n)
     w = dequantize(w_data, w_scale, None, False, torch.bfloat16, tiled_nk=(n, k))
-    return _linear_dequant_cublas(x2, w, w_g, bias, activation, x.dtype).reshape(*lead, n)
+    return _linear_dequant_cublas(x2, w, w_global_scale, bias, activation, x.dtype).reshape(*lead, n)
 
 
 def mm_tiled_f32(x2, w_data, w_scale, n: int):

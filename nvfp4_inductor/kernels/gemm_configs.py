@@ -171,7 +171,8 @@ def template_configs(m: int, n: int, k: int, num_sms: int, kernel: str, mainloop
             variants = [(warps, stages), (4, 4), (8, 3)]
         else:
             block_m, block_n, block_k, splits, warps, stages = splitk_config(m, n, k, num_sms, tiled=True)
-            variants = [(warps, stages)] + [(w, s) for w in (2, 4) for s in (3, 4, 5) if (w, s) != (warps, stages)]
+            variants = [(warps, stages)] + [(w, s) for w in (2, 4) for s in (3, 4, 5)
+                                            if (w, s) != (warps, stages)]
         splits, per_split = split_ranges(k, block_k, splits)
         return [TemplateConfig(block_m, splits, per_split, w, s, block_n, block_k) for w, s in variants]
     block_n, block_k = (2 * TILE_N, 2 * TILE_K) if mainloop == "dot_scaled" else (TILE_N, TILE_K)

@@ -240,15 +240,15 @@ def dot_scaled_mainloop(
 
 
 @triton.jit
-def _epilogue(acc, ms, cols_n, M, N, w_g_ptr, bias_ptr, out_ptr, stride_om,
-              W_G_PER_ROW: tl.constexpr, HAS_BIAS: tl.constexpr, UNSCALE: tl.constexpr):
+def _epilogue(acc, ms, cols_n, M, N, w_global_scale_ptr, bias_ptr, out_ptr, stride_om,
+              W_GLOBAL_SCALE_PER_ROW: tl.constexpr, HAS_BIAS: tl.constexpr, UNSCALE: tl.constexpr):
     """acc (BLOCK_N, BLOCK_M) fp32 sums of e2m1 * s * 2^-7 * x (x decoded from NVFP4: one more
     2^-7) -> out[m, n] = acc * UNSCALE * g + bias, UNSCALE = 2^7 (2^14)."""
     n_ok = cols_n < N
-    if W_G_PER_ROW:
-        g = tl.load(w_g_ptr + cols_n, mask=n_ok, other=0.0)[:, None]
+    if W_GLOBAL_SCALE_PER_ROW:
+        g = tl.load(w_global_scale_ptr + cols_n, mask=n_ok, other=0.0)[:, None]
     else:
-        g = tl.load(w_g_ptr)
+        g = tl.load(w_global_scale_ptr)
     y = acc * UNSCALE * g
     if HAS_BIAS:
         y = y + tl.load(bias_ptr + cols_n, mask=n_ok, other=0.0).to(tl.float32)[:, None]
@@ -333,13 +333,13 @@ def split_tiles(pid_k, tiles_per_split, tiles):
 @triton.jit
 def _splitk_kernel(
     # pointers
-    x_ptr, x_scale_ptr, w_ptr, w_scale_ptr, w_g_ptr, bias_ptr, out_ptr, partial_ptr, counter_ptr,
+    x_ptr, x_scale_ptr, w_ptr, w_scale_ptr, w_global_scale_ptr, bias_ptr, out_ptr, partial_ptr, counter_ptr,
     # sizes
     M, N, K, w_scale_cols, tiles_per_split,
     # strides
     stride_xm, stride_om,
     # meta-parameters
-    SWIZZLED: tl.constexpr, W_G_PER_ROW: tl.constexpr, HAS_BIAS: tl.constexpr,
+    SWIZZLED: tl.constexpr, W_GLOBAL_SCALE_PER_ROW: tl.constexpr, HAS_BIAS: tl.constexpr,
     SPLIT: tl.constexpr, USE_ASM: tl.constexpr, OPERAND: tl.constexpr, EVEN: tl.constexpr,
     TILED: tl.constexpr, DOT_SCALED: tl.constexpr, REG_MMA: tl.constexpr, UNSCALE: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
@@ -376,11 +376,11 @@ def _splitk_kernel(
         num_splits = tl.num_programs(1)
         if last_split(counter_ptr + pid_n, num_splits):
             total = sum_splits(partial_ptr, num_splits, M, N, cols_n, BLOCK_N, SUM_ROWS, SUM_SPLITS)
-            _epilogue(total, tl.arange(0, SUM_ROWS), cols_n, M, N, w_g_ptr, bias_ptr, out_ptr, stride_om,
-                      W_G_PER_ROW, HAS_BIAS, UNSCALE)
+            _epilogue(total, tl.arange(0, SUM_ROWS), cols_n, M, N, w_global_scale_ptr, bias_ptr, out_ptr,
+                      stride_om, W_GLOBAL_SCALE_PER_ROW, HAS_BIAS, UNSCALE)
     else:
-        _epilogue(acc, ms, cols_n, M, N, w_g_ptr, bias_ptr, out_ptr, stride_om, W_G_PER_ROW, HAS_BIAS,
-                  UNSCALE)
+        _epilogue(acc, ms, cols_n, M, N, w_global_scale_ptr, bias_ptr, out_ptr, stride_om,
+                  W_GLOBAL_SCALE_PER_ROW, HAS_BIAS, UNSCALE)
 
 
 # Split-K tile counters, zero between launches (the last split of a tile resets its counter). Eager
@@ -468,14 +468,14 @@ def _mma_operands_fit(x, w_data, w_scale, tiled: bool) -> bool:
     return w_ok and x.stride(0) % 2 == 0 and x.data_ptr() % 4 == 0
 
 
-def gemm_splitk(x, w_data, w_scale, w_g, bias, out_dtype, swizzled, tiled_n=None, x_scale=None,
+def gemm_splitk(x, w_data, w_scale, w_global_scale, bias, out_dtype, swizzled, tiled_n=None, x_scale=None,
                 mainloop=None):
     """x (M, K) (bf16 on the GPU: the word decode multiplies in bf16; under the interpreter in fp32),
     M <= 64; W NVFP4 (N, K/2) + uint8 scale bits + g (() or (N,)) -> (M, N) out_dtype.
     tiled_n: W is in the tiled layout of nvfp4_inductor.tiled, with N = tiled_n rows. x_scale
     (sm_100, tiled W only): x is NVFP4 itself, codes (M, K/2) + these plain scale bits (M, K/16),
-    for the block-scaled MMA; g must then hold both global scales (w_g * x_g). Elsewhere W4A4
-    passes x's quantized values. mainloop: "mma", "dot" or "dot_scaled" (plan.splitk_mainloop's
+    for the block-scaled MMA; w_global_scale must then hold both global scales (W's times x's).
+    Elsewhere W4A4 passes x's quantized values. mainloop: "mma", "dot" or "dot_scaled" (plan.splitk_mainloop's
     choice where None; a given one is checked against what it needs)."""
     m, k = x.shape[0], x.shape[1] * (2 if x_scale is not None else 1)
     n = w_data.shape[0] if tiled_n is None else tiled_n
@@ -540,11 +540,12 @@ def gemm_splitk(x, w_data, w_scale, w_g, bias, out_dtype, swizzled, tiled_n=None
     sum_rows, sum_splits = gemm_configs.split_sum_tile(m, splits, block_n, warps)
     pdl = x.is_cuda and capability.sm90_or_later(x.device)
     _splitk_kernel[(tiles_n, splits)](
-        x, x_scale if dot_scaled else x, w_data, w_scale, w_g, bias if bias is not None else w_g, out,
+        x, x_scale if dot_scaled else x, w_data, w_scale, w_global_scale,
+        bias if bias is not None else w_global_scale, out,
         partial, counters,
         m, n, k, scale_cols_pad, tiles_per_split,
         x.stride(0), out.stride(0),
-        SWIZZLED=swizzled, W_G_PER_ROW=w_g.dim() > 0, HAS_BIAS=bias is not None,
+        SWIZZLED=swizzled, W_GLOBAL_SCALE_PER_ROW=w_global_scale.dim() > 0, HAS_BIAS=bias is not None,
         SPLIT=splits > 1, USE_ASM=use_asm,
         OPERAND=tl.bfloat16 if use_asm else tl.float32,
         EVEN=n % block_n == 0 and k % ((gemm_mma.GROUP if grouped else 1) * block_k) == 0,
