@@ -111,10 +111,10 @@ def layer_skip_reason(config: Config, name: str, shape, module: nn.Module | None
     out_features, in_features = shape
     if not out_features or not in_features:
         return f"shape ({out_features}, {in_features}) has no weights"
+    if config.skip_output_head and _is_output_head(name):  # (whatever its shape: the reason that holds)
+        return "output head (Config.skip_output_head)"
     if in_features % BLOCK_SIZE or out_features % BLOCK_SIZE:
         return f"shape ({out_features}, {in_features}) is not a multiple of {BLOCK_SIZE}"
-    if config.skip_output_head and _is_output_head(name):
-        return "output head (Config.skip_output_head)"
     if out_features * in_features < config.min_weight_numel:
         return f"{out_features * in_features} weights < Config.min_weight_numel"
     if config.include is not None and not config.include(name, module):

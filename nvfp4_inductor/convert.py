@@ -5,6 +5,7 @@ The weight is stored under the ModelOpt checkpoint names: `weight` uint8 (N, K/2
 `weight_scale` float8_e4m3fn (N, K/16), `weight_scale_2` fp32 (the decode global scale).
 """
 
+import warnings
 from dataclasses import dataclass, field
 
 import torch
@@ -112,14 +113,21 @@ class NVFP4Linear(nn.Module):
                                                              self.weight_scale.dtype),
                   "weight_scale_2": _checked_global_scale,
                   "input_scale": _checked_input_scale}  # as set_input_scale checks it
+        refused = []
         for name, check in checks.items():
             key = prefix + name
             if key not in state_dict:
                 continue
+            value = state_dict[key]
             try:
-                state_dict[key] = check(key, state_dict[key])
+                state_dict[key] = check(key, value)
             except (TypeError, ValueError) as error:
+                if name == "weight" and isinstance(value, torch.Tensor) and value.is_floating_point():
+                    error = TypeError(f"{key} is a {value.dtype} tensor (an unquantized checkpoint), but this "
+                                      "layer is NVFP4 already; load it into the model before nv.convert, or load "
+                                      "an NVFP4 checkpoint (uint8 codes)")
                 error_msgs.append(str(error))
+                refused.append(key)
                 del state_dict[key]
             else:
                 if name == "input_scale" and self.input_scale is None:  # a calibrated checkpoint
@@ -130,6 +138,8 @@ class NVFP4Linear(nn.Module):
             state_dict[key] = api.swizzle_scales(state_dict[key])
         super()._load_from_state_dict(state_dict, prefix, local_metadata, strict, missing_keys,
                                       unexpected_keys, error_msgs)
+        # a refused tensor was there: its error says why, "missing" would not be true
+        missing_keys[:] = [key for key in missing_keys if key not in refused]
 
     @classmethod
     def from_linear(cls, linear: nn.Linear, activations: str = "auto", method: str = "rtn",
@@ -287,6 +297,10 @@ def convert(model: nn.Module, config: Config | None = None) -> ConversionReport:
             setattr(parent, child, replacement)
         report.converted += own
         report.layers += 1
+    if not report.layers:  # nothing to gain, and nothing changed: say so rather than return quietly
+        found = (f"none of its {len(report.skipped)} nn.Linear layers qualified: see the report's "
+                 "skipped reasons" if report.skipped else "it has no nn.Linear layers")
+        warnings.warn(f"nv.convert converted nothing: {found}", stacklevel=2)
     return report
 
 

@@ -168,7 +168,8 @@ def test_load_state_dict_takes_codes_and_scales_as_bits(swizzle):
 
 
 @pytest.mark.parametrize("key, value, message", [
-    ("weight", lambda s: s["weight"].float(), "weight must have dtype"),
+    ("weight", lambda s: s["weight"].float(), r"weight is a torch.float32 tensor \(an unquantized checkpoint\)"),
+    ("weight", lambda s: s["weight"].to(torch.int32), "weight must have dtype"),
     ("weight_scale", lambda s: s["weight_scale"].to(torch.bfloat16), "weight_scale must have dtype"),
     ("weight_scale_2", lambda s: torch.zeros(()), "weight_scale_2 must be finite and > 0"),
     ("weight_scale_2", lambda s: -s["weight_scale_2"], "weight_scale_2 must be finite and > 0"),
@@ -184,9 +185,32 @@ def test_load_state_dict_refuses_nvfp4_tensors_it_would_load_wrong(key, value, m
     state = _modelopt_state(torch.randn(64, 32))
     module = nv.NVFP4Linear(nv.quantize(torch.randn(64, 32)), None, "bf16")
     before = {name: t.clone() for name, t in module.state_dict().items()}
-    with pytest.raises(RuntimeError, match=message):
+    with pytest.raises(RuntimeError, match=message) as refused:
         module.load_state_dict({**state, key: value(state)})
+    assert "Missing key" not in str(refused.value)  # the tensor was there: only its error is reported
     assert torch.equal(module.state_dict()[key].float(), before[key].float())
+
+
+def test_convert_warns_when_it_converts_nothing():
+    with pytest.warns(UserWarning, match="converted nothing: it has no nn.Linear layers"):
+        report = nv.convert(nn.Sequential(nn.ReLU()))
+    assert report.layers == 0
+    with pytest.warns(UserWarning, match="none of its 1 nn.Linear layers qualified"):
+        nv.convert(nn.Sequential(nn.Linear(30, 30)))
+
+
+def test_an_output_head_of_any_width_is_reported_as_the_output_head():
+    """An LM head of 1000 classes is left bf16 as the output head (the reason that holds whatever
+    its width), not for its width."""
+    model = nn.Module()
+    model.body, model.lm_head = nn.Linear(64, 64), nn.Linear(64, 1000)
+    report = nv.convert(model)
+    assert report.skipped == {"lm_head": "output head (Config.skip_output_head)"}
+    other = nn.Module()
+    other.lm_head = nn.Linear(64, 1000)
+    with pytest.warns(UserWarning, match="converted nothing"):
+        report = nv.convert(other, nv.Config(skip_output_head=False))
+    assert report.skipped == {"lm_head": "shape (1000, 64) is not a multiple of 16"}
 
 
 class _Shared(nn.Module):
