@@ -73,7 +73,7 @@ def _global_scale_tensor(global_scale, x: Tensor, per_row: bool,
         raise ValueError(f"{name} must be finite and > 0 in float32; got {global_scale} "
                          f"({g.item()} in float32)")
     # Filled on x's device, not copied from the host: a host-to-GPU copy synchronizes, and inside a
-    # CUDA-graph capture it fails (H100: "Cannot copy between CPU and CUDA tensors during CUDA graph
+    # CUDA-graph capture it fails ("Cannot copy between CPU and CUDA tensors during CUDA graph
     # capture unless the CPU tensor is pinned").
     return torch.full((), value, dtype=torch.float32, device=x.device)
 

@@ -312,7 +312,7 @@ def _(x, w_data, w_scale, w_global_scale, bias, w_swizzled, activation):
 def no_gradient(like: Tensor, message: str) -> Tensor:
     """The gradient of an input that has none (W4A4's quantized x): raises RuntimeError(message)
     when a backward runs it. For the tracer it is a tensor like `like`: torch.compile traces the
-    backward with the forward, and raising there failed the compile of a forward that never
+    backward with the forward, and raising there would fail the compile of a forward that never
     backpropagates (x requiring grad outside no_grad)."""
     raise RuntimeError(message)
 

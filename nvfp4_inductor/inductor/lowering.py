@@ -17,7 +17,7 @@ IR, so Inductor fuses it with whatever follows (activation, residual add, dtype 
 template's store (store_output): one kernel for GEMM + bias + GELU + residual. At decode (M <= 64)
 the template splits K (the weight stream needs ~8 programs per SM): each program stores partial
 sums to a workspace, and the last split of each output tile sums them and runs that epilogue, so
-this is one kernel too (it was the template and an Inductor reduction over the partials).
+this is one kernel too (no separate reduction over the partials).
 The fp32 operation order is the eager kernels': ((sum * 2^7) * g + bias), then one rounding.
 
 A deferred RMSNorm (norm_h, W4A16 at decode: norm_fusion.py) is applied by the template, which
@@ -137,8 +137,8 @@ def _uses_template(x) -> bool:
 
 def _unit_k_stride(x):
     """x (M, K) in row-major order (K's stride 1, any row stride), as the template's mainloops
-    read x's rows: a column-major x (a transposed view, or a copy Inductor lays out like one) was
-    read as if row-major (found by an audit). A flexible layout is frozen so, a fixed one copied."""
+    read x's rows: a column-major x (a transposed view, or a copy Inductor lays out like one) would
+    be read as if row-major. A flexible layout is frozen so, a fixed one copied."""
     if x.get_stride()[-1] == 1 and not isinstance(x.get_layout(), ir.FlexibleLayout):
         return x
     return ir.ExternKernel.require_stride_order(x, [1, 0])
@@ -149,7 +149,7 @@ def _even_rows(x) -> bool:
     layout = x.get_layout()
     stride, offset = layout.stride[0], layout.offset
     # Static strides and offsets are ints or sympy Integers: a buffer computed in the graph (a norm's
-    # output) has the latter. (Checking for int alone sent every such x to the tl.dot mainloop.)
+    # output) has the latter. (Checking for int alone would send every such x to tl.dot.)
     static = all(isinstance(v, (int, sympy.Integer)) for v in (stride, offset))
     return static and int(stride) % 2 == 0 and int(offset) % 2 == 0
 
@@ -189,7 +189,7 @@ def lower_linear_tiled(x, w_data, w_scale, w_global_scale, bias, n, activation, 
     device = x.get_device()
     # W4A4 on sm_100: x stays NVFP4 for the block-scaled MMA (tl.dot_scaled); elsewhere x's
     # quantized values multiply in bf16, so W4A4 runs the W4A16 template on them (measured faster
-    # than decoding x's codes in every program: benchmarks/NOTES.md).
+    # than decoding x's codes in every program: docs/gemm.md).
     if dot_scaled:
         quantize = fallback_handler(QUANTIZE, add_to_fallback_set=False)
         x_data, x_scale, x_global_scale = quantize(x2, None, False, False)
@@ -200,7 +200,7 @@ def lower_linear_tiled(x, w_data, w_scale, w_global_scale, bias, n, activation, 
             x2, x_global_scale = fallback_handler(QUANTIZE_VALUES, add_to_fallback_set=False)(x2)
         elif x2.get_dtype() != torch.bfloat16:
             # W4A16 multiplies x rounded to bf16; the register-fed mainloop reads x's words as bf16
-            # pairs (an fp16 x read so came out inf: found by an audit)
+            # pairs (an fp16 x read so would come out inf)
             x2 = to_dtype(x2, torch.bfloat16)
         x2 = _unit_k_stride(realize_inputs(x2))
         inputs = realize_inputs(x2, w_data, w_scale)
@@ -209,7 +209,7 @@ def lower_linear_tiled(x, w_data, w_scale, w_global_scale, bias, n, activation, 
         w_global_scale = lowerings[aten.mul.Tensor](w_global_scale, x_global_scale)  # the eager kernels' order
     num_sms = capability.sm_count(device)
     # the register-fed mainloop reads x's rows as 32-bit words: even row stride and offset (a
-    # flexible layout is contiguous until the template freezes it; forcing one copied x)
+    # flexible layout is contiguous until the template freezes it; forcing one would copy x)
     chosen = plan.plan_gemm(m, n, k, tiled=True, activation=activation, device=device, compiled=True,
                             mma_operands_fit=_even_rows(inputs[0]), code_bytes=int(w_data.get_numel()))
     # (dequantize + cuBLAS as the pick: the template's configs still join under max-autotune)
@@ -288,7 +288,7 @@ def lower_linear_tiled(x, w_data, w_scale, w_global_scale, bias, n, activation, 
     # A buffer of its own, (m, n) like the template's product: the scheduler fuses it into the
     # template's store (and a consumer's pointwise ops after it, dropping the store when nothing
     # else reads it). Left a pointwise node, a consumer that needs a fixed layout (attention on
-    # q / k / v sliced from a merged GEMM) copied it out in a kernel of its own, the template
+    # q / k / v sliced from a merged GEMM) would copy it out in a kernel of its own, the template
     # storing fp32 for it.
     y.realize()
     return lowerings[aten.view.default](y, [*lead, n])

@@ -6,8 +6,8 @@ W4A4.
 After the linear rewrite, a W4A4 linear is `linear_tiled(x, ..., g, b, N, "nvfp4")`: quantize_values
 (x) -> (values, x_global_scale), the W4A16 GEMM on the values, (g * x_global_scale) in the
 epilogue. Where x is an
-RMSNorm of h (a decoder's attention and MLP inputs) that was two kernels before the GEMM (the norm
-Inductor generates, the quantize kernel); this pass makes it one,
+RMSNorm of h (a decoder's attention and MLP inputs), two kernels run before the GEMM (the norm
+Inductor generates, the quantize kernel); this pass makes them one,
 
     values, x_global_scale = nvfp4.rms_norm_quantize_values(h, weight, eps, weight_after_cast)
     y = nvfp4.linear_tiled(values, ..., g * x_global_scale, b, N, "bf16")
@@ -15,9 +15,8 @@ Inductor generates, the quantize kernel); this pass makes it one,
 the same numbers as quantize_values of the norm (reference.rms_norm) multiplied as W4A4 does. The
 residual add that fed the norm then fuses into the GEMM that produces it (its epilogue).
 Only for bf16 h (the linear's output takes its x's dtype, the values' bf16) of at most MAX_ROWS
-rows (every program of the fused kernel normalizes all of h for the global amax: H100, CUDA-graph
-latency, benchmarks/probe_norm_quantize.py, 4096 columns: 1 row 2.21 us against 3.48 for
-Inductor's norm + quantize_values, 2 rows 3.76 vs 3.90, 4 rows 6.62 vs 4.86), static shapes,
+rows (every program of the fused kernel normalizes all of h for the global amax, so at 4 rows the
+two kernels are faster: docs/backend.md), static shapes,
 where every use of the norm's output is the x of such a linear, and not on GPUs with FP4 tensor
 cores (W4A4 there quantizes x to codes for the block-scaled MMA).
 
@@ -29,10 +28,9 @@ nn.RMSNorm and the hand-written ones alike):
     y  = convert_element_type(n [* w], h.dtype)             weight_after_cast False (or no weight)
     y  = w * convert_element_type(n, h.dtype)               True: w in h's dtype (Hugging Face)
 
-W4A16 (defer_rms_norms). The norm was a kernel of its own between the GEMM that produced h (its
-residual add fused into that GEMM's epilogue) and the linears reading y: one launch and an 8 KB
-round trip on the critical path a norm, ~2.3 us at batch 1 on an H100 (16 norms, 41 us of a
-700 us Llama-3-8B-shaped decode step; benchmarks/NOTES.md, session 24). This pass writes
+W4A16 (defer_rms_norms). Otherwise the norm is a kernel of its own between the GEMM that produced
+h (its residual add fused into that GEMM's epilogue) and the linears reading y: one launch and an
+8 KB round trip on the critical path a norm (docs/decisions.md). This pass writes
 
     x = h * w                      rounded to h's dtype as the norm rounds y (w in fp32 first,
                                    or after the cast), Inductor fuses it into h's producer
@@ -42,12 +40,12 @@ and the GEMM multiplies each row's products by rsqrt(mean(h^2) + eps): the last 
 the template's tiles reads h whole, its loads in flight with the partial sums'
 (templates/nvfp4_tiled_gemm.py.jinja, RMS). The result is the norm's up to rounding: the factor
 multiplies fp32 products instead of h before its rounding to bf16 (the same error against float64
-as the norm then the linear, 2.4e-3 relative on random 4096-wide rows; benchmarks/NOTES.md, session 25).
+as the norm then the linear: docs/backend.md).
 For static bf16 h (in fp16, h * w rounded before the norm's factor can overflow where the normalized
 output does not) of at most DEFER_MAX_ROWS rows and at most gemm_configs.RMS_MAX_ELEMENTS elements
 (rows and K rounded up to powers of two: 1 row of 4096), on a device the template runs on, where
 every use of the norm's output is the x of a W4A16 linear. (Sums of squares split like the products,
-for any size, cost more than the norm's kernel at 16 rows: NOTES, session 25.)
+for any size, cost more than the norm's kernel at 16 rows: docs/decisions.md.)
 """
 
 import operator

@@ -27,7 +27,7 @@ it where the graph returns it, as eager returns a tensor of its own):
     y_i = y[..., offset_i : offset_i + N_i]
 
 The numbers per output row are those of the unmerged linear; one launch streams all the weights
-(at M = 1 on an H100, q / k / v of Llama-3-8B shapes took 3 launches for 4.8 MB of weights).
+(separately, the small GEMMs are latency-bound: docs/backend.md).
 
 A gated MLP's F.silu(gate) * up on a merged bias-less gate / up pair becomes
 nvfp4.linear_tiled_silu_mul: the same weights, rows interleaved by 32 (tiled.interleave_halves,

@@ -23,18 +23,18 @@ rate over its HBM bandwidth).
    tile's splits to finish (an atomic counter, `last_split`) sums them and runs the epilogue
    (global scales, bias, output dtype): one kernel a call.
 4. Weights in the row-major interchange layout, or (TILED) in nvfp4_inductor.tiled's layout,
-   where each (BLOCK_N, BLOCK_K) tile is one contiguous run: 1.4-1.8x faster (benchmarks/NOTES.md).
+   where each (BLOCK_N, BLOCK_K) tile is one contiguous run (row-major is L1-bound: docs/gemm.md).
 5. W4A4 runs this kernel on x's quantized values (nvfp4.quantize_values: e2m1 * s_x, exact in
-   bf16), both global scales in the epilogue's g; decoding x's codes in every program instead was
-   1.1-1.3x slower (benchmarks/results/probe_w4a4_h100.txt).
+   bf16), both global scales in the epilogue's g; decoding x's codes in every program instead is
+   slower (docs/gemm.md).
 6. sm_100 (DOT_SCALED, tiled W and NVFP4 x): `dot_scaled_mainloop` hands both packed operands and
    their e4m3 scales to tl.dot_scaled (tcgen05 block-scaled MMA, 128 x 128 weight steps); compiled
    for sm_100 in CI, not run (no Blackwell machine).
 The Inductor template (inductor/templates/nvfp4_tiled_gemm.py.jinja) calls the same mainloops.
 
 Without inline PTX (the Triton interpreter) `_decode_bytes` builds the same values in fp32 with
-plain Triton ops and the products run in fp32 (the interpreter has no bf16 dot; fp16 operands had
-turned a bf16 x above 65504 into inf and one below 2^-24 into 0), so CPU tests check the indexing
+plain Triton ops and the products run in fp32 (the interpreter has no bf16 dot; fp16 operands would
+turn a bf16 x above 65504 into inf and one below 2^-24 into 0), so CPU tests check the indexing
 and the numerics.
 """
 
@@ -153,8 +153,8 @@ def splitk_mainloop(
             tile = pid_n.to(tl.int64) * (k_pad // BLOCK_K) + t
             # The tile's rows taken in the order of its scales (tiled_row_at), so that the scales
             # load whole and only swap within 16-byte groups, inside a thread; acc's rows go back
-            # to tile order once, after the loop. (The scales permuted to tile order every K-step
-            # cost 3-4% at M = 64, gathered byte by byte 12%.)
+            # to tile order once, after the loop. (Permuting the scales to tile order every K-step,
+            # or gathering them byte by byte, is slower: docs/decisions.md.)
             rows = tiled_row_at(tl.arange(0, BLOCK_N))
             packed = tl.load(w_ptr + tile * (BLOCK_N * BLOCK_K // 2) + rows[:, None] * (BLOCK_K // 2)
                              + tl.arange(0, BLOCK_K // 2)[None, :])
@@ -324,8 +324,7 @@ def rms_factor(h_rows, K, eps):
 
 @triton.jit
 def split_tiles(pid_k, tiles_per_split, tiles):
-    """The K-tiles [begin, end) of split pid_k: tiles_per_split each, the last split the rest (one
-    function, so that benchmarks/probe_splits.py can replace it)."""
+    """The K-tiles [begin, end) of split pid_k: tiles_per_split each, the last split the rest."""
     tile_begin = pid_k * tiles_per_split
     return tile_begin, tl.minimum(tile_begin + tiles_per_split, tiles)
 
@@ -398,7 +397,7 @@ RESERVED_COUNTERS = 1 << 20
 # Launched with programmatic dependent launch on sm_90+: every program waits for the previous kernel
 # (griddepcontrol.wait) before any global load or store, so only the launch and the programs' set-up
 # overlap that kernel's tail (releasing the next launch after the mainloop measured slower at M = 16:
-# docs/gemm.md).
+# docs/decisions.md).
 
 
 def _zeros_outside_graph_pools(numel: int, device) -> torch.Tensor:
@@ -509,7 +508,7 @@ def gemm_splitk(x, w_data, w_scale, w_global_scale, bias, out_dtype, swizzled, t
     dot_scaled = mainloop == "dot_scaled"
     use_asm = x.is_cuda
     # row-major W, plain scales, K % 64 == 0, M <= 8: the register-fed mainloop reads a scale word
-    # per 4 K-tiles (splits of whole groups of 4); measured slower at M = 16 (docs/gemm.md).
+    # per 4 K-tiles (splits of whole groups of 4); measured slower at M = 16 (docs/decisions.md).
     grouped = bool(reg_mma and not tiled and not swizzled and m <= 8 and k % (4 * BLOCK_SIZE) == 0
                    and w_scale.data_ptr() % 4 == 0)
     num_sms = capability.sm_count(x.device)

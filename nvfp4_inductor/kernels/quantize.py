@@ -23,7 +23,7 @@ Nothing is read back to the host: capturable in a CUDA graph, no sync.
 With NORM (rms_norm_quantize_values, G_FUSED only) x is h, and the kernel quantizes the values of
 an RMSNorm of h instead (reference.rms_norm: per row rsqrt(mean(h^2) + eps), the weight before or
 after the rounding to h's dtype): every program normalizes all of h for the amax, as G_FUSED
-reduces x, then its own tile. One launch for what was a norm kernel and a quantize kernel.
+reduces x, then its own tile. One launch instead of a norm kernel and a quantize kernel.
 
 The quantize tile is (BLOCK_M rows, BLOCK_K / 16 blocks, 8 element pairs): one thread owns whole
 blocks, so block reductions and nibble packing never leave its registers. It is memory-bound only
@@ -79,18 +79,16 @@ _FP16_INF_FROM: tl.constexpr = tl.constexpr(65520.0)
 
 # Quantize tiles (BLOCK_M, BLOCK_K, num_warps). BLOCK_K is a multiple of 64 so that one column of
 # K-tiles covers whole swizzled scale column groups (4 blocks of 16); BLOCK_M divides 128.
-# Large x: 2 blocks per thread; of the tiles swept on 16384x8192 bf16 (benchmarks/bench_quantize.py)
-# (16, 256, 4) was best on both an H100 (2524 GB/s vs 2446 for (32, 128, 4)) and an H200.
+# Large x: 2 blocks per thread; (16, 256, 4) was the best of the tiles swept on 16384x8192 bf16
+# (benchmarks/bench_quantize.py; docs/decisions.md).
 # Decode-sized x: one block per thread, one row per tile, so no thread works on masked-off rows
-# (a 32-row tile for M = 1 was measured at 1.9 us against 0.56 us for an empty kernel).
+# (a 32-row tile at M = 1 took several times an empty kernel's time: docs/decisions.md).
 LARGE_TILE = (16, 256, 4)
 SMALL_M = 16
 # A dynamic per-tensor amax over x padded to at most this many elements (next powers of two of M
 # and K) is reduced inside the quantize kernel by every program, in one load (one launch instead of
-# two); larger x takes the partial-amax pass. H100 (benchmarks/probe_fused_amax.py, CUDA graphs,
-# quantize_values): one launch 1.97 / 2.68 / 2.79 us against two 3.52 / 4.15 / 4.02 us at
-# 1 x 4096, 1 x 14336, 4 x 4096; above, every program's read of all of x costs more than the
-# second launch (8 x 4096: 4.61 vs 4.07 us, 16 x 4096: 8.33 vs 4.05).
+# two); larger x takes the partial-amax pass: above this size every program's read of all of x
+# costs more than the second launch (docs/decisions.md).
 FUSED_AMAX_MAX_TILE = 16384
 MAX_PARTIALS = 1024  # partial maxima read by every quantize program: 4 KB
 MAX_GRID_Y = 65535  # CUDA's limit on a grid's second and third dimensions
@@ -100,8 +98,8 @@ AMAX_TILE = (16, 512)  # (rows, columns) per step of the partial-amax kernels, 4
 
 
 # The norm's tile (rms_norm_quantize_values, rows <= SMALL_M): every program first normalizes all of
-# h with 4 warps, then quantizes BLOCK_K columns. H100, CUDA graphs, 1 x 4096
-# (benchmarks/probe_norm_quantize.py): BLOCK_K 512 2.21 us, 1024 2.25, 2048 2.55 (2048 / 8 warps 2.37).
+# h with 4 warps, then quantizes BLOCK_K columns. 512 was the fastest of 512-2048 at 1 x 4096
+# (docs/decisions.md).
 NORM_BLOCK_K = 512
 
 
@@ -314,9 +312,9 @@ def _quantize_kernel(
 ):
     """Program (k, m, m_hi) quantizes tile (row tile m + m_hi * grid rows, column tile k): a grid
     with the tile's coordinates, not a flat tile index, which cost each thread an integer division
-    (the kernel is issue-bound). (A persistent variant that kept the next one or two tiles'
-    loads in flight while computing was measured no faster on an H200: at ~25 instructions per
-    element the SMs' issue rate, not memory latency, was the limit; its register moves cost more.)
+    (the kernel is issue-bound). (A persistent variant that keeps the next one or two tiles'
+    loads in flight is no faster: the SMs' issue rate, not memory latency, is the limit, and its
+    register moves cost more; docs/decisions.md.)
 
     PDL (launched with programmatic dependent launch, sm_90): the program waits for the previous
     kernel before it reads or writes anything, and lets the next kernel launch once its loads are
@@ -328,9 +326,8 @@ def _quantize_kernel(
     dynamic: tl.constexpr = GLOBAL == G_FUSED or GLOBAL == G_PARTIALS
     if dynamic:
         # The tile's own loads first, issued with the amax's: after the amax's cross-warp
-        # reduction they were a second wait for memory (H100, one run: 1 x 4096 2.09 -> 1.91 us,
-        # 8192^2 133.0 -> 125.9 us, 16384 x 8192 251.8 -> 237.6 us). A static g keeps its order
-        # (loads moved before the g load measured 7% slower).
+        # reduction they would be a second wait for memory. A static g keeps its order (loads
+        # moved before the g load measured slower; docs/decisions.md).
         words = _load_pair_tile(x_ptr, tile_m, tile_k, M, K, stride_xm_pairs, BLOCK_M, BLOCK_K)
     if GLOBAL == G_STATIC:
         g = tl.load(g_in_ptr)
@@ -367,7 +364,7 @@ def _quantize_kernel(
     if SWIZZLE:
         # The last row of tiles also zeroes the swizzled padding rows [M, rows_pad) of its block
         # columns (< 128 rows): no programs are launched for rows that hold no data, which at
-        # M = 1 was 64x the real work.
+        # M = 1 would be 64x the real work.
         # Four columns of one row are 4 contiguous bytes there: zeroed as one 32-bit word.
         if tile_m == tl.cdiv(M, BLOCK_M) - 1:
             pad_rows = M + tl.arange(0, TILE_ROWS)
