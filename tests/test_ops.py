@@ -174,7 +174,7 @@ def _sqnr_db(ref, approx):
 
 
 def test_linear_sqnr_against_bf16():
-    # Measured here: W4A16 20.4 dB, W4A4 17.3 dB (one NVFP4 side ~20 dB); floors leave 3 dB.
+    # On this data: W4A16 20.4 dB, W4A4 17.3 dB (one NVFP4 side ~20 dB); floors leave 3 dB.
     torch.manual_seed(4)
     x = torch.randn(64, 512, dtype=torch.bfloat16)
     w = torch.randn(256, 512, dtype=torch.bfloat16)
@@ -377,7 +377,7 @@ def test_no_gradient_through_quantization():
 def test_compiled_w4a4_forward_on_x_that_requires_grad(static_scale):
     """torch.compile traces the backward with the forward: W4A4's backward raised while tracing, so
     a forward on an x that requires grad (inference outside no_grad) failed to compile, where eager
-    runs it (found by an audit). Now the compiled forward runs and only a backward raises."""
+    runs it. The compiled forward runs; only a backward raises."""
     torch.manual_seed(1)
     w = nv.quantize(torch.randn(48, 64))
     scale = {"x_global_scale": torch.tensor(0.01)} if static_scale else {}
@@ -427,7 +427,7 @@ def test_linear_backward_on_cuda():
 
 def test_swizzled_ops_compile_once_for_every_row_count():
     """Size.numel() of symbolic sizes guarded on their values: swizzle=True compiled a graph a row
-    count, and the recompile limit then failed fullgraph (found by an audit)."""
+    count, and the recompile limit then failed fullgraph."""
     from torch._dynamo.testing import CompileCounter
 
     counter = CompileCounter()
@@ -449,7 +449,7 @@ def test_swizzled_ops_compile_once_for_every_row_count():
 
 def test_linear_tiled_takes_a_symbolic_n():
     """n = w.shape[0] of a weight passed in is a SymInt under dynamic shapes: the check wanted an
-    int (found by an audit)."""
+    int."""
     def tiled(x, w, g):
         data, scale, _ = OPS.quantize(w, None, False, False)
         data, scale = OPS.tile_weight(data, scale)
@@ -468,8 +468,8 @@ def test_linear_tiled_takes_a_symbolic_n():
 
 def test_a_float_global_scale_argument_inside_torch_compile():
     """A float argument of a compiled function is symbolic (dynamic=True, or its second value):
-    the host check read it back (data-dependent guard: fullgraph failed, else graph breaks; found
-    by an audit). Inside torch.compile it follows the tensor rule: not finite and > 0, NaN blocks."""
+    the host check read it back (data-dependent guard: fullgraph failed, else graph breaks).
+    Inside torch.compile it follows the tensor rule: not finite and > 0, NaN blocks."""
     torch.manual_seed(2)
     x = torch.randn(8, 64)
     w = nv.quantize(torch.randn(32, 64))
@@ -493,7 +493,7 @@ def test_a_float_global_scale_argument_inside_torch_compile():
 def test_a_float_global_scale_is_filled_on_the_device_of_x():
     """A Python number as global scale becomes a tensor made on x's device, not a CPU tensor copied
     there: on CUDA that copy synchronized with the host (the README's no-sync claim) and failed
-    inside a CUDA-graph capture (H100; found by an audit). Checked on the meta device here: no op
+    inside a CUDA-graph capture. Checked on the meta device here: no op
     of quantize or W4A4 linear takes a CPU tensor to x's device."""
     from torch.utils._python_dispatch import TorchDispatchMode
     from torch.utils._pytree import tree_leaves

@@ -5,10 +5,10 @@ import math
 import pytest
 import torch
 
-import brute_force
-from inputs import DISTS, scalable_values, times_power_of_two
-from inputs import sample as _sample
 import nvfp4_inductor as nv
+from helpers import brute_force
+from helpers.inputs import DISTS, scalable_values, times_power_of_two
+from helpers.inputs import sample as _sample
 from nvfp4_inductor import reference
 from nvfp4_inductor.format import BLOCK_SIZE, GLOBAL_SCALE_DIVISOR
 

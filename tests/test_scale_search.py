@@ -15,7 +15,7 @@ import torch
 from torch import nn
 
 import nvfp4_inductor as nv
-from inputs import grid_blocks, sample, scalable_values, times_power_of_two
+from helpers.inputs import grid_blocks, sample, scalable_values, times_power_of_two
 from nvfp4_inductor import reference, scale_search
 from nvfp4_inductor.calibrate import hessian_blocks
 from nvfp4_inductor.format import BLOCK_SIZE
@@ -93,7 +93,7 @@ def test_kernel_equals_brute_force(kernel_device, method):
 def test_tiny_global_scale_searches_as_if_scaled_up(kernel_device, e):
     """g below 2^-100 (x and g scaled by 2^64 first, as the quantizer does): the brute force on
     x * 2^e with g * 2^e chooses x's scales with x's errors, and the pruned kernel matches it
-    (dynamic g, subnormal). Before, r = 1 / (s g) overflowed for most candidates there."""
+    (dynamic g, subnormal). Unscaled, r = 1 / (s g) overflows for most candidates there."""
     gen = torch.Generator().manual_seed(-e)
     x = scalable_values((33, 32), gen)
     scaled = times_power_of_two(x, e)
@@ -119,8 +119,8 @@ def test_kernel_equals_brute_force_bf16_normal(kernel_device, method):
 
 def test_kernel_singular_hessian_negative_errors(kernel_device):
     # H = t t^T from one calibration token: lambda = 0, and rounding makes some computed errors
-    # negative. The pruned kernel used to stop both sweeps at the first negative best ("0 > best"
-    # passed for the vanished bounds) and chose bits 38 (E = -0.67) over the reference's 35
+    # negative. A pruned kernel that stops both sweeps at the first negative best ("0 > best"
+    # passes for the vanished bounds) chooses bits 38 (E = -0.67) over the reference's 35
     # (E = -1.30) in block 1. Row 0 holds the tensor's amax (it sets g, as in the 8192-row
     # tensor, seed 3, that the block came from).
     token = torch.tensor([
@@ -358,9 +358,9 @@ def test_backend_with_mse_and_hessian_error():
 
 def test_kernels_compile_for_sm90():
     pytest.importorskip("triton")
-    script = Path(__file__).with_name("compile_scale_search.py")
+    script = Path(__file__).parent / "helpers" / "compile_scale_search.py"
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
-    env["PYTHONPATH"] = os.pathsep.join([str(script.parents[1]), env.get("PYTHONPATH", "")])
+    env["PYTHONPATH"] = os.pathsep.join([str(script.parents[2]), env.get("PYTHONPATH", "")])
     run = subprocess.run([sys.executable, str(script), "90", "bf16"], env=env,
                          capture_output=True, text=True, timeout=900)
     assert run.returncode == 0, run.stderr[-3000:]
@@ -462,8 +462,8 @@ def test_searched_weights_carry_no_gradient():
 
 @pytest.mark.parametrize("bad", [torch.randn(2, 24), torch.randn(3, 8), torch.tensor(1.0)])
 def test_hessian_blocks_refuses_k_not_a_multiple_of_16(bad):
-    """(2, 24) reshaped to (-1, 1, 16) silently regrouped rows across row boundaries (found by an
-    audit); the blocks need K a multiple of 16, as collect_hessians' layers have."""
+    """(2, 24) reshaped to (-1, 1, 16) silently regrouped rows across row boundaries;
+    the blocks need K a multiple of 16, as collect_hessians' layers have."""
     with pytest.raises(ValueError):
         hessian_blocks(bad)
 

@@ -3,8 +3,6 @@ on the CPU, and (marked gpu) captured in CUDA graphs under mode="reduce-overhead
 
 import copy
 import logging
-import sys
-from pathlib import Path
 
 import pytest
 import torch
@@ -14,14 +12,13 @@ from torch._inductor.utils import run_and_get_code
 
 import nvfp4_inductor as nv
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "examples"))
-import decode
-import decode_attention
+import decode  # examples/decode.py
+import decode_attention  # examples/decode_attention.py
 
 CFG = decode.PRESETS["tiny"]
 LINEARS = 7 * CFG.layers  # wq, wk, wv, wo, w1, w2, w3 per layer; lm_head stays bf16
 MAX_LEN = 32
-# Compiled vs eager NVFP4 logits (|logits| ~ 0.5): measured max difference 3.4e-3 on the CPU
+# Compiled vs eager NVFP4 logits (|logits| ~ 0.5): max difference 3.4e-3 on the CPU
 # (Inductor fuses the norms and rotary embeddings in another order).
 TOL = {"rtol": 2e-2, "atol": 2e-2}
 
@@ -87,7 +84,7 @@ def test_attention_matches_sdpa_with_repeated_kv_heads():
 
 def test_cache_takes_the_model_dtype_with_a_converted_head():
     """With skip_output_head=False the head holds NVFP4 codes (uint8): the cache took its dtype
-    from lm_head.weight, and decode_attention refused the uint8 cache (found by an audit)."""
+    from lm_head.weight, and decode_attention refused the uint8 cache."""
     model = decode.build_model(CFG, MAX_LEN, 2, "cpu")
     report = nv.convert(model, nv.Config(activations="bf16", skip_output_head=False))
     assert "lm_head" in report.converted
@@ -349,7 +346,7 @@ def test_decode_through_the_backend_on_cpu(caplog):
         torch.testing.assert_close(layer.attn.k_cache, ref_layer.attn.k_cache, **TOL)
         torch.testing.assert_close(layer.attn.v_cache, ref_layer.attn.v_cache, **TOL)
         assert layer.attn.k_cache[:, :, :6].ne(0).any(dim=-1).all()
-    # The NVFP4 error is well above the tolerance (measured 0.064), so a silent bf16 fall-back
+    # The NVFP4 error is well above the tolerance (0.064 here), so a silent bf16 fall-back
     # would not pass the comparison above.
     bf16 = decode.build_model(CFG, MAX_LEN, 2, "cpu")
     with torch.no_grad():
@@ -392,7 +389,7 @@ def test_example_runs_on_cpu(monkeypatch, capsys):
 @pytest.mark.parametrize("value", ["0", "-2"])
 def test_example_refuses_counts_below_one(flag, value, monkeypatch, capsys):
     # --steps 0 ran the default 64 steps, --steps -2 printed negative tokens/s, --batch 0 and
-    # --prompt-len 0 crashed inside the run (ZeroDivisionError, IndexError); found by an audit.
+    # --prompt-len 0 crashed inside the run (ZeroDivisionError, IndexError).
     monkeypatch.setattr("sys.argv", ["decode.py", "--small", flag, value])
     with pytest.raises(SystemExit):
         decode.main()
@@ -418,7 +415,7 @@ def test_cudagraph_replay_matches_eager(activations):
     # References: the same graphs compiled without CUDA graphs (same kernels: only capture and
     # replay differ), and for W4A16 also the eager NVFP4 model. Not eager for W4A4: quantizing
     # activations is discontinuous, and a one-ulp change of the embeddings moved the tiny model's
-    # W4A4 logits by 5% (CPU, measured; compiled vs eager: 5%), vs 0.6% for W4A16.
+    # W4A4 logits by 5% (on the CPU; compiled vs eager: 5%), vs 0.6% for W4A16.
     model, reference, step = _gpu_setup(activations)
     no_graphs_model = copy.deepcopy(model)
     no_graphs = nv.compile(no_graphs_model, nv.Config(activations=activations), fullgraph=True,

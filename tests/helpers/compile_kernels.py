@@ -2,7 +2,7 @@
 
 Run as a script (in a process without TRITON_INTERPRET, which turns kernels into interpreted
 functions): prints one JSON object per case, {"case", "ok", "error", "ptx_checks"}.
-    python tests/compile_kernels.py [sm]
+    python tests/helpers/compile_kernels.py [sm]
 """
 
 import itertools

@@ -1,7 +1,7 @@
 """Compile the scale-search kernel variants for sm_90 without a GPU (run as a script, in a process
 without TRITON_INTERPRET); prints one JSON object per case: {"case", "ok", "error", "ptx_checks",
 "ptx"} (ptx: the PTX's size and its fp32 fma count, for the record).
-    python tests/compile_scale_search.py [sm] [dtype ...]   (dtypes: bf16 fp16 fp32, default all)
+    python tests/helpers/compile_scale_search.py [sm] [dtype ...]   (bf16 fp16 fp32; default all)
 """
 
 import itertools

@@ -238,7 +238,7 @@ class _QK(nn.Module):
 
 def test_merged_linears_returned_through_any_view_are_their_own_tensors():
     """Outputs that reach the graph's output through permute / unsqueeze / slice / select shared
-    the merged GEMM's storage with its strides (found by an audit: q.view(-1) raised)."""
+    the merged GEMM's storage with its strides (q.view(-1) raised)."""
     torch.manual_seed(0)
     model = _QK().to(torch.bfloat16).eval()
     x = torch.randn(3, 64, dtype=torch.bfloat16)
@@ -604,7 +604,7 @@ def test_backend_on_cuda(mode):
     compiled = nv.compile(model, nv.Config(activations="bf16"), mode=mode)
     y, code = run_and_get_code(compiled, x)  # the first call compiles
     source = "\n".join(code)
-    # the linears became the NVFP4 GEMM template (tests/test_lowering.py), not the eager op
+    # the linears became the NVFP4 GEMM template (tests/inductor/test_lowering.py), not the eager op
     assert "splitk_mainloop" in source and "torch.ops.nvfp4.linear_tiled.default(" not in source
     for _ in range(2):  # reduce-overhead: record, then replay
         y = compiled(x)
@@ -716,7 +716,7 @@ def test_autocast_merges_and_shared_weights_convert(caplog):
     """An fp32 model under torch.autocast: the merged q / k GEMM compiled (its quantize read the
     second weight's cast before it was defined: the compile crashed), and a weight shared by two
     linears converts as it does in a bf16 model (its parameter, read by two casts, was left bf16
-    and named nowhere). Found by an audit."""
+    and named nowhere)."""
     torch.manual_seed(0)
     model = _AutocastShapes().eval()
     x = torch.randn(4, 64)

@@ -6,8 +6,6 @@ Triton interpreter (plain-op decode instead of the inline PTX): the generated co
 numerics are checked there in CI; the same checks run on the GPU (marked gpu)."""
 
 import re
-import sys
-from pathlib import Path
 
 import pytest
 import torch
@@ -20,8 +18,7 @@ from nvfp4_inductor.inductor import norm_fusion
 from nvfp4_inductor.kernels import gemm_configs, plan
 from nvfp4_inductor.inductor import lowering as linear_lowering
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "examples"))
-import decode  # noqa: E402  (its RMSNorm)
+import decode  # examples/decode.py (its RMSNorm)
 
 TEMPLATE_MARK = "from nvfp4_inductor.kernels.gemm_splitk import dot_scaled_mainloop, last_split"
 
@@ -153,8 +150,7 @@ def test_fp16_and_fp32_models_multiply_x_rounded_to_bf16(template_inductor, dtyp
 @pytest.mark.parametrize("m", [1, 5])
 def test_template_keeps_x_in_bf16_range(template_inductor, scale, m):
     """x far outside fp16's range (above 65504, below 2^-24) multiplies as the eager op: the
-    interpreter's path had narrowed x to fp16 operands (inf, NaN or zero outputs; found by an
-    audit)."""
+    interpreter's path had narrowed x to fp16 operands (inf, NaN or zero outputs)."""
     torch.manual_seed(m)
     model = LinearBlock(128, 192, torch.relu).to(device=template_inductor, dtype=torch.bfloat16).eval()
     with torch.no_grad():
@@ -331,7 +327,7 @@ def _defer_anywhere(monkeypatch):
 def test_norm_output_regrouped_by_a_view_is_not_fused(kernel_device, monkeypatch, activations, width):
     """The W4A16 deferred norm and the W4A4 fused norm take x's rows as h's: a view that changes
     the last dim (rows of 32 -> 64; a norm of 24 whose rows are not a multiple of 16 at all) keeps
-    Inductor's norm (compiling failed on both, found by an audit)."""
+    Inductor's norm (compiling failed on both)."""
     _defer_anywhere(monkeypatch)
     torch._dynamo.reset()
     torch.manual_seed(width)
@@ -384,7 +380,7 @@ class SizeScaledLinear(nn.Module):
                          ids=["rms_norm", "silu"])
 def test_a_size_factor_compiles_under_dynamic_shapes(kernel_device, activations, f, f_fp32):
     """The second batch size recompiles with a dynamic row count; reading the SymInt's .shape or
-    .dtype crashed compilation (AttributeError, found by two audits)."""
+    .dtype crashed compilation (AttributeError)."""
     torch._dynamo.reset()
     torch.manual_seed(3)
     model = SizeScaledLinear(f).to(device=kernel_device, dtype=torch.bfloat16).eval()
@@ -404,7 +400,7 @@ def test_a_size_factor_compiles_under_dynamic_shapes(kernel_device, activations,
 @pytest.mark.parametrize("activations", ["bf16", "nvfp4"])
 def test_whole_tensor_rms_is_not_a_norm_to_fuse(kernel_device, monkeypatch, activations):
     """mean(dim=None, keepdim=True) traces with no dims: the matcher iterated None (TypeError: every
-    compile of such a graph failed, found by an audit). It is no row norm: nothing is fused."""
+    compile of such a graph failed). It is no row norm: nothing is fused."""
     _defer_anywhere(monkeypatch)
     torch._dynamo.reset()
     torch.manual_seed(4)
@@ -423,7 +419,7 @@ def test_whole_tensor_rms_is_not_a_norm_to_fuse(kernel_device, monkeypatch, acti
 
 def test_fp16_norm_is_not_deferred(kernel_device, monkeypatch):
     """fp16: x = h * w would be rounded to fp16 before the norm's factor and overflow where the
-    normalized y does not (found by an audit: inf outputs); the norm stays a kernel."""
+    normalized y does not (inf outputs); the norm stays a kernel."""
     _defer_anywhere(monkeypatch)
     torch._dynamo.reset()
     model = NormLinear("after_cast", 256, 192).to(device=kernel_device, dtype=torch.float16).eval()
@@ -449,7 +445,7 @@ def _norm_times_weight(norm, h):
 
 
 # W4A16 against the norm's own kernel: x rounded once either way, at different places (2^-9); the
-# CPU interpreter truncates to bf16 instead of rounding, a bias that adds up (measured up to 0.7%)
+# CPU interpreter truncates to bf16 instead of rounding, a bias that adds up (up to 0.7%)
 _NORM_TOL = {"cpu": 2**-6, "cuda": 2**-7}
 
 
@@ -753,9 +749,9 @@ class QKVAttention(nn.Module):
 @pytest.mark.parametrize("activations", ["bf16", "nvfp4"])
 def test_attention_reads_the_template_output(template_inductor, activations):
     """q / k / v sliced from the merged GEMM go to attention, an op with a layout constraint: the
-    template stores the bf16 projections and attention reads them in place. (The epilogue was
-    left a pointwise node: attention's constraint copied q, k and v out of an fp32 product in a
-    kernel of their own, 3.8 us at M = 1 in bench_block's decoder block on an H100.)"""
+    template stores the bf16 projections and attention reads them in place. (Left a pointwise
+    node, the epilogue makes attention's constraint copy q, k and v out of an fp32 product in a
+    kernel of their own.)"""
     torch.manual_seed(5)
     model = QKVAttention(128, 4, 2, 32).to(device=template_inductor, dtype=torch.bfloat16).eval()
     x = torch.randn(1, 1, 128, device=template_inductor, dtype=torch.bfloat16)
@@ -774,8 +770,8 @@ def test_attention_reads_the_template_output(template_inductor, activations):
 @pytest.mark.parametrize("norm", [False, True])
 def test_computed_activations_take_the_register_fed_mainloop(triton_inductor, norm):
     """x computed in the graph (its layout's stride a sympy Integer) still has even rows: the
-    decode template takes the register-fed mainloop (it took the tl.dot one, 12 us slower per
-    decoder block at M = 1 on an H100, until _even_rows read sympy Integers)."""
+    decode template takes the register-fed mainloop, not the slower tl.dot one (_even_rows reads
+    sympy Integers)."""
     torch.manual_seed(4)
     model = ScaledLinear(4096, 1024, norm=norm).to(device="cuda", dtype=torch.bfloat16).eval()
     x = torch.randn(1, 4096, device="cuda", dtype=torch.bfloat16)

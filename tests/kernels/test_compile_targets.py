@@ -15,12 +15,12 @@ import pytest
 
 pytest.importorskip("triton")
 
-SCRIPT = Path(__file__).with_name("compile_kernels.py")
+SCRIPT = Path(__file__).parents[1] / "helpers" / "compile_kernels.py"
 
 
 def _compile_all(sm: int) -> list[dict]:
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
-    env["PYTHONPATH"] = os.pathsep.join([str(SCRIPT.parents[1]), env.get("PYTHONPATH", "")])
+    env["PYTHONPATH"] = os.pathsep.join([str(SCRIPT.parents[2]), env.get("PYTHONPATH", "")])
     run = subprocess.run([sys.executable, str(SCRIPT), str(sm)], env=env, capture_output=True,
                          text=True, timeout=900)
     assert run.returncode == 0, run.stderr[-3000:]
