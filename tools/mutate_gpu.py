@@ -22,12 +22,12 @@ Expected: "caught" for real bugs; "equivalent" for the control (a cache hint onl
 a bug is real but no result changes on a normal run (an out-of-bounds read whose value is dropped,
 a memory-ordering race).
 
-    python3 benchmarks/mutate_gpu.py                    # the GPU run (~1.5 min on an H100, at most
+    python3 tools/mutate_gpu.py                    # the GPU run (~1.5 min on an H100, at most
                                                         # --budget 510 s): table, $OUT/mutations.txt
-    python3 benchmarks/mutate_gpu.py --dry-run          # apply each to a copy, count its tests
-    python3 benchmarks/mutate_gpu.py --only mma-sign    # some mutations (names as in the table)
-    python3 benchmarks/mutate_gpu.py --all              # also the optional ones (CPU-caught, a crash)
-    python3 benchmarks/mutate_gpu.py --full-suite --timeout 1800 --budget 0   # each against tests/
+    python3 tools/mutate_gpu.py --dry-run          # apply each to a copy, count its tests
+    python3 tools/mutate_gpu.py --only mma-sign    # some mutations (names as in the table)
+    python3 tools/mutate_gpu.py --all              # also the optional ones (CPU-caught, a crash)
+    python3 tools/mutate_gpu.py --full-suite --timeout 1800 --budget 0   # each against tests/
 """
 
 import argparse
@@ -69,7 +69,7 @@ def pytest_collection_finish(session):
 WRONG_IMPORT = 97
 # One run of a few tests: pytest and torch start-up (~10 s) plus a Triton compile per kernel variant,
 # about two a test (the register-fed kernel for sm_90: 0.8-4.4 s each on the 2-core CPU sandbox,
-# tests/compile_kernels.py). Five at once on the device's 16 cores.
+# tests/helpers/compile_kernels.py). Five at once on the device's 16 cores.
 JOBS = 5
 TIMEOUT_S = 300  # per run
 BUDGET_S = 510  # all runs: the device call's 9 minutes less start-up and the table
@@ -94,8 +94,8 @@ class Mutation:
         return " or ".join(self.select)
 
 
-GEMM = "tests/test_gemm.py"
-KERNELS = "tests/test_kernels.py"
+GEMM = "tests/kernels"
+KERNELS = "tests/kernels"
 REG = "test_register_fed_mainloop_matches_reference"  # [layout-splits-m-n-k]
 SPLITK = "test_splitk_mainloop_matches_reference"  # [m-n-k-swizzled-config]
 CUBLASLT = "test_cublaslt_scaled_mm_rounds_once"  # [out_dtype-bias_dtype-per_row-m-n-k]
@@ -166,7 +166,7 @@ MUTATIONS = (
              (GEMM,), (f"{SPLITK}[5-48-160-True-config1]", f"{REG}[tiled-3-3-80-208]"),
              cpu_caught="test_splitk_mainloop_matches_reference", default=False),
     # --- cublaslt.py: the large-M GEMM (CUDA only). The CPU tests run it through a stand-in
-    # libcublasLt (tests/fake_cublaslt.py), which takes the module's enum values on trust and
+    # libcublasLt (tests/helpers/fake_cublaslt.py), which takes the module's enum values on trust and
     # ignores the pointer mode and the split-K reduction scheme: what only the GPU can check ---
     Mutation("cublaslt-relu-bias", CUBLASLT_PY, "_EPILOGUE_BIAS = 4", "_EPILOGUE_BIAS = 6",
              "epilogue enum off: CUBLASLT_EPILOGUE_RELU_BIAS (6) for EPILOGUE_BIAS (4), negatives zeroed",
@@ -176,7 +176,7 @@ MUTATIONS = (
              "split-K reduction scheme INPLACE (1): partial sums rounded to bf16, not rounded once "
              "(only if the heuristic splits K; on the H100, cuBLAS 13.0, no shape tried changed: "
              "(M, N, K) from (33, 64, 8192) to (8, 64, 262144) gave bits equal to the unmutated "
-             "call's, session 37)",
+             "call's)",
              (GEMM,), (f"{CUBLASLT}[out_dtype0-None-False-33-64-8192]",
                        f"{CUBLASLT}[out_dtype0-bias_dtype1-False-33-64-8192]"), expect="hard"),
     Mutation("cublaslt-pointer-host", CUBLASLT_PY, "_POINTER_MODE_DEVICE = 1", "_POINTER_MODE_DEVICE = 0",
@@ -187,12 +187,12 @@ MUTATIONS = (
              "cuBLASLt bias epilogue dropped (the bias pointer still set, never added)",
              (GEMM,), (f"{CUBLASLT}[out_dtype0-bias_dtype1-False-17-48-64]",
                        f"{CUBLASLT}[out_dtype2-bias_dtype2-False-257-1056-1040]"),
-             cpu_caught="tests/test_cublaslt.py (stand-in libcublasLt)", default=False),
+             cpu_caught="tests/kernels/test_cublaslt.py (stand-in libcublasLt)", default=False),
     Mutation("cublaslt-ldx", CUBLASLT_PY, "ldx = x.stride(0) if m > 1 else k", "ldx = k",
              "cuBLASLt x layout assumes contiguous rows (a row slice of a wider x read wrong)",
              (GEMM,), (f"{CUBLASLT}[out_dtype0-None-False-257-1056-1040]",
                        f"{CUBLASLT}[out_dtype2-None-False-33-64-8192]"),
-             cpu_caught="tests/test_cublaslt.py (stand-in libcublasLt)", default=False),
+             cpu_caught="tests/kernels/test_cublaslt.py (stand-in libcublasLt)", default=False),
     # --- _common.py: the quantize kernel's hardware e4m3 encode (sm_90) ---
     Mutation("e4m3-double-round", COMMON, "return t.to(tl.float8e4nv).to(tl.uint8, bitcast=True)",
              "return t.to(tl.float16).to(tl.float8e4nv).to(tl.uint8, bitcast=True)",

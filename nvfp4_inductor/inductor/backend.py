@@ -1,16 +1,25 @@
 """torch.compile(model, backend="nvfp4"): BF16 linears become NVFP4, quantized once per compile.
 
 Found through the `torch_dynamo_backends` entry point (never registered at import: a second
-registration makes the lookup fail). What a user must do: run inference under torch.no_grad() (or
-inference_mode) and let Dynamo hand the parameters over as constants, which needs freezing while
-it traces; `nvfp4_inductor.compile(model, ...)` does both. Where the parameters still arrive as
-graph inputs, the backend warns and compiles the graph unchanged (bf16), rather than quantizing
-the weights on every call.
+registration makes the lookup fail). Run inference under torch.no_grad() (or inference_mode):
+with gradients on, the backend warns and compiles in bf16.
+
+The weights must reach Inductor as constants, so that freezing folds their quantization into
+the compiled graph once. Dynamo hands a module's parameters over as graph inputs (its default);
+the backend then makes the weight inputs, the parameters and 2-D floating-point buffers that
+the graph does not mutate, constants of the graph it compiles, and the compiled function checks
+on every call that it is given the same tensors, unmodified: another tensor (another module
+instance running the same code) or a tensor modified in place (load_state_dict, an optimizer
+step) gets a graph compiled for it, never the old weights. With freezing on while Dynamo traces
+(what nvfp4_inductor.compile sets up) the weights arrive as constants already.
 """
 
 import contextlib
+import operator
+import re
 import threading
 import warnings
+import weakref
 
 import torch
 from torch import nn
@@ -81,19 +90,21 @@ def nvfp4_backend(gm: torch.fx.GraphModule, example_inputs, mode=None, options=N
         raise TypeError(f"options['{CONFIG_KEY}'] must be an nvfp4_inductor.Config; got {config!r}")
     _check_no_calibration_data(config)
     patches = _inductor_patches(mode, options)
-    # the module's tensors as graph inputs (weights only: 2-D floating point): a Linear's parameter,
-    # or a weight held in a buffer (such a model has no parameter to count)
-    placeholders = gm.graph.find_nodes(op="placeholder")
-    lifted = sum(_compat.is_module_tensor_input(node, t) and t.dim() == 2 and t.is_floating_point()
-                 for node, t in zip(placeholders, example_inputs))
-    if torch.is_grad_enabled() or lifted:
-        why = ("gradients are enabled: run inference under torch.no_grad()" if torch.is_grad_enabled()
-               else f"{lifted} parameters or buffers arrived as graph inputs (Dynamo lifts them as "
-                    "constants only while freezing is on)")
-        warnings.warn(f"backend='nvfp4' compiled this graph without NVFP4: {why}. Use "
-                      "nvfp4_inductor.compile(model), which sets both up, or "
+    if torch.is_grad_enabled():
+        warnings.warn("backend='nvfp4' compiled this graph without NVFP4: gradients are enabled. Run "
+                      "inference under torch.no_grad() (nvfp4_inductor.compile(model) does), or "
                       "nvfp4_inductor.convert(model) first.", stacklevel=2)
         return _compat.compile_fx(gm, example_inputs, config_patches=patches)
+    weights = _weight_inputs(gm, example_inputs)
+    if weights:
+        return _WeightsAsConstants(gm, example_inputs, weights,
+                                   lambda g, inputs: _compile_frozen(g, inputs, config, dict(patches)))
+    return _compile_frozen(gm, example_inputs, config, patches)
+
+
+def _compile_frozen(gm: torch.fx.GraphModule, example_inputs, config: Config, patches: dict):
+    """Inductor with freezing and the NVFP4 rewrite, on a graph whose weights are its own
+    parameters and buffers (constants)."""
     constants = [*gm.named_parameters(), *gm.named_buffers()]
     # the inputs', and the module's own tensors' (a graph may have no tensor inputs: a decode step
     # whose token and position are buffers)
@@ -177,6 +188,129 @@ def _install_compile_callbacks() -> bool:
         handler.register_start_callback(_prepare_freezing_while_tracing)
         handler.register_end_callback(_restore_prepare_freezing)
     return True
+
+
+# Ops through which a graph input's storage is reached by another name (a mutation of the result
+# mutates the input).
+_VIEW_METHODS = {"view", "view_as", "reshape", "t", "transpose", "permute", "narrow", "select", "unsqueeze",
+                 "squeeze", "expand", "expand_as", "as_strided", "flatten", "unflatten", "split", "chunk",
+                 "unbind", "__getitem__", "detach", "contiguous", "movedim", "diagonal", "unfold"}
+
+
+def _mutated(node: torch.fx.Node) -> bool:
+    """Whether the graph writes the tensor a node stands for (or a view of it) in place."""
+    seen, todo = set(), [node]
+    while todo:
+        n = todo.pop()
+        if n in seen:
+            continue
+        seen.add(n)
+        for user in n.users:
+            name = user.target if isinstance(user.target, str) else getattr(user.target, "__name__", "")
+            if (user.target is operator.setitem or "out" in user.kwargs
+                    or (name.endswith("_") and not name.endswith("__"))):
+                return True
+            if name in _VIEW_METHODS or user.target is operator.getitem:
+                todo.append(user)
+    return False
+
+
+def _module_path(placeholder: torch.fx.Node) -> str:
+    """The module path of a parameter or buffer input ("layers.0.mlp.up_proj.weight"), read from
+    Dynamo's source for it; else the placeholder's name."""
+    arg = placeholder.meta.get("grapharg")
+    source = getattr(getattr(arg, "source", None), "name", "")
+    source = source() if callable(source) else source
+    parts = re.findall(r"\._(?:modules|parameters|buffers)\['([^']*)'\]", source or "")
+    return ".".join(parts) if parts else placeholder.name
+
+
+# The buffers of an NVFP4Linear (nv.convert): codes, block scales, global scale, static input scale.
+_NVFP4_BUFFERS = ("weight", "weight_scale", "weight_scale_2", "input_scale")
+
+
+def _weight_inputs(gm: torch.fx.GraphModule, example_inputs) -> dict[int, str]:
+    """{input index: module path} of the inputs that are the module's weights, which the graph does
+    not write (a KV cache is a buffer it writes: it stays an input): its parameters, its 2-D
+    floating-point buffers (a weight may be held in a buffer), and converted layers' NVFP4 buffers.
+    Other buffers (rotary tables, masks) stay inputs, as they are without the backend."""
+    weights = {}
+    for i, (node, t) in enumerate(zip(gm.graph.find_nodes(op="placeholder"), example_inputs)):
+        if not (isinstance(t, torch.Tensor) and _compat.is_module_tensor_input(node, t)):
+            continue
+        path = _module_path(node)
+        weight = (isinstance(t, nn.Parameter) or (t.dim() == 2 and t.is_floating_point())
+                  or path.rpartition(".")[2] in _NVFP4_BUFFERS)
+        if weight and not _mutated(node):
+            weights[i] = path
+    return weights
+
+
+def _version(t: torch.Tensor) -> int:
+    try:
+        return t._version
+    except RuntimeError:  # an inference-mode tensor has no version counter (nor in-place writers outside it)
+        return 0
+
+
+class _WeightsAsConstants:
+    """The compiled graph with the module's weight inputs made constants (see the module
+    docstring): a graph per set of weight tensors (and their in-place versions) it is called with,
+    the first compiled as Dynamo hands it over, any other when first called with it."""
+
+    def __init__(self, gm, example_inputs, weights: dict[int, str], compile_fn):
+        self.gm, self.weights, self.compile_fn = gm, weights, compile_fn
+        self.rest = [i for i in range(len(example_inputs)) if i not in weights]
+        self.refs = [weakref.ref(example_inputs[i]) for i in weights]
+        self.versions = [_version(example_inputs[i]) for i in weights]
+        self.compiled = self._compile(example_inputs)
+        self.others: dict = {}
+
+    def _compile(self, args):
+        """The graph with args' weights as its parameters and buffers, compiled for args' others."""
+        graph = torch.fx.Graph()
+        graph.output(graph.graph_copy(self.gm.graph, {}))
+        graph._codegen = self.gm.graph._codegen
+        gm = torch.fx.GraphModule(self.gm, graph)
+        gm.meta = dict(self.gm.meta)
+        paths = dict(gm.meta.get("dynamo_flat_name_to_original_fqn", {}))
+        for i, node in enumerate(graph.find_nodes(op="placeholder")):
+            if i not in self.weights:
+                continue
+            t = args[i]
+            if isinstance(t, nn.Parameter):
+                gm.register_parameter(node.name, t)
+            else:
+                gm.register_buffer(node.name, t)
+            with graph.inserting_before(node):
+                constant = graph.get_attr(node.name)
+            constant.meta = dict(node.meta)
+            node.replace_all_uses_with(constant)
+            graph.erase_node(node)
+            paths[node.name] = self.weights[i]
+        gm.meta["dynamo_flat_name_to_original_fqn"] = paths
+        gm.recompile()
+        return self.compile_fn(gm, [args[i] for i in self.rest])
+
+    def __call__(self, *args):
+        rest = [args[i] for i in self.rest]
+        if all(ref() is args[i] and _version(args[i]) == v
+               for ref, i, v in zip(self.refs, self.weights, self.versions)):
+            return self.compiled(*rest)
+        # other weights: compiled for them (and for these shapes: outside Dynamo's trace, the graph
+        # is specialized to the inputs it is compiled with)
+        key = (tuple((id(args[i]), _version(args[i])) for i in self.weights),
+               tuple((tuple(a.shape), a.stride(), a.dtype, a.device) if isinstance(a, torch.Tensor) else a
+                     for a in rest))
+        refs, compiled = self.others.get(key, ((), None))
+        if compiled is None or not all(ref() is args[i] for ref, i in zip(refs, self.weights)):
+            ids = key[0]
+            for k in [k for k in self.others if [w for w, _ in k[0]] == [w for w, _ in ids]]:
+                del self.others[k]  # the same tensors modified since (or ids reused): of no use
+            refs = [weakref.ref(args[i]) for i in self.weights]
+            compiled = self._compile(args)
+            self.others[key] = (refs, compiled)
+        return compiled(*rest)
 
 
 def compile(model, config: Config | None = None, *, mode=None, options=None, **compile_kwargs):

@@ -22,7 +22,7 @@ E2M1 magnitude index of a = min(|y|, 6): min(rne(2a), rne(a) + 2, rne(a / 2) + 4
     [0, 6].
 With HW (sm_90 and later, not the interpreter) the e4m3 conversions are the hardware's
 (cvt.rn.satfinite.e4m3x2.f32, cvt.rn.f16x2.e4m3x2, through Triton's float8e4nv casts): the same
-numbers as the bit formulas, fewer instructions (tests/test_kernels.py checks both on every tie).
+numbers as the bit formulas, fewer instructions (tests/kernels/test_quantize.py checks both on every tie).
 """
 
 import triton

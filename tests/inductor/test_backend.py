@@ -271,13 +271,19 @@ def test_backend_judges_layers_by_module_path(caplog):
     assert sorted(seen) == ["mlm_head", "pre_classifier"]
 
 
-def test_plain_torch_compile_warns_and_keeps_bf16():
+@pytest.mark.parametrize("mode, fullgraph", [(None, False), ("reduce-overhead", True), ("max-autotune", False)])
+def test_plain_torch_compile_quantizes(mode, fullgraph):
+    """torch.compile(model, backend="nvfp4") with nothing else set: the parameters arrive as graph
+    inputs (Dynamo's default) and the backend makes them constants of the graph it compiles: NVFP4
+    ops in the code, no warning, the result of nv.compile."""
     model = _block()
     x = torch.randn(4, 64, dtype=torch.bfloat16)
-    with torch.no_grad(), pytest.warns(UserWarning, match="parameters or buffers arrived as graph inputs"):
-        y = torch.compile(model, backend="nvfp4")(x)
-    with torch.no_grad():
-        assert torch.equal(y, model(x))
+    with torch.no_grad(), warnings.catch_warnings():
+        warnings.filterwarnings("error", message=".*without NVFP4")
+        y, code = run_and_get_code(torch.compile(model, backend="nvfp4", mode=mode, fullgraph=fullgraph), x)
+    assert "torch.ops.nvfp4.linear_tiled" in "\n".join(code)
+    torch._dynamo.reset()
+    assert torch.equal(y, nv.compile(model)(x))
 
 
 class BufferWeight(nn.Module):
@@ -291,19 +297,99 @@ class BufferWeight(nn.Module):
         return torch.nn.functional.linear(x, self.w)
 
 
-def test_plain_torch_compile_warns_for_a_weight_in_a_buffer():
-    """Buffers arrive as plain tensors, not Parameters: they count too (the backend compiled such
-    a model in bf16 without a word)."""
+def test_plain_torch_compile_quantizes_a_weight_in_a_buffer():
     torch.manual_seed(0)
     model = BufferWeight().eval()
     x = torch.randn(4, 64, dtype=torch.bfloat16)
-    with torch.no_grad(), pytest.warns(UserWarning, match="1 parameters or buffers arrived as graph inputs"):
-        y = torch.compile(model, backend="nvfp4")(x)
+    want = nv.linear(x, nv.quantize(model.w))
     with torch.no_grad():
-        assert torch.equal(y, model(x))
+        assert torch.equal(torch.compile(model, backend="nvfp4")(x), want)
         torch._dynamo.reset()
-        want = nv.linear(x, nv.quantize(model.w))
         assert torch.equal(nv.compile(model, nv.Config(activations="bf16"))(x), want)  # frozen: NVFP4
+
+
+def test_plain_torch_compile_never_runs_stale_weights():
+    """A weight changed in place (load_state_dict, an optimizer step) or replaced after compiling:
+    the compiled function sees it and compiles for it; calls with the old weights again take the
+    graph compiled for them."""
+    model = _block()
+    x = torch.randn(4, 64, dtype=torch.bfloat16)
+    compiled = torch.compile(model, backend="nvfp4")
+
+    def fresh():
+        torch._dynamo.reset()
+        return nv.compile(model)(x)
+
+    with torch.no_grad():
+        compiled(x)
+        model.load_state_dict({k: v * 0.5 for k, v in model.state_dict().items()})
+        want = fresh()
+        assert torch.equal(compiled(x), want)
+        first = model.up
+        first.weight.mul_(-1)  # an in-place edit
+        want = fresh()
+        assert torch.equal(compiled(x), want)
+        first.weight = nn.Parameter(torch.randn_like(first.weight) * 0.05)  # a replaced parameter
+        want = fresh()
+        assert torch.equal(compiled(x), want)
+
+
+class RepeatedLayers(nn.Module):
+    """Two instances of one layer class whose forward breaks the graph: Dynamo compiles the layer's
+    frame once and runs it for both (its weights as graph inputs)."""
+
+    def __init__(self):
+        super().__init__()
+        self.layers = nn.ModuleList(nn.Linear(64, 64) for _ in range(2))
+
+    def forward(self, x):
+        for layer in self.layers:
+            x = _broken_linear(layer, x)
+        return x
+
+
+def _broken_linear(layer, x):
+    x = layer(x)
+    torch._dynamo.graph_break()
+    return torch.relu(x)
+
+
+def test_each_module_instance_runs_its_own_weights_under_plain_torch_compile():
+    torch.manual_seed(5)
+    model = RepeatedLayers().to(torch.bfloat16).eval()
+    x = torch.randn(3, 64, dtype=torch.bfloat16)
+    want = x
+    for layer in model.layers:
+        want = torch.relu(nv.linear(want, nv.quantize(layer.weight), layer.bias))
+    torch._dynamo.reset()
+    with torch.no_grad():
+        assert torch.equal(torch.compile(model, backend="nvfp4")(x), want)
+
+
+class WrittenBuffer(nn.Module):
+    """A linear and a 2-D buffer the forward writes (a cache): the buffer must stay an input."""
+
+    def __init__(self):
+        super().__init__()
+        self.linear = nn.Linear(64, 64)
+        self.register_buffer("cache", torch.zeros(4, 64))
+
+    def forward(self, x):
+        y = self.linear(x)
+        self.cache[: y.shape[0]].copy_(y.float())
+        return y
+
+
+def test_a_buffer_the_graph_writes_stays_an_input():
+    torch.manual_seed(6)
+    model = WrittenBuffer().to(torch.bfloat16).eval()
+    model.cache = model.cache.float()
+    compiled = torch.compile(model, backend="nvfp4")
+    with torch.no_grad():
+        for scale in (1.0, 2.0):
+            x = torch.randn(2, 64, dtype=torch.bfloat16) * scale
+            y = compiled(x)
+            assert torch.equal(model.cache[:2], y.float())  # written through, every call
 
 
 def test_grad_enabled_warns_and_keeps_bf16():
@@ -598,16 +684,29 @@ def test_buffer_step_replays_in_a_cuda_graph():
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("mode", ["default", "reduce-overhead"])
-def test_backend_on_cuda(mode):
+@pytest.mark.parametrize("entry", ["nv.compile", "torch.compile"])
+def test_backend_on_cuda(mode, entry):
+    """nv.compile and plain torch.compile(backend="nvfp4") (weights as graph inputs) alike: the
+    NVFP4 GEMM template, CUDA graphs with no skips, eager NVFP4's results."""
+    torch._dynamo.reset()
     model = _block().cuda()
     x = torch.randn(4, 64, dtype=torch.bfloat16, device="cuda")
-    compiled = nv.compile(model, nv.Config(activations="bf16"), mode=mode)
+    if entry == "nv.compile":
+        compiled = nv.compile(model, nv.Config(activations="bf16"), mode=mode)
+    else:
+        plain = torch.compile(model, backend="nvfp4", mode=None if mode == "default" else mode)
+
+        def compiled(x):
+            with torch.no_grad():
+                return plain(x)
+    skips = counters["inductor"]["cudagraph_skips"]
     y, code = run_and_get_code(compiled, x)  # the first call compiles
     source = "\n".join(code)
     # the linears became the NVFP4 GEMM template (tests/inductor/test_lowering.py), not the eager op
     assert "splitk_mainloop" in source and "torch.ops.nvfp4.linear_tiled.default(" not in source
     for _ in range(2):  # reduce-overhead: record, then replay
         y = compiled(x)
+    assert counters["inductor"]["cudagraph_skips"] == skips
     torch.testing.assert_close(y, _eager_nvfp4(model, x), rtol=1e-2, atol=1e-2)
 
 
@@ -623,8 +722,13 @@ def test_prepare_freezing_only_while_dynamo_compiles(monkeypatch, callbacks):
     x = torch.randn(4, 64, dtype=torch.bfloat16)
     compiled = nv.compile(model, nv.Config(activations="bf16"))
     torch._dynamo.reset()  # clears Dynamo's callbacks: the call must install them again
-    with warnings.catch_warnings():
-        warnings.simplefilter("error")  # the backend warns when parameters arrive unfrozen
+    from nvfp4_inductor.inductor import backend
+
+    def unfrozen(*args):
+        raise AssertionError("the parameters arrived as graph inputs")
+
+    with monkeypatch.context() as patch:
+        patch.setattr(backend, "_WeightsAsConstants", unfrozen)
         assert torch.equal(compiled(x), _eager_nvfp4(model, x))
         assert not torch._dynamo.config.prepare_freezing
         x9 = torch.randn(9, 64, dtype=torch.bfloat16)  # a new shape: traced again, frozen again

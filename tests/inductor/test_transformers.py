@@ -1,0 +1,137 @@
+"""Hugging Face transformers models through backend="nvfp4", as users call it: plain
+torch.compile on the model, generate with a CompileConfig, and converted models saved and
+reloaded. Tiny random configs of three architectures, on the CPU (the reference kernels)."""
+
+import pytest
+import torch
+from torch._inductor.utils import run_and_get_code
+
+import nvfp4_inductor as nv
+
+transformers = pytest.importorskip("transformers")
+
+SHAPES = dict(vocab_size=320, hidden_size=128, intermediate_size=256, num_hidden_layers=2,
+              num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=64)
+ARCHITECTURES = {
+    "llama": lambda: transformers.LlamaForCausalLM(transformers.LlamaConfig(**SHAPES)),
+    "qwen2": lambda: transformers.Qwen2ForCausalLM(transformers.Qwen2Config(**SHAPES)),
+    "mistral": lambda: transformers.MistralForCausalLM(transformers.MistralConfig(**SHAPES, sliding_window=None)),
+}
+# NVFP4's error on these random weights, relative to the largest bf16 logit (W4A16)
+LOGIT_TOL = 0.25
+
+
+def _model(arch: str, seed: int = 0):
+    torch.manual_seed(seed)
+    return ARCHITECTURES[arch]().to(torch.bfloat16).eval()
+
+
+def _nvfp4_calls(code: list[str]) -> list[str]:
+    return [line.strip() for line in "\n".join(code).splitlines()
+            if "torch.ops.nvfp4.linear_tiled" in line and "(" in line and not line.strip().startswith("#")
+            and "assert" not in line]
+
+
+def _close(got, want):
+    err = (got.float() - want.float()).abs().max().item()
+    return err <= LOGIT_TOL * want.float().abs().max().item(), err
+
+
+@pytest.mark.parametrize("arch", ARCHITECTURES)
+def test_plain_torch_compile_quantizes(arch):
+    """torch.compile(model, backend="nvfp4"), nothing else set: the parameters arrive as graph
+    inputs (Dynamo's default) and the linears still run as NVFP4 GEMMs, close to bf16."""
+    model = _model(arch)
+    ids = torch.randint(0, SHAPES["vocab_size"], (2, 7))
+    torch._dynamo.reset()
+    with torch.no_grad():
+        want = model(ids).logits
+        got, code = run_and_get_code(torch.compile(model, backend="nvfp4"), ids)
+    # q / k / v, o, gate / up and down of both layers (the head stays bf16)
+    assert len(_nvfp4_calls(code)) >= 2 * 4, _nvfp4_calls(code)
+    ok, err = _close(got.logits, want)
+    assert ok, err
+
+
+@pytest.mark.parametrize("arch", ARCHITECTURES)
+def test_generate_with_a_compile_config(arch):
+    """generate(..., cache_implementation="static", compile_config=CompileConfig(backend="nvfp4"))
+    compiles the decode step with NVFP4 GEMMs (the static cache stays an input it writes)."""
+    model = _model(arch)
+    ids = torch.randint(0, SHAPES["vocab_size"], (1, 5))
+    config = transformers.CompileConfig(backend="nvfp4", mode="reduce-overhead")
+    config._compile_all_devices = True  # transformers compiles on accelerators only unless told
+    torch._dynamo.reset()
+    out, code = run_and_get_code(lambda: model.generate(
+        ids, max_new_tokens=4, do_sample=False, cache_implementation="static", compile_config=config))
+    assert out.shape == (1, 9)
+    assert len(_nvfp4_calls(code)) >= 2 * 4, _nvfp4_calls(code)
+
+
+@pytest.mark.parametrize("arch", ARCHITECTURES)
+def test_a_converted_model_saves_and_reloads(arch, tmp_path):
+    """nv.convert, save_pretrained (safetensors), a fresh model converted and loaded from those
+    files: the same outputs, eagerly and under backend="nvfp4"."""
+    from safetensors.torch import load_file
+
+    model = _model(arch)
+    nv.convert(model, nv.Config(activations="bf16"))
+    model.save_pretrained(tmp_path)
+    fresh = _model(arch, seed=1)
+    nv.convert(fresh, nv.Config(activations="bf16"))
+    state = {}
+    for path in sorted(tmp_path.glob("*.safetensors")):
+        state.update(load_file(path))
+    missing, unexpected = fresh.load_state_dict(state, strict=False)
+    assert not unexpected and set(missing) <= {"lm_head.weight"}, (missing, unexpected)  # tied heads
+    ids = torch.randint(0, SHAPES["vocab_size"], (2, 7))
+    torch._dynamo.reset()
+    with torch.no_grad():
+        want = model(ids).logits
+        assert torch.equal(fresh(ids).logits, want)
+        got, code = run_and_get_code(torch.compile(fresh, backend="nvfp4"), ids)
+    assert len(_nvfp4_calls(code)) >= 2 * 4
+    ok, err = _close(got.logits, want)
+    assert ok, err
+
+
+def _nvfp4_ops(code: list[str]) -> list[str]:
+    import re
+
+    return sorted(re.findall(r"torch\.ops\.nvfp4\.(\w+)\.default\(", "\n".join(
+        line for line in "\n".join(code).splitlines() if not line.strip().startswith(("#", "assert")))))
+
+
+def test_plain_torch_compile_and_nv_compile_make_the_same_kernels():
+    """The weights as graph inputs (plain torch.compile) or as constants from the start
+    (nv.compile): the same NVFP4 ops (merged q / k / v, gate / up with SiLU * up, norms deferred)."""
+    model = _model("llama")
+    ids = torch.randint(0, SHAPES["vocab_size"], (1, 3))
+    torch._dynamo.reset()
+    with torch.no_grad():
+        _, plain = run_and_get_code(torch.compile(model, backend="nvfp4"), ids)
+    torch._dynamo.reset()
+    _, wrapped = run_and_get_code(nv.compile(model), ids)
+    torch._dynamo.reset()
+    assert _nvfp4_ops(plain) == _nvfp4_ops(wrapped) and "linear_tiled_silu_mul" in _nvfp4_ops(plain)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("converted", [False, True], ids=["bf16-model", "converted"])
+def test_generate_under_cuda_graphs(converted):
+    """generate with CompileConfig(backend="nvfp4", mode="reduce-overhead") on a GPU: the decode
+    step's linears are the NVFP4 GEMM template, replayed as CUDA graphs with no skips."""
+    from torch._dynamo.utils import counters
+
+    model = _model("llama").cuda()
+    if converted:
+        nv.convert(model, nv.Config(activations="bf16"))
+    ids = torch.randint(0, SHAPES["vocab_size"], (1, 5), device="cuda")
+    torch._dynamo.reset()
+    skips = counters["inductor"]["cudagraph_skips"]
+    out, code = run_and_get_code(lambda: model.generate(
+        ids, max_new_tokens=8, do_sample=False, cache_implementation="static",
+        compile_config=transformers.CompileConfig(backend="nvfp4", mode="reduce-overhead")))
+    assert out.shape == (1, 13)
+    assert "splitk_mainloop" in "\n".join(code)
+    assert counters["inductor"]["cudagraph_skips"] == skips
