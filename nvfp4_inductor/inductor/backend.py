@@ -268,15 +268,23 @@ class _WeightsAsConstants:
 
     def _compile(self, args):
         """The graph with args' weights as its parameters and buffers, compiled for args' others."""
-        graph = torch.fx.Graph()
-        graph.output(graph.graph_copy(self.gm.graph, {}))
+        graph, copies = torch.fx.Graph(), {}
+        graph.output(graph.graph_copy(self.gm.graph, copies))
         graph._codegen = self.gm.graph._codegen
+        # Dynamo's metadata, which AOT autograd reads to find the static inputs (what CUDA graphs
+        # may take by address, and mutate: a static KV cache): each input's source, and the
+        # source of each of the module's own tensors
+        for old, new in copies.items():
+            if hasattr(old, "_dynamo_source"):
+                new._dynamo_source = old._dynamo_source
         gm = torch.fx.GraphModule(self.gm, graph)
         gm.meta = dict(self.gm.meta)
+        sources = dict(getattr(self.gm, "_param_name_to_source", None) or {})
         paths = dict(gm.meta.get("dynamo_flat_name_to_original_fqn", {}))
         for i, node in enumerate(graph.find_nodes(op="placeholder")):
             if i not in self.weights:
                 continue
+            sources[node.name] = getattr(node, "_dynamo_source", None)
             t = args[i]
             if isinstance(t, nn.Parameter):
                 gm.register_parameter(node.name, t)
@@ -289,6 +297,8 @@ class _WeightsAsConstants:
             graph.erase_node(node)
             paths[node.name] = self.weights[i]
         gm.meta["dynamo_flat_name_to_original_fqn"] = paths
+        if hasattr(self.gm, "_param_name_to_source") and None not in sources.values():
+            gm._param_name_to_source = sources
         gm.recompile()
         return self.compile_fn(gm, [args[i] for i in self.rest])
 

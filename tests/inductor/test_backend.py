@@ -937,3 +937,23 @@ def test_linears_stay_apart_above_decode_size_or_off_the_tile(rows, width):
 def test_config_flags_must_be_bools(flag):
     with pytest.raises(TypeError, match=f"{flag} must be a bool"):
         nv.Config(**{flag: "yes"})
+
+
+def test_weights_made_constants_keep_dynamo_metadata(monkeypatch):
+    """The graph compiled with the weight inputs as constants keeps what AOT autograd reads to find
+    static inputs (CUDA graphs take a static KV cache by address and let the graph write it): each
+    remaining input's source, and a source for each of the graph module's own tensors."""
+    from nvfp4_inductor.inductor import backend
+
+    seen = []
+    compile_frozen = backend._compile_frozen
+    monkeypatch.setattr(backend, "_compile_frozen", lambda gm, *args: seen.append(gm) or compile_frozen(gm, *args))
+    model = WrittenBuffer().to(torch.bfloat16).eval()
+    model.cache = model.cache.float()
+    with torch.no_grad():
+        torch.compile(model, backend="nvfp4")(torch.randn(2, 64, dtype=torch.bfloat16))
+    gm, = seen
+    own = [name for name, _ in [*gm.named_parameters(), *gm.named_buffers()]]
+    assert sorted(own) == ["l_self_modules_linear_parameters_bias_", "l_self_modules_linear_parameters_weight_"]
+    assert set(own) <= set(gm._param_name_to_source)
+    assert all(hasattr(node, "_dynamo_source") for node in gm.graph.find_nodes(op="placeholder"))
