@@ -59,7 +59,7 @@ def main() -> None:
             x = torch.randn(m, k, dtype=torch.bfloat16, device="cuda")
             bf16 = stream_us(lambda w: x @ w.T, w_bf16)
             w4a16 = stream_us(lambda w: nv.linear(x, w), w_fp4)
-            w4a4 = stream_us(lambda w: nv.linear(x, w, activation="nvfp4"), w_fp4)
+            w4a4 = stream_us(lambda w: nv.linear(x, w, activations="nvfp4"), w_fp4)
             t16 = stream_us(lambda w: ops.linear_tiled(x, *w, None, n, "bf16"), w_tiled)
             t4 = stream_us(lambda w: ops.linear_tiled(x, *w, None, n, "nvfp4"), w_tiled)
             deq16 = stream_us(lambda w: scaled_mm_tiled(x, *w[:2], w[2], None, n, torch.bfloat16), w_tiled)

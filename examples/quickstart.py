@@ -55,8 +55,8 @@ def main() -> None:
     weights = [nv.quantize(layer.weight.detach()) for layer in (model[0], model[2])]
 
     def nvfp4_mlp(h: torch.Tensor, activation: str) -> torch.Tensor:
-        h = nv.linear(h, weights[0], model[0].bias, activation=activation)
-        return nv.linear(torch.nn.functional.gelu(h), weights[1], model[2].bias, activation=activation)
+        h = nv.linear(h, weights[0], model[0].bias, activations=activation)
+        return nv.linear(torch.nn.functional.gelu(h), weights[1], model[2].bias, activations=activation)
 
     with torch.no_grad():
         ref = model(inputs)

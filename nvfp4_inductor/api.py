@@ -7,6 +7,7 @@ one opaque op per call, and device kernels registered for the op are used eagerl
 
 import math
 import numbers
+import warnings
 from typing import NamedTuple
 
 import torch
@@ -166,11 +167,12 @@ def unswizzle_scales(swizzled: Tensor, rows: int, cols: int) -> Tensor:
     return ops.unswizzle_scales(_scale_bits("swizzled", swizzled), rows, cols).view(swizzled.dtype)
 
 
-def linear(x: Tensor, w_q: NVFP4, bias: Tensor | None = None, *, activation: str = "bf16",
-           x_global_scale=None) -> Tensor:
+def linear(x: Tensor, w_q: NVFP4, bias: Tensor | None = None, *, activations: str = "bf16",
+           x_global_scale=None, activation: str | None = None) -> Tensor:
     """y = x @ W^T (+ bias): x (..., K), w_q NVFP4 (N, K) -> (..., N) in x.dtype.
 
-    activation "bf16": x is used as bf16 (W4A16); "nvfp4": x is quantized on the fly (W4A4) with a
+    activations (as Config.activations names it; `activation` is its deprecated spelling)
+    "bf16": x is used as bf16 (W4A16); "nvfp4": x is quantized on the fly (W4A4) with a
     per-tensor global scale, computed from x on the device, or x_global_scale where given (a
     float, or an fp32 tensor of shape (); a calibrated static scale, see collect_input_scales:
     x's amax is then not computed, and values beyond 6 * 448 * x_global_scale saturate; the
@@ -181,12 +183,20 @@ def linear(x: Tensor, w_q: NVFP4, bias: Tensor | None = None, *, activation: str
     w_scale, g = _check_nvfp4("w_q", w_q)
     if bias is not None:
         _checks.check_tensor("bias", bias, _checks.FLOAT_DTYPES)
+    if activation is not None:
+        if activations != "bf16" and activations != activation:
+            raise ValueError(f"activations={activations!r} and its old spelling activation={activation!r} "
+                             "both given")
+        warnings.warn("nvfp4_inductor.linear(activation=...) is deprecated: use activations=...",
+                      DeprecationWarning, stacklevel=2)
+        activations = activation
+    activation = activations
     if not isinstance(activation, str):
-        raise TypeError(f"activation must be a str, one of {_checks.ACTIVATIONS}; got {activation!r}")
+        raise TypeError(f"activations must be a str, one of {_checks.ACTIVATIONS}; got {activation!r}")
     if x_global_scale is None:
         return ops.linear(x, w_q.data, w_scale, g, bias, w_q.swizzled, activation)
     if activation != "nvfp4":
-        raise ValueError(f'x_global_scale quantizes x: it needs activation="nvfp4"; got {activation!r}')
+        raise ValueError(f'x_global_scale quantizes x: it needs activations="nvfp4"; got {activation!r}')
     x_global_scale = _global_scale_tensor(x_global_scale, x, False, "x_global_scale")
     _checks.check_global_scale("x_global_scale", x_global_scale, x.shape[:-1], False, "x", x)
     # W4A4 as its CUDA kernels compute it: x's codes times their block scales (exact in bf16, and

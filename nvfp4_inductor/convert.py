@@ -159,7 +159,7 @@ class NVFP4Linear(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         activation = resolve_activation(self.activations, x)
         x_global_scale = self.input_scale if activation == "nvfp4" else None  # W4A16 has no use for it
-        return api.linear(x, self.nvfp4_weight(), self.bias, activation=activation,
+        return api.linear(x, self.nvfp4_weight(), self.bias, activations=activation,
                           x_global_scale=x_global_scale)
 
     def extra_repr(self) -> str:

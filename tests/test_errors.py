@@ -81,11 +81,11 @@ CASES = [
     ("linear int x", lambda: nv.linear(X.int(), _w()), TypeError, "x must have dtype"),
     ("linear bias shape", lambda: nv.linear(X, _w(), torch.zeros(31)), ValueError, r"bias must have shape \(32,\)"),
     ("linear bias dtype", lambda: nv.linear(X, _w(), torch.zeros(32, dtype=torch.int64)), TypeError, "bias must have dtype"),
-    ("linear activation", lambda: nv.linear(X, _w(), activation="fp8"), ValueError, "activation must be one of"),
+    ("linear activation", lambda: nv.linear(X, _w(), activations="fp8"), ValueError, "activation must be one of"),
     ("linear w not NVFP4", lambda: nv.linear(X, torch.randn(32, 64)), TypeError, "w_q must be an nvfp4_inductor.NVFP4"),
     ("linear x NVFP4", lambda: nv.linear(_w(k=64), _w()), TypeError, "x must be a torch.Tensor, got NVFP4"),
     ("linear bias a float", lambda: nv.linear(X, _w(), 1.0), TypeError, "bias must be a torch.Tensor"),
-    ("linear activation not str", lambda: nv.linear(X, _w(), activation=None), TypeError, "activation must be a str"),
+    ("linear activation not str", lambda: nv.linear(X, _w(), activations=None), TypeError, "activations must be a str"),
     ("linear device", lambda: nv.linear(X.to("meta"), _w()), ValueError, "w_q.data is on cpu but x is on meta"),
     # linear_tiled (the backend's op; its kernels read each tile as one contiguous run)
     ("tiled data strided", lambda: _tiled(data=lambda d: torch.stack([d, d], 1)[:, 0]), ValueError, "tiled w.data must be contiguous"),
@@ -119,3 +119,15 @@ def test_ops_check_too():
         torch.ops.nvfp4.quantize(torch.randn(2, 24), None, False, False)
     with pytest.raises(TypeError, match="must have dtype uint8"):
         torch.ops.nvfp4.swizzle_scales(torch.zeros(4, 4, dtype=E4M3))
+
+
+def test_linear_takes_activations_and_its_old_spelling():
+    """nv.linear names the format of x `activations`, as Config and NVFP4Linear do; `activation=`
+    still works, with a DeprecationWarning, and the two disagreeing is an error."""
+    x = torch.randn(3, 32)
+    w = nv.quantize(torch.randn(16, 32))
+    want = nv.linear(x, w, activations="nvfp4")
+    with pytest.warns(DeprecationWarning, match="use activations="):
+        assert torch.equal(nv.linear(x, w, activation="nvfp4"), want)
+    with pytest.raises(ValueError, match="both given"):
+        nv.linear(x, w, activations="nvfp4", activation="bf16")

@@ -58,28 +58,28 @@ def test_linear_with_a_static_x_scale(dtype):
     w = nv.quantize(torch.randn(48, 64, generator=gen))
     bias = torch.randn(48, generator=gen).to(dtype)
     for g_x in (0.002, torch.tensor(0.0007)):  # 0.0007: x saturates
-        got = nv.linear(x, w, bias, activation="nvfp4", x_global_scale=g_x)
+        got = nv.linear(x, w, bias, activations="nvfp4", x_global_scale=g_x)
         assert got.dtype == dtype and got.shape == (2, 5, 48)
         want = _static_reference(x, w, bias, torch.as_tensor(g_x, dtype=torch.float32))
         assert _rel(got, want) <= (1e-6 if dtype == torch.float32 else 4e-3)
     # the scale the dynamic rule computes from x: the dynamic result, up to fp32 rounding order
-    dynamic = nv.linear(x, w, bias, activation="nvfp4")
-    same = nv.linear(x, w, bias, activation="nvfp4", x_global_scale=reference.compute_global_scale(x))
+    dynamic = nv.linear(x, w, bias, activations="nvfp4")
+    same = nv.linear(x, w, bias, activations="nvfp4", x_global_scale=reference.compute_global_scale(x))
     assert _rel(same, dynamic) <= (1e-6 if dtype == torch.float32 else 4e-3)
 
 
 def test_linear_static_x_scale_errors():
     x, w = torch.randn(4, 64), nv.quantize(torch.randn(32, 64))
-    with pytest.raises(ValueError, match='needs activation="nvfp4"'):
+    with pytest.raises(ValueError, match='needs activations="nvfp4"'):
         nv.linear(x, w, x_global_scale=0.1)
     with pytest.raises(ValueError, match=r"x_global_scale \(per tensor\) must have shape \(\)"):
-        nv.linear(x, w, activation="nvfp4", x_global_scale=torch.ones(4))
+        nv.linear(x, w, activations="nvfp4", x_global_scale=torch.ones(4))
     with pytest.raises(ValueError, match="x_global_scale must be finite and > 0"):
-        nv.linear(x, w, activation="nvfp4", x_global_scale=-1.0)
+        nv.linear(x, w, activations="nvfp4", x_global_scale=-1.0)
     with pytest.raises(TypeError, match="x_global_scale must have dtype float32"):
-        nv.linear(x, w, activation="nvfp4", x_global_scale=torch.tensor(0.1, dtype=torch.float64))
+        nv.linear(x, w, activations="nvfp4", x_global_scale=torch.tensor(0.1, dtype=torch.float64))
     # no gradient for x, as dynamic W4A4: the forward runs, a backward raises
-    y = nv.linear(x.clone().requires_grad_(), w, activation="nvfp4", x_global_scale=0.1)
+    y = nv.linear(x.clone().requires_grad_(), w, activations="nvfp4", x_global_scale=0.1)
     with pytest.raises(RuntimeError, match="quantizes x, which has no gradient"):
         y.sum().backward()
     with pytest.raises(TypeError, match="global_scale must have dtype float32"):
@@ -118,9 +118,9 @@ def test_converted_layers_quantize_x_with_their_input_scale():
     assert torch.equal(static[0].input_scale, scales["0"]) and "static input_scale" in repr(static)
     x = torch.randn(4, 64, dtype=torch.bfloat16) * 2  # beyond the calibrated range: saturates
     with torch.no_grad():
-        h = nv.linear(x, static[0].nvfp4_weight(), static[0].bias, activation="nvfp4",
+        h = nv.linear(x, static[0].nvfp4_weight(), static[0].bias, activations="nvfp4",
                       x_global_scale=scales["0"])
-        want = nv.linear(torch.relu(h), static[2].nvfp4_weight(), static[2].bias, activation="nvfp4",
+        want = nv.linear(torch.relu(h), static[2].nvfp4_weight(), static[2].bias, activations="nvfp4",
                          x_global_scale=scales["2"])
         assert torch.equal(static(x), want)
         # W4A16 layers have no use for the scale; clearing it gives back the dynamic scale
@@ -129,7 +129,7 @@ def test_converted_layers_quantize_x_with_their_input_scale():
         static[0].activations = "nvfp4"
         static[0].set_input_scale(None)
         assert torch.equal(static[0](x), nv.linear(x, static[0].nvfp4_weight(), static[0].bias,
-                                                   activation="nvfp4"))
+                                                   activations="nvfp4"))
     with pytest.raises(ValueError, match=r"no input scale for layers \['2'\]"):
         nv.convert(copy.deepcopy(model), nv.Config(activations="nvfp4", input_scales={"0": scales["0"]},
                                                    skip_output_head=False))
@@ -208,12 +208,12 @@ def test_static_x_scale_on_cuda_matches_the_cpu_and_replays_in_a_cuda_graph(m):
     w = nv.quantize(torch.randn(512, 1024, generator=gen))
     bias = torch.randn(512, generator=gen, dtype=torch.bfloat16)
     g_x = reference.compute_global_scale(x) * 0.75
-    want = nv.linear(x, w, bias, activation="nvfp4", x_global_scale=g_x)
+    want = nv.linear(x, w, bias, activations="nvfp4", x_global_scale=g_x)
     w_cuda = nv.NVFP4(*(t.cuda() if isinstance(t, torch.Tensor) else t for t in w))
     x_cuda, bias_cuda, g_cuda = x.cuda(), bias.cuda(), g_x.cuda()
 
     def run():
-        return nv.linear(x_cuda, w_cuda, bias_cuda, activation="nvfp4", x_global_scale=g_cuda)
+        return nv.linear(x_cuda, w_cuda, bias_cuda, activations="nvfp4", x_global_scale=g_cuda)
 
     got = run()
     assert got.dtype == torch.bfloat16 and _rel(got, want.float()) <= 1e-3
@@ -227,7 +227,7 @@ def test_static_x_scale_on_cuda_matches_the_cpu_and_replays_in_a_cuda_graph(m):
         graph.replay()
     finally:
         torch.cuda.set_sync_debug_mode(0)
-    want2 = nv.linear(x * 2, w, bias, activation="nvfp4", x_global_scale=g_x)
+    want2 = nv.linear(x * 2, w, bias, activations="nvfp4", x_global_scale=g_x)
     assert _rel(out, want2.float()) <= 1e-3
 
 

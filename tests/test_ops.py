@@ -83,7 +83,7 @@ def test_compiled_fullgraph_matches_eager_on_cpu():
         q = nv.quantize(x, swizzle=True)
         back = nv.dequantize(q, torch.float32)
         y16 = nv.linear(x, w_q, bias)
-        y4 = nv.linear(x, w_q, bias, activation="nvfp4")
+        y4 = nv.linear(x, w_q, bias, activations="nvfp4")
         return q.data, q.scale.view(torch.uint8), back, y16, y4
 
     x = torch.randn(19, 128, dtype=torch.bfloat16)
@@ -105,7 +105,7 @@ def test_linear_is_dequantize_then_fp32_matmul():
     y = nv.linear(x, w_q, bias)
     assert y.dtype == torch.bfloat16 and y.shape == (2, 9, 32)
     assert torch.equal(y, (x.float() @ w_f32.T + bias.float()).to(torch.bfloat16))
-    y4 = nv.linear(x, w_q, activation="nvfp4")
+    y4 = nv.linear(x, w_q, activations="nvfp4")
     x_f32 = nv.quantize(x).dequantize(torch.float32)
     assert torch.equal(y4, (x_f32 @ w_f32.T).to(torch.bfloat16))
     # fp32 input: activation "bf16" means x enters the product rounded to bf16; out stays fp32.
@@ -127,7 +127,7 @@ def test_linear_multiplies_in_fp32_inside_autocast(autocast_dtype):
     w = nv.quantize(torch.randn(48, 64) * 3)
     data_t, scale_t = torch.ops.nvfp4.tile_weight(w.data, w.scale.view(torch.uint8))
     module = nv.NVFP4Linear(w, bias, "bf16")
-    calls = [lambda: nv.linear(x, w, bias), lambda: nv.linear(x, w, activation="nvfp4"),
+    calls = [lambda: nv.linear(x, w, bias), lambda: nv.linear(x, w, activations="nvfp4"),
              lambda: torch.ops.nvfp4.linear_tiled(x, data_t, scale_t, w.global_scale, bias, 48, "bf16"),
              lambda: module(x), lambda: nv.calibrate.hessian_blocks(x)]
     with torch.no_grad():
@@ -156,7 +156,7 @@ def test_cuda_ops_run_on_their_inputs_device():
                nv.dequantize_rows(q, torch.tensor([5, 0], device=device))]
         for x in xs:
             x = x.to(device)
-            out += [nv.linear(x, q), nv.linear(x, q, activation="nvfp4"), *torch.ops.nvfp4.quantize_values(x),
+            out += [nv.linear(x, q), nv.linear(x, q, activations="nvfp4"), *torch.ops.nvfp4.quantize_values(x),
                     torch.ops.nvfp4.linear_tiled(x, data_t, scale_t, q.global_scale, None, 192, "bf16")]
         return out
 
@@ -181,7 +181,7 @@ def test_linear_sqnr_against_bf16():
     ref = x.float() @ w.float().T
     w_q = nv.quantize(w)
     assert _sqnr_db(ref, nv.linear(x, w_q).float()) > 17.0
-    assert _sqnr_db(ref, nv.linear(x, w_q, activation="nvfp4").float()) > 14.0
+    assert _sqnr_db(ref, nv.linear(x, w_q, activations="nvfp4").float()) > 14.0
 
 
 def test_per_row_weight_global_scale_in_linear():
@@ -264,7 +264,7 @@ def test_linear_tiled_equals_linear(m, activation):
     data_t, scale_t = OPS.tile_weight(w.data, w.scale.view(torch.uint8))
     args = (x, data_t, scale_t, w.global_scale, bias, 48, activation)
     torch.library.opcheck(OPS.linear_tiled.default, args)
-    assert torch.equal(OPS.linear_tiled(*args), nv.linear(x, w, bias, activation=activation))
+    assert torch.equal(OPS.linear_tiled(*args), nv.linear(x, w, bias, activations=activation))
     with pytest.raises(ValueError, match="tiled w.data for N=48, K=80 must have shape"):
         OPS.linear_tiled(x, data_t[:-1], scale_t, w.global_scale, bias, 48, activation)
     with pytest.raises(ValueError, match="n must be a positive multiple of 16"):
@@ -326,7 +326,7 @@ def test_linear_tiled_silu_mul_is_the_gated_mlp(activation):
     data_t, scale_t = OPS.tile_weight(data, scale)
     args = (x, data_t, scale_t, g, None, 64, activation)
     torch.library.opcheck(OPS.linear_tiled_silu_mul.default, args)
-    want = nv.reference.silu_mul(nv.linear(x, gate, activation=activation), nv.linear(x, up, activation=activation))
+    want = nv.reference.silu_mul(nv.linear(x, gate, activations=activation), nv.linear(x, up, activations=activation))
     assert torch.equal(OPS.linear_tiled_silu_mul(*args), want)
     x_g = torch.tensor(0.5)
     scaled = OPS.linear_tiled_silu_mul(x, data_t, scale_t, g, x_g, 64, activation)
@@ -370,7 +370,7 @@ def test_no_gradient_through_quantization():
     q = nv.quantize(x)
     assert not q.global_scale.requires_grad
     with pytest.raises(RuntimeError, match="activation='nvfp4' quantizes x, which has no gradient"):
-        nv.linear(x, nv.quantize(torch.randn(32, 64)), activation="nvfp4").sum().backward()
+        nv.linear(x, nv.quantize(torch.randn(32, 64)), activations="nvfp4").sum().backward()
 
 
 @pytest.mark.parametrize("static_scale", [False, True])
@@ -383,7 +383,7 @@ def test_compiled_w4a4_forward_on_x_that_requires_grad(static_scale):
     scale = {"x_global_scale": torch.tensor(0.01)} if static_scale else {}
 
     def fn(x):
-        return nv.linear(x, w, activation="nvfp4", **scale)
+        return nv.linear(x, w, activations="nvfp4", **scale)
 
     x = torch.randn(3, 64, requires_grad=True)
     torch._dynamo.reset()
@@ -475,7 +475,7 @@ def test_a_float_global_scale_argument_inside_torch_compile():
     w = nv.quantize(torch.randn(32, 64))
 
     def fn(x, g):
-        return nv.quantize(x, g).dequantize(torch.float32), nv.linear(x, w, activation="nvfp4", x_global_scale=g)
+        return nv.quantize(x, g).dequantize(torch.float32), nv.linear(x, w, activations="nvfp4", x_global_scale=g)
 
     for dynamic in (True, None):
         torch._dynamo.reset()
@@ -514,7 +514,7 @@ def test_a_float_global_scale_is_filled_on_the_device_of_x():
     w = nv.quantize(torch.randn(32, 64, device="meta"))
     with HostToDevice() as mode:
         q = nv.quantize(x, 0.01)
-        y = nv.linear(x, w, activation="nvfp4", x_global_scale=0.01)
+        y = nv.linear(x, w, activations="nvfp4", x_global_scale=0.01)
     assert mode.ops == []
     assert q.global_scale.device.type == "meta" and y.device.type == "meta"
     assert torch.equal(nv.quantize(torch.randn(8, 64), 0.01).global_scale, torch.tensor(0.01))  # fp32's 0.01

@@ -482,8 +482,8 @@ def test_three_dimensional_inputs_and_fp32_models():
     assert torch.equal(nv.compile(model32, nv.Config(activations="nvfp4"))(x32),
                        model32.lm_head(nv.linear(torch.relu(nv.linear(
                            x32, nv.quantize(model32.up.weight), model32.up.bias,
-                           activation="nvfp4")), nv.quantize(model32.down.weight),
-                           activation="nvfp4")).detach())
+                           activations="nvfp4")), nv.quantize(model32.down.weight),
+                           activations="nvfp4")).detach())
 
 
 def test_fx_graph_cache_is_not_bypassed():

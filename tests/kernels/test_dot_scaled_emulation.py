@@ -123,7 +123,7 @@ def test_sm100_linear_launchers_match_reference(sm100, monkeypatch, m):
     x = torch.randn(m, 160, generator=gen)
     w = nv.quantize(torch.randn(72, 160, generator=gen))
     bias = torch.randn(72, generator=gen)
-    want = nv.linear(x, w, bias, activation="nvfp4")
+    want = nv.linear(x, w, bias, activations="nvfp4")
     if m <= plan.SPLITK_MAX_M:
         swizzled = nv.swizzle_scales(w.scale).view(torch.uint8)
         got = gemm.linear(x, w.data, swizzled, w.global_scale, bias, True, "nvfp4")
@@ -164,5 +164,5 @@ def test_sm100_template_matches_reference(sm100, monkeypatch, m):
     w = linear.weight.detach()
     data, scale, g = torch.ops.nvfp4.quantize(w, None, False, False)
     with torch.no_grad():
-        want = nv.linear(x, nv.NVFP4(data, scale, g, w.shape), linear.bias.detach(), activation="nvfp4")
+        want = nv.linear(x, nv.NVFP4(data, scale, g, w.shape), linear.bias.detach(), activations="nvfp4")
     assert _rel(y, want) <= 1e-6

@@ -28,9 +28,9 @@ def test_linear_on_cuda_matches_reference(m, n, k, activation):
     bias = torch.randn(n, generator=gen, dtype=torch.bfloat16)
     for swizzled in (False, True):
         w = nv.quantize(torch.randn(n, k, generator=gen), swizzle=swizzled)
-        want = nv.linear(x, w, bias, activation=activation)  # CPU: the reference
+        want = nv.linear(x, w, bias, activations=activation)  # CPU: the reference
         w_cuda = nv.NVFP4(*(t.cuda() if isinstance(t, torch.Tensor) else t for t in w))
-        got = nv.linear(x.cuda(), w_cuda, bias.cuda(), activation=activation)
+        got = nv.linear(x.cuda(), w_cuda, bias.cuda(), activations=activation)
         assert got.dtype == torch.bfloat16 and got.shape == (m, n)
         assert _rel(got, want.float()) <= 1e-3
 
@@ -44,7 +44,7 @@ def test_linear_tiled_on_cuda_matches_reference(m, activation):
     bias = torch.randn(1056, generator=gen, dtype=torch.bfloat16)
     w = nv.quantize(torch.randn(1056, 1040, generator=gen), per_row=m % 2 == 1)
     data_t, scale_t = OPS.tile_weight(w.data, w.scale.view(torch.uint8))
-    want = nv.linear(x, w, bias, activation=activation)  # CPU: the reference
+    want = nv.linear(x, w, bias, activations=activation)  # CPU: the reference
     got = OPS.linear_tiled(x.cuda(), data_t.cuda(), scale_t.cuda(), w.global_scale.cuda(), bias.cuda(),
                            1056, activation)
     assert got.dtype == torch.bfloat16 and got.shape == (2, m, 1056)
@@ -111,7 +111,7 @@ def test_skinny_gemm_waits_for_a_pdl_producer(m, tiled, activation, late):
         codes = data_t
     else:
         def linear(x, codes):
-            return nv.linear(x, w._replace(data=codes), activation=activation)
+            return nv.linear(x, w._replace(data=codes), activations=activation)
         codes = w.data
     want = linear(x, codes)  # also compiles the kernels outside the timed sequence
     operands = {"x": x, "codes": codes}
@@ -144,7 +144,7 @@ def test_cuda_linear_launchers_under_the_interpreter(m, activation, monkeypatch)
     x = torch.randn(m, 96, generator=gen).to(torch.bfloat16)
     w = nv.quantize(torch.randn(48, 96, generator=gen), per_row=m == 5)
     bias = torch.randn(48, generator=gen).to(torch.bfloat16)
-    want = nv.linear(x, w, bias, activation=activation).float()  # the reference
+    want = nv.linear(x, w, bias, activations=activation).float()  # the reference
     parts = (w.data, w.scale.view(torch.uint8), w.global_scale)
     got = gemm.linear(x, *parts, bias, False, activation)  # the plan's kernel: split-K at these M
     assert _rel(got, want) <= 1e-2
@@ -172,9 +172,9 @@ def test_linear_on_cuda_output_dtypes_and_3d(dtype, rows, activation):
     x = torch.randn(2, rows, 128, generator=gen).to(dtype)
     bias = torch.randn(64, generator=gen).to(dtype)
     w = nv.quantize(torch.randn(64, 128, generator=gen))
-    want = nv.linear(x, w, bias, activation=activation)
+    want = nv.linear(x, w, bias, activations=activation)
     w_cuda = nv.NVFP4(*(t.cuda() if isinstance(t, torch.Tensor) else t for t in w))
-    got = nv.linear(x.cuda(), w_cuda, bias.cuda(), activation=activation)
+    got = nv.linear(x.cuda(), w_cuda, bias.cuda(), activations=activation)
     assert got.dtype == dtype and got.shape == (2, rows, 64)
     assert _rel(got, want.float()) <= 1e-3
 
@@ -203,7 +203,7 @@ def test_large_m_linear_in_cuda_graph_without_host_sync(activation):
     data_t, scale_t = OPS.tile_weight(w.data, w.scale.view(torch.uint8))
 
     def step():
-        return (nv.linear(x, w, bias, activation=activation),
+        return (nv.linear(x, w, bias, activations=activation),
                 OPS.linear_tiled(x, data_t, scale_t, w.global_scale, bias, 1056, activation))
 
     step()  # compile the kernels, plan the GEMM outside the capture
@@ -219,7 +219,7 @@ def test_large_m_linear_in_cuda_graph_without_host_sync(activation):
         x.copy_(torch.randn(x.shape, generator=gen, device="cuda") * scale)
         graph.replay()
         want = nv.linear(x.cpu(), nv.NVFP4(*(t.cpu() if isinstance(t, torch.Tensor) else t for t in w)),
-                         bias.cpu(), activation=activation)  # the reference
+                         bias.cpu(), activations=activation)  # the reference
         for got in outs:
             assert _rel(got, want.float()) <= 1e-3
 
@@ -230,6 +230,6 @@ def test_w4a4_sqnr_against_bf16_on_cuda():
     x = torch.randn(64, 512, dtype=torch.bfloat16, device="cuda")
     w = torch.randn(256, 512, dtype=torch.bfloat16, device="cuda")
     ref = (x.float() @ w.float().T).double()
-    got = nv.linear(x, nv.quantize(w), activation="nvfp4").double()
+    got = nv.linear(x, nv.quantize(w), activations="nvfp4").double()
     sqnr = 10 * torch.log10(ref.pow(2).sum() / (ref - got).pow(2).sum()).item()
     assert sqnr > 14.0  # the reference gives 17.3 dB on the same data (tests/test_ops.py)
