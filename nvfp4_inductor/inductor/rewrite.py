@@ -12,7 +12,8 @@ and freezing's constant folding then runs the quantize and the tiling on the rea
 compile time: the compiled code holds the NVFP4 weights as frozen constants, in the layout the
 skinny decode GEMM reads fastest (nvfp4_inductor/tiled.py), and calls only nvfp4.linear_tiled.
 A model converted by nv.convert arrives with `nvfp4.linear(x, W_data, W_scale, ...)` on constant
-NVFP4 buffers; those calls get the same tile_weight + linear_tiled (plain scale layout only).
+NVFP4 buffers; those calls get the same tile_weight + linear_tiled (plain scale layout only), and
+merge and fuse as below like bf16 weights (with their own global scales and activation format).
 With a weight method other than "rtn" (Config.weight_method "mse") the quantize is
 `nvfp4.quantize_weight(W, None, method, None, False)`, folded the same way.
 
@@ -54,6 +55,7 @@ from ..kernels import gemm_configs, plan
 from ..tiled import GLU_GROUP, TILE_N
 
 log = logging.getLogger("nvfp4_inductor")
+NVFP4_LINEAR = torch.ops.nvfp4.linear.default
 aten = torch.ops.aten
 # the sources that make the generated code: the package's Python and its Inductor templates
 _PACKAGE_FILES = tuple(sorted(str(p) for pattern in ("*.py", "*.jinja")
@@ -65,7 +67,10 @@ MERGE_MAX_M = plan.SPLITK_MAX_M_TILED
 
 
 def _mm_operands(node: fx.Node):
-    """mm(x, W^T) or addmm(bias, x, W^T) -> (bias or None, x, W^T) as the node has them now."""
+    """mm(x, W^T) or addmm(bias, x, W^T) -> (bias or None, x, W^T) as the node has them now;
+    nvfp4.linear(x, W_data, ...) -> (bias or None, x, W_data)."""
+    if node.target == NVFP4_LINEAR:
+        return node.args[4], node.args[0], node.args[1]
     return (None, *node.args) if node.target == aten.mm.default else node.args
 
 
@@ -117,11 +122,12 @@ def _other_reads(weight: fx.Node) -> set:
 
 
 def _defined_here(graph: fx.Graph, weight: fx.Node) -> fx.Node:
-    """_weight_of's result as a node at the graph's insertion point: a parameter is (placeholders
-    come first), an autocast cast is made again there (the same op, folded by freezing)."""
-    if not _call(weight, _CONVERT):
+    """A constant's node at the graph's insertion point: a parameter is (placeholders come first);
+    an autocast cast of it, or a dtype view of NVFP4 scale bytes, is made again there (the same
+    op, folded by freezing)."""
+    if not (_call(weight, _CONVERT) or _call(weight, aten.view.dtype)):
         return weight
-    cast = graph.call_function(_CONVERT, weight.args, weight.kwargs)
+    cast = graph.call_function(weight.target, weight.args, weight.kwargs)
     cast.meta.update(weight.meta)
     return cast
 
@@ -225,6 +231,7 @@ class LinearToNVFP4(_compat.CustomGraphPass):
         self.converted: list[str] = []
         self.merged: list[list[str]] = []  # groups of weights multiplied as one GEMM
         self.retiled: list[str] = []  # weights already NVFP4 (nv.convert), moved to the tiled layout
+        self._nvfp4: dict = {}  # nvfp4.linear node of such a weight -> (data, scale, g, activation)
         self.gated = 0  # merged gate / up GEMMs whose epilogue takes silu(gate) * up
         self.skipped: dict[str, str] = {}
         self.norms_fused = 0  # RMSNorm -> W4A4 linears given rms_norm_quantize_values (norm_fusion)
@@ -234,13 +241,16 @@ class LinearToNVFP4(_compat.CustomGraphPass):
         placeholders = [n for n in graph.nodes if n.op == "placeholder"]
         if any(n.name.startswith("tangents") for n in placeholders):
             return  # a training graph: left alone
+        self._nvfp4 = {}
         lifted = placeholders[:len(_compat.params_flat())]
         names = {node: (self.param_names[i] if i < len(self.param_names) else node.name)
                  for i, node in enumerate(lifted)}
         linears = []  # (node, bias, x, weight, name) of every linear to convert, in graph order
         for node in list(graph.nodes):
-            if node.op == "call_function" and node.target == torch.ops.nvfp4.linear.default:
-                self._retile(graph, node, names)
+            if node.op == "call_function" and node.target == NVFP4_LINEAR:
+                linear = self._nvfp4_linear(node, names)
+                if linear is not None:
+                    linears.append(linear)
                 continue
             if node.op != "call_function" or node.target not in (aten.mm.default, aten.addmm.default):
                 continue
@@ -291,10 +301,13 @@ class LinearToNVFP4(_compat.CustomGraphPass):
             static = value is not None and all(isinstance(d, int) for d in value.shape)
             # (the merged GEMM runs where the first linear was: a bias computed in the graph may
             # be defined after it, or from its output)
+            nvfp4 = self._nvfp4.get(node)  # (data, scale, g, activation) of a converted layer
             mergeable = (self.merge and static and value.shape[:-1].numel() <= MERGE_MAX_M
                          and weight.meta["val"].shape[0] % TILE_N == 0
-                         and (bias is None or bias.op in ("placeholder", "get_attr")))
-            key = (_view_root(x), tuple(value.shape), bias is None) if mergeable else node
+                         and (bias is None or bias.op in ("placeholder", "get_attr"))
+                         and (nvfp4 is None or nvfp4[2].op in ("placeholder", "get_attr")))
+            activation = self.activation if nvfp4 is None else nvfp4[3]
+            key = (_view_root(x), tuple(value.shape), bias is None, activation) if mergeable else node
             groups.setdefault(key, []).append(linear)
         return list(groups.values())
 
@@ -320,7 +333,9 @@ class LinearToNVFP4(_compat.CustomGraphPass):
         members = [group[places.index(i)] for i in range(len(slot))]
         with graph.inserting_before(first):
             # an autocast cast of a later member's weight may sit after the first linear: cast again here
-            parts = [self._quantized(graph, _defined_here(graph, weight)) for _, _, _, weight, _ in members]
+            parts = [tuple(_defined_here(graph, t) for t in self._nvfp4[node][:3]) if node in self._nvfp4
+                     else self._quantized(graph, _defined_here(graph, weight)) for node, _, _, weight, _ in members]
+            activation = self._nvfp4[first][3] if first in self._nvfp4 else self.activation
             widths = [weight.meta["val"].shape[0] for _, _, _, weight, _ in members]
             if len(members) == 1:
                 data, scale, g = parts[0]
@@ -334,9 +349,11 @@ class LinearToNVFP4(_compat.CustomGraphPass):
             tiled = graph.call_function(TILE_WEIGHT, (data, scale))
             data, scale = (graph.call_function(operator.getitem, (tiled, i)) for i in range(2))
             y = graph.call_function(torch.ops.nvfp4.linear_tiled.default,
-                                    (x, data, scale, g, bias, sum(widths), self.activation))
+                                    (x, data, scale, g, bias, sum(widths), activation))
             if len(members) == 1:
                 y.meta.update(first.meta)
+                # the old call's recorded input values would constrain the new call's arguments
+                y.meta.pop("eager_input_vals", None)
                 outputs = [y]
             else:
                 with x_val.fake_mode:
@@ -361,7 +378,8 @@ class LinearToNVFP4(_compat.CustomGraphPass):
                 out = own
             node.replace_all_uses_with(out)
             graph.erase_node(node)
-        self.converted += [name for *_, name in members]
+        for node, *_, name in members:
+            (self.retiled if node in self._nvfp4 else self.converted).append(name)
 
     def _gate(self, graph: fx.Graph, node: fx.Node) -> None:
         """F.silu(gate) * up with gate and up the two halves of one merged bias-less GEMM (a
@@ -425,26 +443,17 @@ class LinearToNVFP4(_compat.CustomGraphPass):
         node.replace_all_uses_with(out)
         self.gated += 1
 
-    def _retile(self, graph: fx.Graph, node: fx.Node, names) -> None:
-        """nvfp4.linear on constant NVFP4 weights (a model from nv.convert) -> the same through
-        tile_weight + linear_tiled, tiled once by constant folding like the bf16 weights."""
+    def _nvfp4_linear(self, node: fx.Node, names):
+        """nvfp4.linear on constant NVFP4 weights with plain scales (a model from nv.convert) -> its
+        entry among the linears to convert, its NVFP4 parts kept in self._nvfp4: it gets the
+        tiled layout (tile_weight, folded at compile time) and merges like a bf16 weight."""
         x, data, scale, g, bias, swizzled, activation = node.args
         if (swizzled or data not in names
                 or not (scale in names or (isinstance(scale, fx.Node) and scale.target == aten.view.dtype
                                            and scale.args[0] in names))):
-            return
-        with graph.inserting_before(node):
-            tiled = graph.call_function(TILE_WEIGHT, (data, scale))
-            tiled_data, tiled_scale = (graph.call_function(operator.getitem, (tiled, i)) for i in range(2))
-            y = graph.call_function(torch.ops.nvfp4.linear_tiled.default,
-                                    (x, tiled_data, tiled_scale, g, bias, data.meta["val"].shape[0],
-                                     activation))
-        y.meta.update(node.meta)
-        # the old call's recorded input values would constrain the new call's arguments
-        y.meta.pop("eager_input_vals", None)
-        node.replace_all_uses_with(y)
-        graph.erase_node(node)
-        self.retiled.append(names[data])
+            return None
+        self._nvfp4[node] = (data, scale, g, activation)
+        return node, bias, x, data, names[data]
 
     def uuid(self) -> bytes:
         """Keys the FX graph cache: the package sources, the options, and the GEMM configuration

@@ -139,3 +139,22 @@ def test_generate_under_cuda_graphs(converted):
     assert out.shape == (1, 13)
     assert "splitk_mainloop" in "\n".join(code)
     assert counters["inductor"]["cudagraph_skips"] == skips
+
+
+def test_a_converted_model_compiles_to_the_kernels_of_the_bf16_model():
+    """nv.convert, then torch.compile(backend="nvfp4"): the NVFP4 weights take the tiled layout and
+    merge as the bf16 model's do (q / k / v one GEMM, gate / up one GEMM with SiLU * up in its
+    epilogue), and the result is the eager converted model's up to rounding order."""
+    model = _model("llama")
+    ids = torch.randint(0, SHAPES["vocab_size"], (1, 3))
+    torch._dynamo.reset()
+    with torch.no_grad():
+        _, bf16_code = run_and_get_code(torch.compile(model, backend="nvfp4"), ids)
+    nv.convert(model, nv.Config(activations="bf16"))
+    torch._dynamo.reset()
+    with torch.no_grad():
+        want = model(ids).logits
+        got, code = run_and_get_code(torch.compile(model, backend="nvfp4"), ids)
+    torch._dynamo.reset()
+    assert _nvfp4_ops(code) == _nvfp4_ops(bf16_code) and "linear_tiled_silu_mul" in _nvfp4_ops(code)
+    torch.testing.assert_close(got.logits, want, rtol=0, atol=0.02 * want.abs().max().item())
