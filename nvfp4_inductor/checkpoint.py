@@ -1,0 +1,233 @@
+"""NVFP4 checkpoints in the formats other tools write and read: NVIDIA ModelOpt's Hugging Face
+export and compressed-tensors' "nvfp4-pack-quantized" (llmcompressor). Files are read with
+safetensors only (never unpickled).
+
+                      ModelOpt                               compressed-tensors
+    codes             <layer>.weight        uint8 (N, K/2)   <layer>.weight_packed  uint8 (N, K/2)
+    block scales      <layer>.weight_scale  e4m3 (N, K/16)   <layer>.weight_scale   e4m3 (N, K/16)
+    global scale      <layer>.weight_scale_2 = g  fp32 ()    <layer>.weight_global_scale = 1/g  fp32 (1,)
+    x's scale (W4A4)  <layer>.input_scale    = g_x fp32 ()   <layer>.input_global_scale  = 1/g_x (1,)
+    which layers      hf_quant_config.json: quant_algo       config.json quantization_config:
+                      ("NVFP4": W4A4, "W4A16_NVFP4"),        config_groups (input_activations:
+                      exclude_modules (globs)                W4A4), ignore (names, "re:" regexes)
+
+Element 2i sits in the low nibble in both, as here. g = amax / 2688 is well below 1 for any
+weight of ordinary size: a global scale >= 1 (amax >= 2688) is almost always a reciprocal stored
+in the wrong field, and loading it would scale every output by roughly its square; it is refused.
+"""
+
+import fnmatch
+import json
+import re
+from pathlib import Path
+
+import torch
+from torch import nn
+
+from . import _checks, api
+from .convert import ConversionReport, NVFP4Linear, _carry_module_state
+from .format import BLOCK_SIZE
+
+__all__ = ["load_checkpoint", "save_checkpoint"]
+
+FORMATS = ("modelopt", "compressed-tensors")
+_SUFFIXES = {"modelopt": ("weight", "weight_scale", "weight_scale_2", "input_scale"),
+             "compressed-tensors": ("weight_packed", "weight_scale", "weight_global_scale", "input_global_scale")}
+
+
+def _safetensors_files(path: Path) -> list[Path]:
+    """The checkpoint's safetensors files: those its index names, else every one in the folder."""
+    index = path / "model.safetensors.index.json"
+    if index.is_file():
+        return sorted({path / name for name in json.loads(index.read_text())["weight_map"].values()})
+    files = sorted(path.glob("*.safetensors"))
+    if not files:
+        raise FileNotFoundError(f"{path} holds no .safetensors files")
+    return files
+
+
+def _read_tensors(path: Path) -> dict[str, torch.Tensor]:
+    from safetensors.torch import load_file
+
+    tensors = {}
+    for file in _safetensors_files(path):
+        tensors.update(load_file(file))
+    return tensors
+
+
+def _quantization(path: Path) -> tuple[str, bool, object]:
+    """-> (format, W4A4?, is_excluded(layer name) -> bool) from the checkpoint's config files."""
+    config = json.loads((path / "config.json").read_text()) if (path / "config.json").is_file() else {}
+    quant = config.get("quantization_config") or {}
+    method = quant.get("quant_method")
+    hf_quant = path / "hf_quant_config.json"
+    if method == "modelopt" or (method is None and hf_quant.is_file()):
+        if hf_quant.is_file():
+            quant = json.loads(hf_quant.read_text()).get("quantization", quant)
+        algo = quant.get("quant_algo")
+        if algo not in ("NVFP4", "W4A16_NVFP4") or quant.get("group_size", BLOCK_SIZE) != BLOCK_SIZE:
+            raise ValueError(f"{path}: a ModelOpt checkpoint of quant_algo {algo!r}, group_size "
+                             f"{quant.get('group_size')!r}; NVFP4 is 'NVFP4' or 'W4A16_NVFP4' with group_size 16")
+        globs = quant.get("exclude_modules") or []
+        return "modelopt", algo == "NVFP4", lambda name: any(fnmatch.fnmatchcase(name, g) for g in globs)
+    if method == "compressed-tensors":
+        if quant.get("format") != "nvfp4-pack-quantized":
+            raise ValueError(f"{path}: a compressed-tensors checkpoint of format {quant.get('format')!r}; "
+                             "NVFP4 is 'nvfp4-pack-quantized'")
+        groups = list((quant.get("config_groups") or {}).values())
+        w4a4 = any((g.get("input_activations") or {}).get("num_bits") == 4 for g in groups)
+        ignore = quant.get("ignore") or []
+
+        def excluded(name):
+            return any(re.fullmatch(i[3:], name) if i.startswith("re:") else name == i for i in ignore)
+
+        return "compressed-tensors", w4a4, excluded
+    raise ValueError(f"{path} is not an NVFP4 checkpoint this package reads: no config.json "
+                     "quantization_config with quant_method 'modelopt' or 'compressed-tensors', and no "
+                     "hf_quant_config.json")
+
+
+def _global_scale(name: str, value: torch.Tensor, fmt: str) -> torch.Tensor:
+    """A stored global scale -> g, fp32 () (compressed-tensors stores 1 / g), checked."""
+    _checks.check_tensor(name, value, (torch.float32,))
+    if value.numel() != 1:
+        raise ValueError(f"{name} must hold one per-tensor scale; got shape {tuple(value.shape)}")
+    stored = value.reshape(()).clone()
+    if not bool(torch.isfinite(stored) and stored > 0):
+        raise ValueError(f"{name} must be finite and > 0; got {stored.item()}")
+    g = 1.0 / stored if fmt == "compressed-tensors" else stored
+    if g >= 1:
+        other = ("a ModelOpt weight_scale_2 / input_scale (amax / 2688) stored where compressed-tensors "
+                 "keeps its reciprocal" if fmt == "compressed-tensors" else
+                 "a compressed-tensors global scale (2688 / amax) stored where ModelOpt keeps amax / 2688")
+        raise ValueError(f"{name} = {stored.item()} means a global scale of {g.item()} (amax >= 2688): "
+                         f"almost certainly {other}")
+    return g
+
+
+def _layer(prefix: str, linear: nn.Linear, tensors: dict, fmt: str, w4a4: bool) -> NVFP4Linear:
+    codes_key, scale_key, g_key, x_key = (f"{prefix}.{s}" for s in _SUFFIXES[fmt])
+    n, k = linear.out_features, linear.in_features
+    codes, scale = tensors.pop(codes_key), tensors.pop(scale_key)
+    _checks.check_tensor(codes_key, codes, (torch.uint8,))
+    _checks.check_tensor(scale_key, scale, (torch.float8_e4m3fn, torch.uint8))
+    for key, value, shape in ((codes_key, codes, (n, k // 2)), (scale_key, scale, (n, k // BLOCK_SIZE))):
+        if tuple(value.shape) != shape:
+            raise ValueError(f"{key} has shape {tuple(value.shape)}; the model's layer ({n} x {k}) needs {shape}")
+    g = _global_scale(g_key, tensors.pop(g_key), fmt)
+    x_scale = tensors.pop(x_key, None)
+    input_scale = _global_scale(x_key, x_scale, fmt) if x_scale is not None and w4a4 else None
+    bias = tensors.pop(f"{prefix}.bias", None)
+    if (bias is None) != (linear.bias is None):
+        raise ValueError(f"{prefix}: the checkpoint {'lacks' if bias is None else 'has'} a bias the model's "
+                         f"layer {'has' if bias is None else 'lacks'}")
+    weight = api.NVFP4(codes, scale.view(torch.float8_e4m3fn), g, torch.Size((n, k)), False)
+    dtype = linear.bias.dtype if linear.bias is not None and linear.bias.dtype.is_floating_point else None
+    return NVFP4Linear(weight, None if bias is None else bias.to(dtype or bias.dtype),
+                       "nvfp4" if w4a4 else "bf16", input_scale)
+
+
+def load_checkpoint(model: nn.Module, path) -> ConversionReport:
+    """Load a ModelOpt or compressed-tensors NVFP4 checkpoint folder (config.json and / or
+    hf_quant_config.json, safetensors files, sharded with an index or not) into model, in place:
+    every linear the checkpoint quantizes becomes an NVFP4Linear holding the stored codes and
+    scales as they are (W4A4 layers with their calibrated input scales), the rest of the model
+    loads its tensors. Everything is checked before any layer is replaced."""
+    path = Path(path)
+    fmt, w4a4, excluded = _quantization(path)
+    tensors = _read_tensors(path)
+    codes_suffix = "." + _SUFFIXES[fmt][0]
+    scale_suffix = "." + _SUFFIXES[fmt][2]
+    quantized = sorted(key[:-len(scale_suffix)] for key in tensors if key.endswith(scale_suffix))
+    modules = dict(model.named_modules())
+    for name in quantized:
+        if not isinstance(modules.get(name), nn.Linear):
+            raise ValueError(f"the checkpoint quantizes {name!r}, which is not an nn.Linear of the model "
+                             f"({type(modules[name]).__name__ if name in modules else 'no such module'})")
+        if excluded(name):
+            raise ValueError(f"the checkpoint holds NVFP4 tensors for {name!r}, which its config excludes")
+        if name + codes_suffix not in tensors:
+            raise ValueError(f"the checkpoint has {name}{scale_suffix} but no {name}{codes_suffix}")
+    unfilled = [name for name, m in modules.items()
+                if type(m) is nn.Linear and name not in quantized and not excluded(name)
+                and f"{name}.weight" not in tensors]
+    if unfilled:
+        raise ValueError(f"the checkpoint's config quantizes {unfilled}, but it holds no tensors for them")
+    expected = model.state_dict(keep_vars=True)
+    own = {f"{name}.{key}" for name in quantized for key in ("weight", "bias")}
+    unexpected = [key for key in tensors if key not in expected and not key.startswith(
+        tuple(f"{name}." for name in quantized))]
+    if unexpected:
+        raise ValueError(f"the checkpoint holds tensors the model lacks: {unexpected[:8]}")
+    layers = {name: _layer(name, modules[name], tensors, fmt, w4a4) for name in quantized}
+    leftover = [key for key in tensors if key.startswith(tuple(f"{name}." for name in quantized))]
+    if leftover:
+        raise ValueError(f"the checkpoint holds tensors of quantized layers this loader does not read: {leftover[:8]}")
+    # a tensor the checkpoint lacks is refused unless another name of the same tensor is loaded (a
+    # tied output head)
+    loaded = {id(expected[key]) for key in tensors}
+    missing = [key for key, value in expected.items()
+               if key not in tensors and key not in own and id(value) not in loaded]
+    if missing:
+        raise ValueError(f"the checkpoint lacks tensors of the model: {missing[:8]}")
+    meta = any(t.device.type == "meta" for t in expected.values())
+    model.load_state_dict(tensors, strict=False, assign=meta)
+    report = ConversionReport()
+    for name, layer in layers.items():
+        old = modules[name]
+        layer.to(old.weight.device if old.weight.device.type != "meta" else "cpu")
+        _carry_module_state(old, layer)
+        parent, _, child = name.rpartition(".")
+        setattr(model.get_submodule(parent) if parent else model, child, layer)
+        report.converted.append(name)
+        report.layers += 1
+    return report
+
+
+def save_checkpoint(model: nn.Module, path, format: str = "modelopt") -> None:  # noqa: A002
+    """Write model, whose NVFP4 layers are NVFP4Linear, as a checkpoint folder in `format`
+    ("modelopt" or "compressed-tensors"): model.safetensors, and the format's config (ModelOpt:
+    hf_quant_config.json; both: config.json's quantization_config, merged into the model's
+    Hugging Face config where it has one)."""
+    from safetensors.torch import save_file
+
+    if format not in FORMATS:
+        raise ValueError(f"format must be one of {FORMATS}; got {format!r}")
+    path = Path(path)
+    path.mkdir(parents=True, exist_ok=True)
+    layers = {name: m for name, m in model.named_modules() if isinstance(m, NVFP4Linear)}
+    if not layers:
+        raise ValueError("the model has no NVFP4Linear layers: convert it (nvfp4_inductor.convert) first")
+    state = {key: value.detach().contiguous() for key, value in model.state_dict().items()}
+    w4a4 = any(m.activations == "nvfp4" for m in layers.values())
+    if format == "compressed-tensors":
+        for name in layers:
+            state[f"{name}.weight_packed"] = state.pop(f"{name}.weight")
+            state[f"{name}.weight_global_scale"] = (1.0 / state.pop(f"{name}.weight_scale_2")).reshape(1)
+            if f"{name}.input_scale" in state:
+                state[f"{name}.input_global_scale"] = (1.0 / state.pop(f"{name}.input_scale")).reshape(1)
+    # tied tensors are saved once (safetensors refuses shared storage)
+    seen = {}
+    for key in list(state):
+        ptr = (state[key].untyped_storage().data_ptr(), state[key].storage_offset(), state[key].shape)
+        if ptr in seen and state[key].numel():
+            del state[key]
+        else:
+            seen[ptr] = key
+    save_file(state, str(path / "model.safetensors"), metadata={"format": "pt"})
+    excluded = sorted(name for name, m in model.named_modules() if type(m) is nn.Linear)
+    if format == "modelopt":
+        quant = {"quant_algo": "NVFP4" if w4a4 else "W4A16_NVFP4", "group_size": BLOCK_SIZE,
+                 "exclude_modules": excluded}
+        (path / "hf_quant_config.json").write_text(json.dumps({"quantization": quant}, indent=2))
+        entry = {"quant_method": "modelopt", **quant}
+    else:
+        args = {"num_bits": 4, "type": "float", "strategy": "tensor_group", "group_size": BLOCK_SIZE,
+                "symmetric": True, "dynamic": False}
+        group = {"targets": ["Linear"], "weights": args,
+                 "input_activations": {**args, "dynamic": "local"} if w4a4 else None}
+        entry = {"quant_method": "compressed-tensors", "format": "nvfp4-pack-quantized",
+                 "config_groups": {"group_0": group}, "ignore": excluded}
+    config = model.config.to_dict() if hasattr(getattr(model, "config", None), "to_dict") else {}
+    config["quantization_config"] = entry
+    (path / "config.json").write_text(json.dumps(config, indent=2, default=str))
