@@ -19,13 +19,14 @@ in the wrong field, and loading it would scale every output by roughly its squar
 import fnmatch
 import json
 import re
+import warnings
 from pathlib import Path
 
 import torch
 from torch import nn
 
 from . import _checks, api
-from .convert import ConversionReport, NVFP4Linear, _carry_module_state
+from .convert import FUSED_GROUPS, ConversionReport, NVFP4Linear, _carry_module_state
 from .format import BLOCK_SIZE
 
 __all__ = ["load_checkpoint", "save_checkpoint"]
@@ -184,6 +185,19 @@ def load_checkpoint(model: nn.Module, path) -> ConversionReport:
     return report
 
 
+def _unshared_groups(layers: dict) -> list[list[str]]:
+    """The fused groups (FUSED_GROUPS) among NVFP4 layers whose global scales differ."""
+    groups = []
+    for parent in {name.rpartition(".")[0] for name in layers}:
+        prefix = f"{parent}." if parent else ""
+        for group in FUSED_GROUPS:
+            members = [prefix + child for child in group if prefix + child in layers]
+            scales = {layers[m].weight_scale_2.item() for m in members}
+            if len(members) > 1 and len(scales) > 1:
+                groups.append(members)
+    return sorted(groups)
+
+
 def save_checkpoint(model: nn.Module, path, format: str = "modelopt") -> None:  # noqa: A002
     """Write model, whose NVFP4 layers are NVFP4Linear, as a checkpoint folder in `format`
     ("modelopt" or "compressed-tensors"): model.safetensors, and the format's config (ModelOpt:
@@ -198,6 +212,11 @@ def save_checkpoint(model: nn.Module, path, format: str = "modelopt") -> None:  
     layers = {name: m for name, m in model.named_modules() if isinstance(m, NVFP4Linear)}
     if not layers:
         raise ValueError("the model has no NVFP4Linear layers: convert it (nvfp4_inductor.convert) first")
+    unshared = _unshared_groups(layers)
+    if unshared:
+        warnings.warn(f"save_checkpoint: the fused groups {unshared} have global scales of their own; vLLM, "
+                      "SGLang and TensorRT-LLM read one per group and would decode these layers wrongly. "
+                      "Convert with Config(share_global_scales=True) for such engines.", stacklevel=2)
     state = {key: value.detach().contiguous() for key, value in model.state_dict().items()}
     w4a4 = any(m.activations == "nvfp4" for m in layers.values())
     if format == "compressed-tensors":

@@ -47,6 +47,11 @@ class Config:
         GEMMs apply the norm themselves (h of up to 4096 elements with rows and K each rounded up
         to a power of two: one row of 4096, 16 rows of 256; rounded otherwise than the norm, no
         less accurately: nvfp4_inductor/inductor/norm_fusion.py). False keeps Inductor's norm kernels.
+    share_global_scales: nv.convert gives the layers that serving engines fuse (q / k / v, gate /
+        up: nvfp4_inductor.convert.FUSED_GROUPS, siblings of one parent) one global scale, the
+        largest of theirs, as ModelOpt and llmcompressor export them: vLLM, SGLang and TensorRT-LLM
+        read one scale per fused group, and decode per-layer scales wrongly. For checkpoints meant
+        for them (save_checkpoint warns about groups without it).
     """
 
     activations: str = "auto"
@@ -58,6 +63,7 @@ class Config:
     input_scales: dict | None = field(default=None, compare=False)
     merge_linears: bool = True
     fuse_norms: bool = True
+    share_global_scales: bool = False
 
     def __post_init__(self):
         check_activations(self.activations)
@@ -80,6 +86,7 @@ class Config:
                                  '(or "auto", W4A4 where the GPU multiplies NVFP4); got "bf16"')
         _checks.check_bool("merge_linears", self.merge_linears)
         _checks.check_bool("fuse_norms", self.fuse_norms)
+        _checks.check_bool("share_global_scales", self.share_global_scales)
 
 
 def check_activations(mode) -> None:

@@ -143,13 +143,13 @@ class NVFP4Linear(nn.Module):
 
     @classmethod
     def from_linear(cls, linear: nn.Linear, activations: str = "auto", method: str = "rtn",
-                    hessian: torch.Tensor | None = None) -> "NVFP4Linear":
-        """Quantize an nn.Linear's weight (dynamic per-tensor global scale; block scales by
-        method, see nvfp4_inductor.quantize)."""
+                    hessian: torch.Tensor | None = None, global_scale=None) -> "NVFP4Linear":
+        """Quantize an nn.Linear's weight (its global scale computed from it, or the one given;
+        block scales by method, see nvfp4_inductor.quantize)."""
         if not isinstance(linear, nn.Linear):
             raise TypeError(f"linear must be a torch.nn.Linear; got {type(linear).__name__}")
         check_activations(activations)
-        weight = api.quantize(linear.weight.detach(), method=method, hessian=hessian)
+        weight = api.quantize(linear.weight.detach(), global_scale, method=method, hessian=hessian)
         return cls(weight, linear.bias, activations)
 
     def nvfp4_weight(self) -> api.NVFP4:
@@ -280,6 +280,7 @@ def convert(model: nn.Module, config: Config | None = None) -> ConversionReport:
             reasons = dict.fromkeys(own, "the model itself: use NVFP4Linear.from_linear(model)")
         targets.append((own, module, reasons))
     converting = [(own[0], m) for own, m, reasons in targets if not reasons]
+    shared = _shared_global_scales(converting) if config.share_global_scales else {}
     hessians = _layer_hessians(config, converting)
     input_scales = _layer_input_scales(config, converting)
     for own, module, reasons in targets:
@@ -288,7 +289,7 @@ def convert(model: nn.Module, config: Config | None = None) -> ConversionReport:
             continue
         with torch.no_grad():
             replacement = NVFP4Linear.from_linear(module, config.activations, config.weight_method,
-                                                  hessians.get(own[0]))
+                                                  hessians.get(own[0]), shared.get(own[0]))
             replacement.set_input_scale(input_scales.get(own[0]))
         _carry_module_state(module, replacement)
         for name in own:
@@ -302,6 +303,30 @@ def convert(model: nn.Module, config: Config | None = None) -> ConversionReport:
                  "skipped reasons" if report.skipped else "it has no nn.Linear layers")
         warnings.warn(f"nv.convert converted nothing: {found}", stacklevel=2)
     return report
+
+
+# Linears that engines fuse into one GEMM with one global scale (vLLM, SGLang, TensorRT-LLM read
+# the group's max): sibling layers with these names that all read inputs of one width.
+FUSED_GROUPS = (("q_proj", "k_proj", "v_proj"), ("gate_proj", "up_proj"), ("w1", "w3"),
+                ("query", "key", "value"), ("wq", "wk", "wv"))
+
+
+def _shared_global_scales(layers) -> dict:
+    """{layer name: the global scale its fused group shares} for the layers to convert: the
+    largest of the group's own scales (max(amax) / 2688, as ModelOpt and llmcompressor export)."""
+    from .reference import compute_global_scale
+
+    by_name = dict(layers)
+    shared = {}
+    for parent in {name.rpartition(".")[0] for name in by_name}:
+        prefix = f"{parent}." if parent else ""
+        for group in FUSED_GROUPS:
+            members = [prefix + child for child in group if prefix + child in by_name]
+            if len(members) < 2 or len({by_name[m].in_features for m in members}) != 1:
+                continue
+            g = torch.stack([compute_global_scale(by_name[m].weight.detach().float()) for m in members]).max()
+            shared.update(dict.fromkeys(members, g))
+    return shared
 
 
 # nn.Module's hook dicts: moved (the same dict objects, so the handles a user holds still remove

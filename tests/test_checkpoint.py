@@ -3,6 +3,7 @@ from the formats' conventions (nvfp4_inductor.checkpoint's table), loaded bit fo
 package's writer round-tripped through both; bad files refused before any layer is replaced."""
 
 import json
+import warnings
 
 import pytest
 import torch
@@ -199,7 +200,7 @@ def test_transformers_model_round_trip(tmp_path):
                                       num_attention_heads=2, num_key_value_heads=1)
     torch.manual_seed(0)
     model = transformers.LlamaForCausalLM(config).to(torch.bfloat16).eval()
-    nv.convert(model, nv.Config(activations="bf16"))
+    nv.convert(model, nv.Config(activations="bf16", share_global_scales=True))
     nv.save_checkpoint(model, tmp_path)
     saved = json.loads((tmp_path / "config.json").read_text())
     assert saved["model_type"] == "llama" and saved["quantization_config"]["quant_method"] == "modelopt"
@@ -211,3 +212,41 @@ def test_transformers_model_round_trip(tmp_path):
     ids = torch.randint(0, 128, (1, 6))
     with torch.no_grad():
         assert torch.equal(fresh(ids).logits, model(ids).logits)
+
+
+class Attention(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.q_proj, self.k_proj, self.v_proj = nn.Linear(64, 64), nn.Linear(64, 32), nn.Linear(64, 32)
+        self.o_proj = nn.Linear(64, 64)
+        self.gate_proj, self.up_proj = nn.Linear(64, 128), nn.Linear(64, 128)
+
+
+def test_fused_groups_share_one_global_scale(tmp_path):
+    """Config(share_global_scales=True): q / k / v and gate / up take max(amax of the group) /
+    2688, bit for bit, as ModelOpt and llmcompressor export them; o keeps its own. Without it,
+    save_checkpoint warns that engines fusing those layers would decode them wrongly."""
+    from nvfp4_inductor import reference
+
+    torch.manual_seed(3)
+    model = Attention()
+    with torch.no_grad():
+        model.v_proj.weight.mul_(4)  # the group's largest amax
+    weights = {name: m.weight.detach().clone() for name, m in model.named_children()}
+    shared = Attention()
+    shared.load_state_dict(model.state_dict())
+    nv.convert(shared, nv.Config(activations="bf16", share_global_scales=True))
+    for group in (("q_proj", "k_proj", "v_proj"), ("gate_proj", "up_proj")):
+        want = max(reference.compute_global_scale(weights[n]) for n in group)
+        for name in group:
+            layer = getattr(shared, name)
+            assert torch.equal(layer.weight_scale_2, want)
+            again = nv.quantize(weights[name], want)  # codes and scales under that global scale
+            assert torch.equal(layer.weight, again.data)
+    assert torch.equal(shared.o_proj.weight_scale_2, reference.compute_global_scale(weights["o_proj"]))
+    nv.convert(model, nv.Config(activations="bf16"))
+    with pytest.warns(UserWarning, match="have global scales of their own"):
+        nv.save_checkpoint(model, tmp_path / "own")
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        nv.save_checkpoint(shared, tmp_path / "shared")
