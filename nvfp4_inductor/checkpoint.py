@@ -16,6 +16,7 @@ weight of ordinary size: a global scale >= 1 (amax >= 2688) is almost always a r
 in the wrong field, and loading it would scale every output by roughly its square; it is refused.
 """
 
+import contextlib
 import fnmatch
 import json
 import re
@@ -29,11 +30,35 @@ from . import _checks, api
 from .convert import FUSED_GROUPS, ConversionReport, NVFP4Linear, _carry_module_state
 from .format import BLOCK_SIZE
 
-__all__ = ["load_checkpoint", "save_checkpoint"]
+__all__ = ["init_empty_weights", "load_checkpoint", "save_checkpoint"]
 
 FORMATS = ("modelopt", "compressed-tensors")
 _SUFFIXES = {"modelopt": ("weight", "weight_scale", "weight_scale_2", "input_scale"),
              "compressed-tensors": ("weight_packed", "weight_scale", "weight_global_scale", "input_global_scale")}
+
+
+@contextlib.contextmanager
+def init_empty_weights():
+    """Build a model without memory for its parameters: inside, every parameter a module
+    registers goes to the meta device (buffers stay where they are made, so computed ones such as
+    rotary tables are right). load_checkpoint then gives each its tensor from the checkpoint:
+
+        with nv.init_empty_weights():
+            model = AutoModelForCausalLM.from_config(config)
+        nv.load_checkpoint(model, path)
+    """
+    register = nn.Module.register_parameter
+
+    def register_on_meta(module, name, param):
+        if param is not None and param.device.type != "meta":
+            param = nn.Parameter(param.to("meta"), requires_grad=param.requires_grad)
+        register(module, name, param)
+
+    nn.Module.register_parameter = register_on_meta
+    try:
+        yield
+    finally:
+        nn.Module.register_parameter = register
 
 
 def _safetensors_files(path: Path) -> list[Path]:
@@ -173,6 +198,8 @@ def load_checkpoint(model: nn.Module, path) -> ConversionReport:
         raise ValueError(f"the checkpoint lacks tensors of the model: {missing[:8]}")
     meta = any(t.device.type == "meta" for t in expected.values())
     model.load_state_dict(tensors, strict=False, assign=meta)
+    if meta and hasattr(model, "tie_weights"):
+        model.tie_weights()  # (a transformers model: a tied head takes the loaded embedding again)
     report = ConversionReport()
     for name, layer in layers.items():
         old = modules[name]
@@ -182,6 +209,9 @@ def load_checkpoint(model: nn.Module, path) -> ConversionReport:
         setattr(model.get_submodule(parent) if parent else model, child, layer)
         report.converted.append(name)
         report.layers += 1
+    empty = [key for key, t in model.state_dict(keep_vars=True).items() if t.device.type == "meta"]
+    if empty:
+        raise ValueError(f"after loading, tensors of the model are still on the meta device: {empty[:8]}")
     return report
 
 

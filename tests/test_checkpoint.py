@@ -250,3 +250,25 @@ def test_fused_groups_share_one_global_scale(tmp_path):
     with warnings.catch_warnings():
         warnings.simplefilter("error")
         nv.save_checkpoint(shared, tmp_path / "shared")
+
+
+def test_load_into_a_model_built_without_weights(tmp_path):
+    """nv.init_empty_weights: a transformers Llama built with its parameters on the meta device
+    (its rotary buffer computed as usual), then loaded: the logits of the model saved, and no
+    tensor left on the meta device."""
+    transformers = pytest.importorskip("transformers")
+    config = transformers.LlamaConfig(vocab_size=128, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+                                      num_attention_heads=2, num_key_value_heads=1, tie_word_embeddings=True)
+    torch.manual_seed(0)
+    model = transformers.LlamaForCausalLM(config).to(torch.bfloat16).eval()
+    nv.convert(model, nv.Config(activations="bf16", share_global_scales=True))
+    nv.save_checkpoint(model, tmp_path)
+    with nv.init_empty_weights():
+        empty = transformers.LlamaForCausalLM(config).to(torch.bfloat16).eval()
+    assert empty.model.embed_tokens.weight.device.type == "meta"
+    nv.load_checkpoint(empty, tmp_path)
+    assert not [k for k, t in empty.state_dict().items() if t.device.type == "meta"]
+    assert empty.lm_head.weight is empty.model.embed_tokens.weight  # tied again
+    ids = torch.randint(0, 128, (1, 6))
+    with torch.no_grad():
+        assert torch.equal(empty(ids).logits, model(ids).logits)
