@@ -272,3 +272,25 @@ def test_load_into_a_model_built_without_weights(tmp_path):
     ids = torch.randint(0, 128, (1, 6))
     with torch.no_grad():
         assert torch.equal(empty(ids).logits, model(ids).logits)
+
+
+@pytest.mark.parametrize("w4a4", [False, True], ids=["W4A16", "W4A4"])
+def test_compressed_tensors_decompresses_our_export_exactly(tmp_path, w4a4):
+    """The compressed-tensors package reads our compressed-tensors export (its config's scheme,
+    its NVFP4 decompressor) to exactly nv.dequantize's bf16 values."""
+    pytest.importorskip("compressed_tensors")
+    from compressed_tensors.compressors.nvfp4.base import NVFP4PackedCompressor
+    from compressed_tensors.quantization import QuantizationConfig
+    from safetensors.torch import load_file
+
+    model = _model()
+    nv.convert(model, nv.Config(activations="nvfp4" if w4a4 else "bf16"))
+    nv.save_checkpoint(model, tmp_path, format="compressed-tensors")
+    config = QuantizationConfig.model_validate(json.loads((tmp_path / "config.json").read_text())["quantization_config"])
+    scheme, = config.config_groups.values()
+    assert (scheme.input_activations is not None) == w4a4
+    state = load_file(tmp_path / "model.safetensors")
+    for name in QUANTIZED:
+        local = {k.split(".", 1)[1]: v for k, v in state.items() if k.startswith(f"{name}.")}
+        weight = NVFP4PackedCompressor.decompress(local, scheme)["weight"]
+        assert torch.equal(weight, getattr(model, name).nvfp4_weight().dequantize(weight.dtype))
