@@ -27,7 +27,7 @@ import torch
 from torch import nn
 
 from . import _checks, api
-from .convert import FUSED_GROUPS, ConversionReport, NVFP4Linear, _carry_module_state
+from .convert import ConversionReport, NVFP4Linear, _carry_module_state, fused_groups
 from .format import BLOCK_SIZE
 
 __all__ = ["init_empty_weights", "load_checkpoint", "save_checkpoint"]
@@ -216,16 +216,9 @@ def load_checkpoint(model: nn.Module, path) -> ConversionReport:
 
 
 def _unshared_groups(layers: dict) -> list[list[str]]:
-    """The fused groups (FUSED_GROUPS) among NVFP4 layers whose global scales differ."""
-    groups = []
-    for parent in {name.rpartition(".")[0] for name in layers}:
-        prefix = f"{parent}." if parent else ""
-        for group in FUSED_GROUPS:
-            members = [prefix + child for child in group if prefix + child in layers]
-            scales = {layers[m].weight_scale_2.item() for m in members}
-            if len(members) > 1 and len(scales) > 1:
-                groups.append(members)
-    return sorted(groups)
+    """The fused groups (convert.FUSED_GROUPS) among NVFP4 layers whose global scales differ."""
+    return [members for members in fused_groups(layers)
+            if len({layers[m].weight_scale_2.item() for m in members}) > 1]
 
 
 def save_checkpoint(model: nn.Module, path, format: str = "modelopt") -> None:  # noqa: A002

@@ -311,6 +311,19 @@ FUSED_GROUPS = (("q_proj", "k_proj", "v_proj"), ("gate_proj", "up_proj"), ("w1",
                 ("query", "key", "value"), ("wq", "wk", "wv"))
 
 
+def fused_groups(layers: dict) -> list[list[str]]:
+    """The FUSED_GROUPS among {name: linear layer} (two or more siblings of one parent that read
+    inputs of one width), as lists of names."""
+    groups = []
+    for parent in sorted({name.rpartition(".")[0] for name in layers}):
+        prefix = f"{parent}." if parent else ""
+        for group in FUSED_GROUPS:
+            members = [prefix + child for child in group if prefix + child in layers]
+            if len(members) > 1 and len({layers[m].in_features for m in members}) == 1:
+                groups.append(members)
+    return groups
+
+
 def _shared_global_scales(layers) -> dict:
     """{layer name: the global scale its fused group shares} for the layers to convert: the
     largest of the group's own scales (max(amax) / 2688, as ModelOpt and llmcompressor export)."""
@@ -318,14 +331,9 @@ def _shared_global_scales(layers) -> dict:
 
     by_name = dict(layers)
     shared = {}
-    for parent in {name.rpartition(".")[0] for name in by_name}:
-        prefix = f"{parent}." if parent else ""
-        for group in FUSED_GROUPS:
-            members = [prefix + child for child in group if prefix + child in by_name]
-            if len(members) < 2 or len({by_name[m].in_features for m in members}) != 1:
-                continue
-            g = torch.stack([compute_global_scale(by_name[m].weight.detach().float()) for m in members]).max()
-            shared.update(dict.fromkeys(members, g))
+    for members in fused_groups(by_name):
+        g = torch.stack([compute_global_scale(by_name[m].weight.detach().float()) for m in members]).max()
+        shared.update(dict.fromkeys(members, g))
     return shared
 
 
