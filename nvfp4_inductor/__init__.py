@@ -20,10 +20,11 @@ from .api import (
 from .inductor.backend import compile  # noqa: A004  (nvfp4_inductor.compile, like torch.compile)
 from .calibrate import collect_hessians, collect_input_scales
 from .checkpoint import init_empty_weights, load_checkpoint, save_checkpoint
+from .transformers_quantizer import register_transformers_quantizer
 
 __all__ = [
     "NVFP4", "quantize", "dequantize", "dequantize_rows", "swizzle_scales", "unswizzle_scales",
     "linear", "Config", "convert", "NVFP4Linear", "ConversionReport", "compile", "collect_hessians",
-    "collect_input_scales", "load_checkpoint", "save_checkpoint", "init_empty_weights",
+    "collect_input_scales", "load_checkpoint", "save_checkpoint", "init_empty_weights", "register_transformers_quantizer",
 ]
 __version__ = "0.1.0"

@@ -294,3 +294,39 @@ def test_compressed_tensors_decompresses_our_export_exactly(tmp_path, w4a4):
         local = {k.split(".", 1)[1]: v for k, v in state.items() if k.startswith(f"{name}.")}
         weight = NVFP4PackedCompressor.decompress(local, scheme)["weight"]
         assert torch.equal(weight, getattr(model, name).nvfp4_weight().dequantize(weight.dtype))
+
+
+@pytest.mark.parametrize("w4a4", [False, True], ids=["W4A16", "W4A4"])
+def test_from_pretrained_through_the_registered_quantizer(tmp_path, w4a4):
+    """AutoModelForCausalLM.from_pretrained on a ModelOpt export, after
+    nv.register_transformers_quantizer(): the quantized linears are NVFP4Linear holding the files'
+    tensors bit for bit, excluded ones stay nn.Linear, and a reciprocal global scale is refused."""
+    transformers = pytest.importorskip("transformers")
+    from safetensors.torch import load_file, save_file
+
+    config = transformers.LlamaConfig(vocab_size=128, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+                                      num_attention_heads=2, num_key_value_heads=1)
+    torch.manual_seed(0)
+    model = transformers.LlamaForCausalLM(config).to(torch.bfloat16).eval()
+    nv.convert(model, nv.Config(activations="nvfp4" if w4a4 else "bf16", share_global_scales=True))
+    if w4a4:
+        for layer in model.modules():
+            if isinstance(layer, nv.NVFP4Linear):
+                layer.set_input_scale(torch.tensor(0.02))
+    nv.save_checkpoint(model, tmp_path)
+    nv.register_transformers_quantizer()
+    nv.register_transformers_quantizer()  # (idempotent)
+    loaded = transformers.AutoModelForCausalLM.from_pretrained(tmp_path, dtype=torch.bfloat16).eval()
+    files = load_file(tmp_path / "model.safetensors")
+    state = loaded.state_dict()
+    assert isinstance(loaded.model.layers[0].mlp.down_proj, nv.NVFP4Linear) and type(loaded.lm_head) is nn.Linear
+    assert all(torch.equal(state[k].view(torch.uint8), v.view(torch.uint8)) if v.dtype == torch.float8_e4m3fn
+               else torch.equal(state[k], v) for k, v in files.items())
+    assert (loaded.model.layers[1].self_attn.k_proj.activations == "nvfp4") == w4a4
+    ids = torch.randint(0, 128, (1, 6))
+    with torch.no_grad():  # (the source's rotary table was cast to bf16 with the model; the loaded one is fp32)
+        torch.testing.assert_close(loaded(ids).logits, model(ids).logits, rtol=0.05, atol=0.05)
+    files["model.layers.0.mlp.up_proj.weight_scale_2"] = 1 / files["model.layers.0.mlp.up_proj.weight_scale_2"]
+    save_file(files, str(tmp_path / "model.safetensors"))
+    with pytest.raises(ValueError, match="up_proj.weight_scale_2 = .*almost certainly"):
+        transformers.AutoModelForCausalLM.from_pretrained(tmp_path, dtype=torch.bfloat16)

@@ -1,0 +1,122 @@
+"""`AutoModelForCausalLM.from_pretrained(path)` for ModelOpt NVFP4 checkpoints: a transformers
+quantizer for `quant_method` "modelopt", which transformers itself does not read.
+
+    import nvfp4_inductor as nv
+    nv.register_transformers_quantizer()            # once per process
+    model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.bfloat16)
+
+Before the weights load, every nn.Linear the checkpoint's config does not exclude becomes an
+NVFP4Linear with empty (meta) codes and scales, which transformers fills from the files as they
+are (no bf16 copy is made); after loading, each layer's tensors are checked as load_checkpoint
+checks them (nvfp4_inductor/checkpoint.py). compressed-tensors checkpoints are read by
+transformers' own compressed-tensors quantizer (or by nvfp4_inductor.load_checkpoint).
+"""
+
+import fnmatch
+
+import torch
+from torch import nn
+
+from . import api
+from .convert import NVFP4Linear, _carry_module_state
+from .format import BLOCK_SIZE
+
+_registered = False
+
+
+def register_transformers_quantizer() -> None:
+    """Register the "modelopt" quantization config and quantizer with transformers (idempotent)."""
+    global _registered
+    if _registered:
+        return
+    from transformers.quantizers.auto import (
+        AUTO_QUANTIZATION_CONFIG_MAPPING,
+        register_quantization_config,
+        register_quantizer,
+    )
+    from transformers.quantizers.base import HfQuantizer
+    from transformers.utils.quantization_config import QuantizationConfigMixin
+
+    if "modelopt" in AUTO_QUANTIZATION_CONFIG_MAPPING:
+        raise RuntimeError("transformers already has a 'modelopt' quantization method registered")
+
+    @register_quantization_config("modelopt")
+    class ModelOptNVFP4Config(QuantizationConfigMixin):
+        """config.json's quantization_config of a ModelOpt NVFP4 export."""
+
+        def __init__(self, quant_algo=None, group_size=BLOCK_SIZE, exclude_modules=None, **kwargs):
+            self.quant_method = "modelopt"
+            self.quant_algo = quant_algo
+            self.group_size = group_size
+            self.exclude_modules = list(exclude_modules or [])
+            if quant_algo not in ("NVFP4", "W4A16_NVFP4") or group_size != BLOCK_SIZE:
+                raise ValueError(f"a ModelOpt checkpoint of quant_algo {quant_algo!r}, group_size {group_size!r}: "
+                                 "NVFP4 is 'NVFP4' or 'W4A16_NVFP4' with group_size 16")
+
+    @register_quantizer("modelopt")
+    class ModelOptNVFP4Quantizer(HfQuantizer):
+        requires_calibration = False
+
+        def validate_environment(self, *args, **kwargs):
+            if not self.pre_quantized:
+                raise ValueError("the 'modelopt' quantizer loads NVFP4 checkpoints; to quantize a bf16 model "
+                                 "use nvfp4_inductor.convert")
+
+        def _process_model_before_weight_loading(self, model, **kwargs):
+            _replace_linears(model, self.quantization_config)
+
+        def _process_model_after_weight_loading(self, model, **kwargs):
+            _check_loaded(model)
+            return model
+
+        def is_serializable(self):
+            return True
+
+        @property
+        def is_trainable(self) -> bool:
+            return False
+
+        @property
+        def is_compileable(self) -> bool:
+            return True
+
+    _registered = True
+
+
+def _replace_linears(model: nn.Module, config) -> None:
+    """Every nn.Linear not excluded -> an NVFP4Linear whose buffers are empty, on the meta device."""
+    w4a4 = config.quant_algo == "NVFP4"
+    for name, module in list(model.named_modules()):
+        if type(module) is not nn.Linear or any(fnmatch.fnmatchcase(name, g) for g in config.exclude_modules):
+            continue
+        n, k = module.out_features, module.in_features
+        if k % BLOCK_SIZE:
+            raise ValueError(f"{name}: in_features {k} is not a multiple of {BLOCK_SIZE}; exclude it or check the "
+                             "checkpoint's exclude_modules")
+        with torch.device("meta"):
+            weight = api.NVFP4(torch.empty((n, k // 2), dtype=torch.uint8),
+                               torch.empty((n, k // BLOCK_SIZE), dtype=torch.float8_e4m3fn),
+                               torch.empty((), dtype=torch.float32), torch.Size((n, k)), False)
+            bias = None if module.bias is None else torch.empty(n, dtype=module.bias.dtype)
+            layer = NVFP4Linear(weight, bias, "nvfp4" if w4a4 else "bf16")
+            if w4a4:
+                layer.input_scale = torch.empty((), dtype=torch.float32)
+        _carry_module_state(module, layer)
+        parent, _, child = name.rpartition(".")
+        setattr(model.get_submodule(parent) if parent else model, child, layer)
+
+
+def _check_loaded(model: nn.Module) -> None:
+    """Each NVFP4Linear's loaded tensors, checked as load_checkpoint checks them."""
+    from .checkpoint import _global_scale
+
+    for name, layer in model.named_modules():
+        if not isinstance(layer, NVFP4Linear):
+            continue
+        for key in ("weight", "weight_scale", "weight_scale_2", "input_scale"):
+            t = getattr(layer, key)
+            if t is not None and t.device.type == "meta":
+                raise ValueError(f"{name}.{key} was not in the checkpoint")
+        layer.weight_scale_2 = _global_scale(f"{name}.weight_scale_2", layer.weight_scale_2, "modelopt")
+        if layer.input_scale is not None:
+            layer.input_scale = _global_scale(f"{name}.input_scale", layer.input_scale, "modelopt")
