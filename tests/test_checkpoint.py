@@ -8,6 +8,7 @@ import warnings
 import pytest
 import torch
 from safetensors.torch import save_file
+from torch._inductor.utils import run_and_get_code
 from torch import nn
 
 import nvfp4_inductor as nv
@@ -325,7 +326,16 @@ def test_from_pretrained_through_the_registered_quantizer(tmp_path, w4a4):
     assert (loaded.model.layers[1].self_attn.k_proj.activations == "nvfp4") == w4a4
     ids = torch.randint(0, 128, (1, 6))
     with torch.no_grad():  # (the source's rotary table was cast to bf16 with the model; the loaded one is fp32)
-        torch.testing.assert_close(loaded(ids).logits, model(ids).logits, rtol=0.05, atol=0.05)
+        want = loaded(ids).logits
+        torch.testing.assert_close(want, model(ids).logits, rtol=0.05, atol=0.05)
+        # and it compiles like a converted model: the NVFP4 weights tiled, q / k / v merged
+        torch._dynamo.reset()
+        got, code = run_and_get_code(torch.compile(loaded, backend="nvfp4"), ids)
+        torch._dynamo.reset()
+    assert "torch.ops.nvfp4.linear_tiled.default(" in "\n".join(code)
+    # (W4A4: Inductor's own rounding of the norm before x's quantization flips some codes)
+    tol = 0.1 if w4a4 else 0.02
+    torch.testing.assert_close(got.logits, want, rtol=0, atol=tol * want.abs().max().item())
     files["model.layers.0.mlp.up_proj.weight_scale_2"] = 1 / files["model.layers.0.mlp.up_proj.weight_scale_2"]
     save_file(files, str(tmp_path / "model.safetensors"))
     with pytest.raises(ValueError, match="up_proj.weight_scale_2 = .*almost certainly"):
