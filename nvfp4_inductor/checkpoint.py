@@ -27,7 +27,7 @@ import torch
 from torch import nn
 
 from . import _checks, api
-from .convert import ConversionReport, NVFP4Linear, _carry_module_state, fused_groups
+from .convert import ConversionReport, NVFP4Linear, _replace, fused_groups
 from .format import BLOCK_SIZE
 
 __all__ = ["init_empty_weights", "load_checkpoint", "save_checkpoint"]
@@ -181,12 +181,12 @@ def load_checkpoint(model: nn.Module, path) -> ConversionReport:
         raise ValueError(f"the checkpoint's config quantizes {unfilled}, but it holds no tensors for them")
     expected = model.state_dict(keep_vars=True)
     own = {f"{name}.{key}" for name in quantized for key in ("weight", "bias")}
-    unexpected = [key for key in tensors if key not in expected and not key.startswith(
-        tuple(f"{name}." for name in quantized))]
+    prefixes = tuple(f"{name}." for name in quantized)
+    unexpected = [key for key in tensors if key not in expected and not key.startswith(prefixes)]
     if unexpected:
         raise ValueError(f"the checkpoint holds tensors the model lacks: {unexpected[:8]}")
     layers = {name: _layer(name, modules[name], tensors, fmt, w4a4) for name in quantized}
-    leftover = [key for key in tensors if key.startswith(tuple(f"{name}." for name in quantized))]
+    leftover = [key for key in tensors if key.startswith(prefixes)]
     if leftover:
         raise ValueError(f"the checkpoint holds tensors of quantized layers this loader does not read: {leftover[:8]}")
     # a tensor the checkpoint lacks is refused unless another name of the same tensor is loaded (a
@@ -204,9 +204,7 @@ def load_checkpoint(model: nn.Module, path) -> ConversionReport:
     for name, layer in layers.items():
         old = modules[name]
         layer.to(old.weight.device if old.weight.device.type != "meta" else "cpu")
-        _carry_module_state(old, layer)
-        parent, _, child = name.rpartition(".")
-        setattr(model.get_submodule(parent) if parent else model, child, layer)
+        _replace(model, name, old, layer)
         report.converted.append(name)
         report.layers += 1
     empty = [key for key, t in model.state_dict(keep_vars=True).items() if t.device.type == "meta"]

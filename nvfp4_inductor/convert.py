@@ -291,11 +291,8 @@ def convert(model: nn.Module, config: Config | None = None) -> ConversionReport:
             replacement = NVFP4Linear.from_linear(module, config.activations, config.weight_method,
                                                   hessians.get(own[0]), shared.get(own[0]))
             replacement.set_input_scale(input_scales.get(own[0]))
-        _carry_module_state(module, replacement)
         for name in own:
-            parent_name, _, child = name.rpartition(".")
-            parent = model.get_submodule(parent_name) if parent_name else model
-            setattr(parent, child, replacement)
+            _replace(model, name, module, replacement)
         report.converted += own
         report.layers += 1
     if not report.layers:  # nothing to gain, and nothing changed: say so rather than return quietly
@@ -343,6 +340,13 @@ _HOOK_DICTS = ("_forward_pre_hooks", "_forward_pre_hooks_with_kwargs", "_forward
                "_forward_hooks_with_kwargs", "_forward_hooks_always_called", "_backward_pre_hooks",
                "_backward_hooks", "_state_dict_pre_hooks", "_state_dict_hooks",
                "_load_state_dict_pre_hooks", "_load_state_dict_post_hooks")
+
+
+def _replace(model: nn.Module, name: str, old: nn.Module, new: nn.Module) -> None:
+    """Put new in old's place at `name` in model, with old's mode and hooks."""
+    _carry_module_state(old, new)
+    parent, _, child = name.rpartition(".")
+    setattr(model.get_submodule(parent) if parent else model, child, new)
 
 
 def _carry_module_state(old: nn.Module, new: nn.Module) -> None:

@@ -18,7 +18,7 @@ import torch
 from torch import nn
 
 from . import api
-from .convert import NVFP4Linear, _carry_module_state
+from .convert import NVFP4Linear, _replace
 from .format import BLOCK_SIZE
 
 _registered = False
@@ -101,9 +101,7 @@ def _replace_linears(model: nn.Module, config) -> None:
             layer = NVFP4Linear(weight, bias, "nvfp4" if w4a4 else "bf16")
             if w4a4:
                 layer.input_scale = torch.empty((), dtype=torch.float32)
-        _carry_module_state(module, layer)
-        parent, _, child = name.rpartition(".")
-        setattr(model.get_submodule(parent) if parent else model, child, layer)
+        _replace(model, name, module, layer)
 
 
 def _check_loaded(model: nn.Module) -> None:

@@ -213,7 +213,7 @@ def lower_linear_tiled(x, w_data, w_scale, w_global_scale, bias, n, activation, 
     chosen = plan.plan_gemm(m, n, k, tiled=True, activation=activation, device=device, compiled=True,
                             mma_operands_fit=_even_rows(inputs[0]), code_bytes=int(w_data.get_numel()))
     # (dequantize + cuBLAS as the pick: the template's configs still join under max-autotune)
-    template_kernel, mainloop = (("tile", "dot_scaled" if dot_scaled else "dot")
+    template_kernel, mainloop = (("tile", plan.tile_mainloop(chosen.x_format))
                                  if chosen.kernel == "dequant_cublas" else chosen[:2])
     configs = gemm_configs.template_configs(m, n, k, num_sms, template_kernel, mainloop)
     split = configs[0].split

@@ -100,7 +100,7 @@ def linear_tiled(x, w_data, w_scale, w_global_scale, bias, n: int, activation: s
 
         a, x_global_scale = _activation_operand(x2, activation)
         y = mm_tiled_f32(a, w_data, w_scale, n) * rms_scale(norm_h.reshape(-1, k), norm_eps)
-        y = y * (w_global_scale if x_global_scale is None else w_global_scale * x_global_scale)
+        y = y * _product(w_global_scale, x_global_scale)
         if bias is not None:
             y = y + bias.float()
         return y.to(x.dtype).reshape(*lead, n)

@@ -87,10 +87,15 @@ def plan_gemm(m: int, n: int, k: int, *, tiled: bool, activation: str, device: t
         kernel = "dequant_cublas"
     if kernel == "dequant_cublas":
         return GemmPlan(kernel, "", x_fmt)
-    mainloop = splitk_mainloop(m, tiled=tiled, x_format=x_fmt, device=device,
-                               mma_operands_fit=mma_operands_fit, code_bytes=code_bytes)
-    return GemmPlan(kernel, mainloop if kernel == "splitk" else "dot_scaled" if x_fmt == "nvfp4" else "dot",
-                    x_fmt)
+    if kernel == "tile":
+        return GemmPlan(kernel, tile_mainloop(x_fmt), x_fmt)
+    return GemmPlan(kernel, splitk_mainloop(m, tiled=tiled, x_format=x_fmt, device=device,
+                                            mma_operands_fit=mma_operands_fit, code_bytes=code_bytes), x_fmt)
+
+
+def tile_mainloop(x_format: str) -> str:
+    """The template's mainloop above the decode sizes (one program per output tile)."""
+    return "dot_scaled" if x_format == "nvfp4" else "dot"
 
 
 def splitk_mainloop(m: int, *, tiled: bool, x_format: str, device: torch.device,
