@@ -304,9 +304,12 @@ class _WeightsAsConstants:
 
     def __call__(self, *args):
         rest = [args[i] for i in self.rest]
-        if all(ref() is args[i] and _version(args[i]) == v
-               for ref, i, v in zip(self.refs, self.weights, self.versions)):
-            return self.compiled(*rest)
+        if self.compiled is not None:
+            if all(ref() is args[i] and _version(args[i]) == v
+                   for ref, i, v in zip(self.refs, self.weights, self.versions)):
+                return self.compiled(*rest)
+            if all(ref() is args[i] for ref, i in zip(self.refs, self.weights)):
+                self.compiled = None  # its weights were changed in place: its constants are of no use
         # other weights: compiled for them (and for these shapes: outside Dynamo's trace, the graph
         # is specialized to the inputs it is compiled with)
         key = (tuple((id(args[i]), _version(args[i])) for i in self.weights),
