@@ -340,3 +340,21 @@ def test_from_pretrained_through_the_registered_quantizer(tmp_path, w4a4):
     save_file(files, str(tmp_path / "model.safetensors"))
     with pytest.raises(ValueError, match="up_proj.weight_scale_2 = .*almost certainly"):
         transformers.AutoModelForCausalLM.from_pretrained(tmp_path, dtype=torch.bfloat16)
+
+
+def test_checkpoint_arguments_and_configs_refused_with_clear_errors(tmp_path):
+    model = _model()
+    with pytest.raises(ValueError, match="no NVFP4Linear layers: convert it"):
+        nv.save_checkpoint(model, tmp_path / "bf16")
+    nv.convert(model)
+    with pytest.raises(ValueError, match="format must be one of"):
+        nv.save_checkpoint(model, tmp_path / "x", format="gguf")
+    (tmp_path / "fp8").mkdir()
+    (tmp_path / "fp8" / "hf_quant_config.json").write_text(json.dumps({"quantization": {"quant_algo": "FP8"}}))
+    with pytest.raises(ValueError, match="quant_algo 'FP8'"):
+        nv.load_checkpoint(_model(), tmp_path / "fp8")
+    (tmp_path / "ct").mkdir()
+    (tmp_path / "ct" / "config.json").write_text(json.dumps({"quantization_config": {
+        "quant_method": "compressed-tensors", "format": "float-quantized"}}))
+    with pytest.raises(ValueError, match="format 'float-quantized'"):
+        nv.load_checkpoint(_model(), tmp_path / "ct")
