@@ -55,8 +55,39 @@ def compile_fx(gm, example_inputs, **kwargs):
     no_tensor_inputs = not any(isinstance(t, torch.Tensor) for t in example_inputs)
     patch = (mock.patch.object(_compile_fx_module, name, _keeping_dynamo_metadata(passes))
              if passes is not None and no_tensor_inputs else contextlib.nullcontext())
+    if (kwargs.get("config_patches") or {}).get("freezing"):
+        kwargs["inner_compile"] = _with_static_graph_inputs(
+            kwargs.get("inner_compile", _compile_fx_module.compile_fx_inner), gm, example_inputs)
     with patch:
         return _compile_fx_module.compile_fx(gm, example_inputs, **kwargs)
+
+
+def _with_static_graph_inputs(inner_compile, gm, example_inputs):
+    """inner_compile, told which of the graph's own inputs are static. Freezing (torch 2.11 - 2.13,
+    torch/_inductor/freezing.py: replace_params_with_constants) renumbers the static input
+    indices of the parameters it keeps and drops those of every other input, so an input Dynamo
+    marked static (mark_static_address: a Hugging Face static KV cache) that the graph writes
+    counts as a mutated, non-static input, and CUDA graphs are skipped for the whole graph.
+    Freezing keeps every graph input, in order, as the last inputs of the frozen graph: their
+    static positions are added back there."""
+    placeholders = list(gm.graph.find_nodes(op="placeholder"))
+    static = [i for i, node in enumerate(placeholders)
+              if node.meta.get("tensor_dict", {}).get("_dynamo_static_input_type")]
+    if not static or len(placeholders) != len(example_inputs):
+        return inner_compile
+
+    def compile_inner(graph, inputs, **kwargs):
+        first = len(inputs) - len(example_inputs)
+        tail = inputs[first:] if first >= 0 else ()
+        # the graph's inputs where expected (no effect tokens or unwrapped subclasses in between)
+        if len(tail) == len(example_inputs) and all(
+                not isinstance(a, torch.Tensor) or (isinstance(b, torch.Tensor) and a.shape == b.shape)
+                for a, b in zip(tail, example_inputs)):
+            given = list(kwargs.get("static_input_idxs") or ())
+            kwargs["static_input_idxs"] = sorted({*given, *(first + i for i in static)})
+        return inner_compile(graph, inputs, **kwargs)
+
+    return compile_inner
 
 
 def params_flat():

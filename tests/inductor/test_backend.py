@@ -623,6 +623,46 @@ def test_rebuilt_graph_keeps_dynamo_metadata():
 
 
 
+def test_frozen_graph_keeps_its_static_inputs():
+    """A cache the graph writes, marked static (mark_static_address, as Hugging Face's static
+    cache is): freezing drops the static indices of every input but the parameters it keeps, so
+    the inner compile would take the written cache for a mutated non-static input (CUDA graphs
+    skipped for the graph). The backend hands them back at their frozen positions."""
+    from unittest import mock
+
+    from nvfp4_inductor.inductor import _compat
+
+    class Step(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.proj = nn.Linear(64, 64)
+
+        def forward(self, x, cache, position):
+            cache.index_copy_(0, position, self.proj(x))
+            return cache.sum(0)
+
+    torch.manual_seed(0)
+    model = Step().to(torch.bfloat16).eval()
+    cache = torch.zeros(8, 64, dtype=torch.bfloat16)
+    torch._dynamo.mark_static_address(cache)
+    inner = _compat._compile_fx_module.compile_fx_inner
+    seen = []
+
+    def record(graph, inputs, **kwargs):
+        seen.append((list(inputs), list(kwargs.get("static_input_idxs") or ())))
+        return inner(graph, inputs, **kwargs)
+
+    torch._dynamo.reset()
+    x, position = torch.randn(1, 64, dtype=torch.bfloat16), torch.tensor([3])
+    with torch.no_grad(), mock.patch.object(_compat._compile_fx_module, "compile_fx_inner", record):
+        torch.compile(model, backend="nvfp4")(x, cache, position)
+    torch._dynamo.reset()
+    ((inputs, static),) = seen
+    positions = [i for i, t in enumerate(inputs) if tuple(t.shape) == tuple(cache.shape)]
+    assert positions and set(positions) <= set(static), (positions, static)
+    assert all(tuple(inputs[i].shape) == tuple(cache.shape) for i in static)  # x and position are not
+
+
 def test_compat_shims_take_the_other_torch_versions_branch(monkeypatch):
     """The _compat branches this torch does not take, each with the other version's API stood in:
     autotune_select_algorithm's bare node (2.11) or (node, choice) (2.13), a Dynamo without the

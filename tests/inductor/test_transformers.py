@@ -117,10 +117,6 @@ def test_plain_torch_compile_and_nv_compile_make_the_same_kernels():
 
 
 @pytest.mark.gpu
-@pytest.mark.xfail(strict=True, reason=(
-    "CUDA graphs are skipped for 'mutated inputs': with freezing, Inductor's frozen inference "
-    "compile gets no static input indices, so the static cache the step writes counts as a "
-    "mutated non-static input (docs/backend.md)"))
 @pytest.mark.parametrize("converted", [False, True], ids=["bf16-model", "converted"])
 def test_generate_under_cuda_graphs(converted):
     """generate with CompileConfig(backend="nvfp4", mode="reduce-overhead") on a GPU: the decode
