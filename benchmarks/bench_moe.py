@@ -1,0 +1,140 @@
+"""One mixture-of-experts layer's experts (gate_up, SiLU * up, down, the routing's weighted sum):
+NVFP4 (nvfp4_inductor.moe.NVFP4Experts, W4A16 and W4A4) vs the bf16 transformers experts module
+with experts_implementation "grouped_mm" (torch._grouped_mm) and "eager" (a loop over experts),
+same run.
+
+    python benchmarks/bench_moe.py [--tokens 1 16] [--shapes qwen3 mixtral]
+    python benchmarks/bench_moe.py --small      # tiny shapes, any machine: runs and checks, no times
+
+Qwen3-30B-A3B experts: 128 experts, top-8, hidden 2048, expert MLP 768; Mixtral-8x7B: 8 experts,
+top-2, hidden 4096, MLP 14336. Routing: top-k of random router logits (every token k distinct
+experts). grouped_mm and NVFP4 are timed as CUDA-graph replays (the GPU's time alone); the eager
+loop reads the hit experts back to the host every call, so it cannot be captured: it is timed
+with events around eager calls (host launch cost included). The floor: the bytes of the experts
+the routing hits (NVFP4 0.5625 B/weight) plus x and y, over the copy bandwidth measured here.
+"""
+
+import argparse
+
+import torch
+
+from nvfp4_inductor.moe import NVFP4Experts
+
+SHAPES = {  # name: (experts, top-k, hidden, expert MLP)
+    "qwen3": (128, 8, 2048, 768),
+    "mixtral": (8, 2, 4096, 14336),
+}
+SMALL_SHAPES = {"qwen3": (16, 4, 64, 32), "mixtral": (4, 2, 128, 64)}
+TOKENS = [1, 16, 64, 512, 4096]
+
+
+def bf16_experts(e: int, h: int, i: int, implementation: str, device: str):
+    """A transformers Qwen3-MoE experts module (the Mixtral one is the same code) with random
+    bf16 weights, dispatching to `implementation`."""
+    import transformers
+
+    config = transformers.Qwen3MoeConfig(hidden_size=h, moe_intermediate_size=i, num_experts=e,
+                                         experts_implementation=implementation)
+    config._experts_implementation = implementation
+    from transformers.models.qwen3_moe.modeling_qwen3_moe import Qwen3MoeExperts
+
+    experts = Qwen3MoeExperts(config)
+    with torch.no_grad():
+        experts.gate_up_proj.normal_(0, h**-0.5)
+        experts.down_proj.normal_(0, i**-0.5)
+    return experts.to(device, torch.bfloat16).eval()
+
+
+def routing(t: int, e: int, k: int, h: int, device: str, gen: torch.Generator):
+    """-> (hidden_states (T, H) bf16, top_k_index (T, k), top_k_weights (T, k) bf16)."""
+    x = torch.randn(t, h, generator=gen, device=device).to(torch.bfloat16)
+    logits = torch.randn(t, e, generator=gen, device=device)
+    weights, index = logits.softmax(-1).topk(k, dim=-1)
+    return x, index, (weights / weights.sum(-1, keepdim=True)).to(torch.bfloat16)
+
+
+def event_us(fn, calls: int = 20) -> float:
+    """Median time of one eager fn() call (host launches included), timed with events."""
+    fn()
+    torch.cuda.synchronize()
+    times = []
+    for _ in range(calls):
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        fn()
+        end.record()
+        torch.cuda.synchronize()
+        times.append(start.elapsed_time(end) * 1e3)
+    return sorted(times)[len(times) // 2]
+
+
+def small() -> None:
+    """Every path once on tiny shapes (CPU or GPU): NVFP4 against the bf16 module."""
+    device = "cuda" if torch.cuda.is_available() else "cpu"
+    gen = torch.Generator(device=device).manual_seed(0)
+    for name, (e, k, h, i) in SMALL_SHAPES.items():
+        bf16 = bf16_experts(e, h, i, "grouped_mm", device)
+        eager = bf16_experts(e, h, i, "eager", device)
+        eager.load_state_dict(bf16.state_dict())
+        for activations in ("bf16", "nvfp4"):
+            nvfp4 = NVFP4Experts.from_experts(bf16, activations)
+            for t in (1, 16, 37):
+                x, index, weights = routing(t, e, k, h, device, gen)
+                with torch.no_grad():
+                    want, loop, got = bf16(x, index, weights), eager(x, index, weights), nvfp4(x, index, weights)
+                err = ((got.float() - want.float()).norm() / want.float().norm()).item()
+                loop_err = ((loop.float() - want.float()).norm() / want.float().norm()).item()
+                print(f"{name:8} {activations:6} T={t:3}: NVFP4 vs grouped_mm rel. error {err:.3f}, "
+                      f"eager loop vs grouped_mm {loop_err:.4f}")
+                if not err < 0.25 or not loop_err < 0.02:
+                    raise SystemExit(f"{name} {activations} T={t}: error too large")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--tokens", type=int, nargs="+", default=TOKENS, help="tokens a call (default: all)")
+    parser.add_argument("--shapes", nargs="+", choices=SHAPES, default=list(SHAPES))
+    parser.add_argument("--no-eager", action="store_true", help="skip the eager loop (slow at 4096 tokens)")
+    parser.add_argument("--small", action="store_true", help="tiny shapes, run and check only (any machine)")
+    args = parser.parse_args()
+    if args.small:
+        small()
+        return
+    import triton
+    from bench_quantize import copy_bandwidth_gbs, graph_us
+
+    torch.manual_seed(0)
+    print(f"GPU: {torch.cuda.get_device_name()}, torch {torch.__version__}, triton {triton.__version__}")
+    copy = copy_bandwidth_gbs()
+    print(f"device copy: {copy:.0f} GB/s")
+    print("grouped_mm / eager: the bf16 transformers experts module; W4A16 / W4A4: NVFP4Experts (W4A4 includes "
+          "quantizing x per expert group); x: speed-up over bf16 grouped_mm (>1 is faster); floor: the hit "
+          "experts' NVFP4 bytes at the copy bandwidth")
+    print(f"\n{'shape':>8} {'T':>5} {'hit':>4} {'grouped_mm us':>13} {'eager':>8} {'W4A16':>8} {'W4A4':>8} "
+          f"{'floor':>7} | {'eager x':>7} {'W4A16 x':>7} {'W4A4 x':>7} {'floor x':>7}")
+    gen = torch.Generator(device="cuda").manual_seed(0)
+    for name in args.shapes:
+        e, k, h, i = SHAPES[name]
+        bf16 = bf16_experts(e, h, i, "grouped_mm", "cuda")
+        eager = bf16_experts(e, h, i, "eager", "cuda")
+        eager.gate_up_proj, eager.down_proj = bf16.gate_up_proj, bf16.down_proj  # the same weights
+        w4a16 = NVFP4Experts.from_experts(bf16, "bf16")
+        w4a4 = NVFP4Experts.from_experts(bf16, "nvfp4")
+        for t in args.tokens:
+            x, index, weights = routing(t, e, k, h, "cuda", gen)
+            hit = index.unique().numel()  # setup, outside any timed call
+            with torch.no_grad():
+                base = graph_us(lambda: bf16(x, index, weights), calls=10, reps=10)
+                loop = float("nan") if args.no_eager else event_us(lambda: eager(x, index, weights))
+                t16 = graph_us(lambda: w4a16(x, index, weights), calls=10, reps=10)
+                t4 = graph_us(lambda: w4a4(x, index, weights), calls=10, reps=10)
+            floor = (hit * 3 * h * i * 0.5625 + 2 * t * h * 2) / copy / 1e3
+            times = (loop, t16, t4, floor)
+            print(f"{name:>8} {t:>5} {hit:>4} {base:13.1f} " + " ".join(f"{v:8.1f}" for v in times[:3])
+                  + f" {floor:7.1f} | " + " ".join(f"{base / v:7.2f}" for v in times), flush=True)
+        del bf16, eager, w4a16, w4a4
+        torch.cuda.empty_cache()
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,454 @@
+"""Mixture-of-experts layers in NVFP4: the grouped ops, an experts module and its conversion.
+
+`nvfp4::grouped_linear` is the expert GEMM of an MoE layer: tokens sorted by expert, `offsets`
+(E,) int32 the cumulative ends of the experts' groups (the `torch._grouped_mm` convention: expert
+e owns rows [offsets[e - 1], offsets[e]), offsets[-1] read as 0; rows from offsets[E - 1] on
+belong to no expert and come out zero), expert weights (E, N, K) in NVFP4 with one global scale
+per expert (as ModelOpt's MoE exports carry them):
+
+    x (T, K) float, W codes (E, N, K/2) uint8, block scales (E, N, K/16) e4m3 bits as uint8,
+    global scales (E,) fp32, bias (E, N) or None -> (T, N) in x.dtype
+
+It computes exactly a loop of the dense reference linear, `reference.linear`, over each expert's
+slice of x (W4A16: x rounded to bf16; W4A4: each expert's group of rows quantized with its own
+per-tensor global scale, as the dense reference quantizes x). `nvfp4::grouped_linear_silu_mul`
+is the gated form over each expert's 2I rows in Hugging Face's concatenated order (gate rows
+[0, I), up rows [I, 2I)): silu(gate) * up -> (T, I), each linear rounded to x.dtype first
+(reference.silu_mul), as `nvfp4::linear_tiled_silu_mul` defines it.
+
+On CUDA the Triton kernel of kernels/grouped.py runs them without reading the offsets back (no
+host sync: CUDA-graph safe); elsewhere the reference loop, which checks the offsets' values.
+
+`NVFP4Experts` replaces a transformers 5.x experts module (gate_up_proj (E, 2I, H), down_proj
+(E, H, I), forward(hidden_states, top_k_index, top_k_weights)); `convert_experts` swaps every
+such module of a model.
+"""
+
+import torch
+from torch import Tensor, nn
+
+from . import _checks, api, ops, reference
+from .config import Config, check_activations, resolve_activation
+from .format import BLOCK_SIZE
+
+__all__ = ["grouped_linear", "grouped_linear_silu_mul", "NVFP4Experts", "convert_experts"]
+
+_E4M3 = torch.float8_e4m3fn
+
+
+# --- the ops -----------------------------------------------------------------------------------
+
+def check_grouped_args(x, offsets, w_data, w_scale, w_global_scale, bias, activation, gated: bool) -> None:
+    """Metadata checks (no values read: fake tensors, CUDA-graph capture) of the grouped ops."""
+    if activation not in _checks.ACTIVATIONS:
+        raise ValueError(f"activation must be one of {_checks.ACTIVATIONS}; got {activation!r}")
+    _checks.check_float_input("x", x)
+    if x.dim() != 2:
+        raise ValueError(f"x must be 2-D (tokens sorted by expert, K); got shape {tuple(x.shape)}")
+    _checks.check_tensor("w_data", w_data, (torch.uint8,))
+    _checks.check_tensor("w_scale (e4m3 bits)", w_scale, (torch.uint8,))
+    if w_data.dim() != 3:
+        raise ValueError(f"w_data must be 3-D (E, N, K/2) expert codes; got shape {tuple(w_data.shape)}")
+    e, n, k = w_data.shape[0], w_data.shape[1], w_data.shape[2] * 2
+    if e == 0:
+        raise ValueError("w_data has no experts (E = 0)")
+    if x.shape[1] != k:
+        raise ValueError(f"x.shape[-1] = {x.shape[1]} does not match the experts' K = {k} "
+                         f"(w_data.shape[-1] * 2)")
+    if tuple(w_scale.shape) != (e, n, k // BLOCK_SIZE):
+        raise ValueError(f"w_scale must have shape {(e, n, k // BLOCK_SIZE)} (E, N, K/16) for w_data of "
+                         f"shape {tuple(w_data.shape)}; got {tuple(w_scale.shape)}")
+    for name, t in (("w_data", w_data), ("w_scale", w_scale)):
+        if not t.is_contiguous():
+            raise ValueError(f"{name} must be contiguous (packed NVFP4 layout)")
+    _checks.check_tensor("w_global_scale", w_global_scale, (torch.float32,))
+    if tuple(w_global_scale.shape) != (e,):
+        raise ValueError(f"w_global_scale must have shape ({e},) (one per expert); got "
+                         f"{tuple(w_global_scale.shape)}")
+    _checks.check_tensor("offsets", offsets, (torch.int32,))
+    if tuple(offsets.shape) != (e,):
+        raise ValueError(f"offsets must have shape ({e},) (the cumulative end of each expert's rows, "
+                         f"as torch._grouped_mm takes them); got {tuple(offsets.shape)}")
+    if bias is not None:
+        _checks.check_tensor("bias", bias, _checks.FLOAT_DTYPES)
+        if tuple(bias.shape) != (e, n):
+            raise ValueError(f"bias must have shape {(e, n)} (E, N); got {tuple(bias.shape)}")
+    if gated and n % 2:
+        raise ValueError(f"the gated form needs an even N (gate rows, then as many up rows); got N = {n}")
+    for name, t in (("offsets", offsets), ("w_data", w_data), ("w_scale", w_scale),
+                    ("w_global_scale", w_global_scale), ("bias", bias)):
+        if t is not None:
+            _checks.check_same_device(name, t, "x", x)
+
+
+def _check_offset_values(offsets: Tensor, t: int) -> list[int]:
+    """The reference's value check (it reads the offsets back anyway) -> the offsets as ints."""
+    ends = offsets.tolist()
+    previous = 0
+    for e, end in enumerate(ends):
+        if end < previous or end > t:
+            raise ValueError(f"offsets must be non-decreasing cumulative row counts within [0, T = {t}]; "
+                             f"got offsets[{e}] = {end} after {previous}")
+        previous = end
+    return ends
+
+
+def _reference_grouped(x, offsets, w_data, w_scale, w_global_scale, bias, activation) -> Tensor:
+    """The loop of dense reference linears, one per expert's rows; rows past the last group zero."""
+    ends = _check_offset_values(offsets, x.shape[0])
+    out = x.new_zeros((x.shape[0], w_data.shape[1]))
+    start = 0
+    for e, end in enumerate(ends):
+        if end > start:
+            out[start:end] = reference.linear(x[start:end], w_data[e], w_scale[e].view(_E4M3),
+                                              w_global_scale[e], None if bias is None else bias[e],
+                                              activation)
+        start = end
+    return out
+
+
+def _group_quantized_values(x: Tensor, offsets: Tensor) -> tuple[Tensor, Tensor]:
+    """W4A4's x on the device: each expert's rows quantized with its group's global scale (what
+    reference.linear does to each slice), decoded without it -> (bf16 values e2m1 * s_x, exact,
+    (T,) fp32 each row's global scale). No host sync: the group of a row comes from searchsorted."""
+    e = offsets.shape[0]
+    rows = torch.arange(x.shape[0], dtype=torch.int32, device=x.device)
+    group = torch.searchsorted(offsets, rows, right=True)  # E for rows past the last group
+    xabs = x.float().abs()
+    row_amax = torch.where(torch.isfinite(xabs), xabs, torch.zeros_like(xabs)).amax(dim=-1)
+    row_amax = torch.where(group < e, row_amax, torch.zeros_like(row_amax))
+    group_amax = row_amax.new_zeros(e + 1).scatter_reduce(0, group, row_amax, "amax")
+    g_rows = reference.global_scale_from_amax(group_amax)[group]
+    data, scale, _ = ops.quantize(x, g_rows, True, False)
+    values = ops.dequantize(data, scale, torch.ones_like(g_rows), False, torch.bfloat16)
+    return values, g_rows
+
+
+def _grouped_cuda(x, offsets, w_data, w_scale, w_global_scale, bias, activation, gated):
+    from .kernels.grouped import grouped_linear as grouped_triton
+
+    x_global_scale = None
+    out_dtype = x.dtype
+    if activation == "nvfp4" and x.shape[0]:
+        x, x_global_scale = _group_quantized_values(x, offsets)
+    return grouped_triton(x, offsets, w_data, w_scale, w_global_scale, bias, gated, x_global_scale,
+                          out_dtype)
+
+
+@torch.library.custom_op("nvfp4::grouped_linear", mutates_args=())
+def grouped_linear(x: Tensor, offsets: Tensor, w_data: Tensor, w_scale: Tensor, w_global_scale: Tensor,
+                   bias: Tensor | None, activation: str) -> Tensor:
+    """x (T, K) sorted by expert, offsets (E,) int32 cumulative ends, W NVFP4 (E, N, K/2) + scale
+    bits (E, N, K/16) + (E,) fp32, bias (E, N) or None -> (T, N) in x.dtype."""
+    check_grouped_args(x, offsets, w_data, w_scale, w_global_scale, bias, activation, False)
+    return _reference_grouped(x, offsets, w_data, w_scale, w_global_scale, bias, activation)
+
+
+@grouped_linear.register_fake
+def _(x, offsets, w_data, w_scale, w_global_scale, bias, activation):
+    check_grouped_args(x, offsets, w_data, w_scale, w_global_scale, bias, activation, False)
+    return x.new_empty((x.shape[0], w_data.shape[1]))
+
+
+@grouped_linear.register_kernel("cuda")
+@ops._on_input_device
+def _(x, offsets, w_data, w_scale, w_global_scale, bias, activation):
+    check_grouped_args(x, offsets, w_data, w_scale, w_global_scale, bias, activation, False)
+    return _grouped_cuda(x, offsets, w_data, w_scale, w_global_scale, bias, activation, False)
+
+
+@torch.library.custom_op("nvfp4::grouped_linear_silu_mul", mutates_args=())
+def grouped_linear_silu_mul(x: Tensor, offsets: Tensor, w_data: Tensor, w_scale: Tensor,
+                            w_global_scale: Tensor, bias: Tensor | None, activation: str) -> Tensor:
+    """grouped_linear over each expert's 2I rows (gate rows [0, I), up rows [I, 2I): Hugging
+    Face's gate_up_proj) -> (T, I) silu(gate) * up in x.dtype, each linear rounded to x.dtype."""
+    check_grouped_args(x, offsets, w_data, w_scale, w_global_scale, bias, activation, True)
+    y = _reference_grouped(x, offsets, w_data, w_scale, w_global_scale, bias, activation)
+    i = w_data.shape[1] // 2
+    return reference.silu_mul(y[:, :i], y[:, i:])
+
+
+@grouped_linear_silu_mul.register_fake
+def _(x, offsets, w_data, w_scale, w_global_scale, bias, activation):
+    check_grouped_args(x, offsets, w_data, w_scale, w_global_scale, bias, activation, True)
+    return x.new_empty((x.shape[0], w_data.shape[1] // 2))
+
+
+@grouped_linear_silu_mul.register_kernel("cuda")
+@ops._on_input_device
+def _(x, offsets, w_data, w_scale, w_global_scale, bias, activation):
+    check_grouped_args(x, offsets, w_data, w_scale, w_global_scale, bias, activation, True)
+    return _grouped_cuda(x, offsets, w_data, w_scale, w_global_scale, bias, activation, True)
+
+
+# --- the experts module ------------------------------------------------------------------------
+
+# Per-expert checkpoint names of the gate, up and down projections, by experts class: ModelOpt
+# exports MoE experts under the model's original per-expert module names.
+CHECKPOINT_NAMES = {"MixtralExperts": ("w1", "w3", "w2")}
+DEFAULT_CHECKPOINT_NAMES = ("gate_proj", "up_proj", "down_proj")
+# (buffer attribute prefix, NVFP4 parts) of the two weights
+_WEIGHTS = ("gate_up", "down")
+_PARTS = ("weight", "weight_scale", "weight_scale_2")
+
+
+def _quantize_experts(w: Tensor, method: str) -> tuple[Tensor, Tensor, Tensor]:
+    """(E, N, K) float expert weights -> (codes (E, N, K/2), e4m3 scales (E, N, K/16), (E,) fp32
+    global scales), each expert quantized as one tensor (its own per-tensor global scale)."""
+    parts = [api.quantize(w[e], method=method) for e in range(w.shape[0])]
+    return (torch.stack([p.data for p in parts]), torch.stack([p.scale for p in parts]),
+            torch.stack([p.global_scale for p in parts]))
+
+
+class NVFP4Experts(nn.Module):
+    """A transformers experts module with its weights in NVFP4: forward(hidden_states (T, H),
+    top_k_index (T, k), top_k_weights (T, k)) -> (T, H), as the module it replaces, whatever its
+    experts_implementation. gate_up (E, 2I, H) runs as nvfp4::grouped_linear_silu_mul, down
+    (E, H, I) as nvfp4::grouped_linear; each expert's gate and up share one global scale.
+
+    Buffers: gate_up_weight uint8 (E, 2I, H/2), gate_up_weight_scale e4m3 (E, 2I, H/16),
+    gate_up_weight_scale_2 fp32 (E,), and down_* likewise. The state dict holds them per expert
+    under ModelOpt's names: "{e}.{gate}.weight" (I, H/2), ".weight_scale" (I, H/16),
+    ".weight_scale_2" () (the same value for gate and up), "{e}.{up}.*", "{e}.{down}.*", with
+    (gate, up, down) = checkpoint_names ("gate_proj", "up_proj", "down_proj"; Mixtral "w1", "w3",
+    "w2"). Expert ids outside [0, E) in top_k_index: ids >= E contribute nothing (as
+    transformers' expert-parallel sentinels); negative ids are not allowed.
+    """
+
+    def __init__(self, gate_up: tuple[Tensor, Tensor, Tensor], down: tuple[Tensor, Tensor, Tensor],
+                 activations: str = "auto", checkpoint_names: tuple[str, str, str] = DEFAULT_CHECKPOINT_NAMES):
+        super().__init__()
+        check_activations(activations)
+        for name, (data, scale, g) in zip(_WEIGHTS, (gate_up, down)):
+            _checks.check_tensor(f"{name} codes", data, (torch.uint8,))
+            _checks.check_tensor(f"{name} scales", scale, (_E4M3,))
+            _checks.check_tensor(f"{name} global scales", g, (torch.float32,))
+            if data.dim() != 3 or tuple(scale.shape) != (*data.shape[:2], data.shape[2] * 2 // BLOCK_SIZE) \
+                    or tuple(g.shape) != (data.shape[0],):
+                raise ValueError(f"{name}: codes (E, N, K/2), scales (E, N, K/16) and global scales (E,) "
+                                 f"expected; got {tuple(data.shape)}, {tuple(scale.shape)}, {tuple(g.shape)}")
+        e, two_i, h_half = gate_up[0].shape
+        if tuple(down[0].shape) != (e, h_half * 2, two_i // 4) or two_i % 2:
+            raise ValueError(f"down codes must be (E, H, I/2) = {(e, h_half * 2, two_i // 4)} for gate_up "
+                             f"codes {tuple(gate_up[0].shape)} (E, 2I, H/2); got {tuple(down[0].shape)}")
+        self.num_experts, self.hidden_dim, self.intermediate_dim = e, h_half * 2, two_i // 2
+        self.activations = activations
+        self.checkpoint_names = tuple(checkpoint_names)
+        for name, parts in zip(_WEIGHTS, (gate_up, down)):
+            for part, t in zip(_PARTS, parts):
+                # not persistent: the state dict holds them per expert (_save_to_state_dict)
+                self.register_buffer(f"{name}_{part}", t.contiguous(), persistent=False)
+
+    @classmethod
+    def from_experts(cls, experts: nn.Module, activations: str = "auto", method: str = "rtn") -> "NVFP4Experts":
+        """Quantize a transformers experts module's gate_up_proj (E, 2I, H) and down_proj
+        (E, H, I), each expert as one tensor (convert_experts checks the module first)."""
+        check_activations(activations)
+        with torch.no_grad():
+            gate_up = _quantize_experts(experts.gate_up_proj.detach(), method)
+            down = _quantize_experts(experts.down_proj.detach(), method)
+        names = CHECKPOINT_NAMES.get(type(experts).__name__, DEFAULT_CHECKPOINT_NAMES)
+        return cls(gate_up, down, activations, names)
+
+    def _nvfp4(self, name: str) -> tuple[Tensor, Tensor, Tensor]:
+        return (getattr(self, f"{name}_weight"), getattr(self, f"{name}_weight_scale").view(torch.uint8),
+                getattr(self, f"{name}_weight_scale_2"))
+
+    def forward(self, hidden_states: Tensor, top_k_index: Tensor, top_k_weights: Tensor) -> Tensor:
+        """hidden_states (T, H), top_k_index (T, k) expert ids, top_k_weights (T, k) -> (T, H) in
+        hidden_states' dtype: sum over k of weight * expert(x). Sorting and offsets stay on the
+        device (no host sync)."""
+        t, h = hidden_states.shape
+        k = top_k_index.shape[-1]
+        expert_ids = top_k_index.reshape(-1)
+        ids_sorted, perm = torch.sort(expert_ids, stable=True)
+        x = hidden_states[perm // k]
+        experts = torch.arange(self.num_experts, dtype=ids_sorted.dtype, device=ids_sorted.device)
+        offsets = torch.searchsorted(ids_sorted, experts, right=True, out_int32=True)
+        activation = resolve_activation(self.activations, hidden_states)
+        gated = torch.ops.nvfp4.grouped_linear_silu_mul(x, offsets, *self._nvfp4("gate_up"), None, activation)
+        y = torch.ops.nvfp4.grouped_linear(gated, offsets, *self._nvfp4("down"), None, activation)
+        weighted = y * top_k_weights.reshape(-1)[perm].unsqueeze(-1)
+        unsorted = torch.empty_like(weighted)
+        unsorted[perm] = weighted
+        # summed in the product's dtype's promotion with fp32 weights, as transformers' grouped_mm form
+        return unsorted.view(t, k, h).sum(dim=1).to(hidden_states.dtype)
+
+    def _apply(self, fn, recurse=True):
+        """Module casts move the NVFP4 buffers to fn's device but keep their dtypes (`.half()`
+        would otherwise turn the e4m3 scales into fp16 and round the fp32 global scales)."""
+        before = {name: t for name, t in self._buffers.items() if t is not None}
+        super()._apply(fn, recurse)
+        for name, old in before.items():
+            new = self._buffers[name]
+            if new.dtype != old.dtype:
+                self._buffers[name] = old.to(new.device)
+        return self
+
+    def _checkpoint_keys(self):
+        """-> [(checkpoint key suffix, buffer name, expert, row slice)] in state dict order."""
+        gate, up, down = self.checkpoint_names
+        i = self.intermediate_dim
+        keys = []
+        for e in range(self.num_experts):
+            for proj, name, rows in ((gate, "gate_up", slice(0, i)), (up, "gate_up", slice(i, 2 * i)),
+                                     (down, "down", slice(None))):
+                for part in _PARTS:
+                    keys.append((f"{e}.{proj}.{part}", f"{name}_{part}", e, rows))
+        return keys
+
+    def _save_to_state_dict(self, destination, prefix, keep_vars):
+        super()._save_to_state_dict(destination, prefix, keep_vars)
+        for key, buffer, e, rows in self._checkpoint_keys():
+            t = getattr(self, buffer)[e]
+            # copies, not views of the fused buffers: safetensors refuses tensors sharing storage
+            destination[prefix + key] = (t if buffer.endswith("scale_2") else t[rows]).clone()
+
+    def _load_from_state_dict(self, state_dict, prefix, local_metadata, strict, missing_keys,
+                              unexpected_keys, error_msgs):
+        from .convert import _checked_bits, _checked_global_scale
+
+        expected = self._checkpoint_keys()
+        loaded = {}
+        for key, buffer, e, rows in expected:
+            full = prefix + key
+            if full not in state_dict:
+                missing_keys.append(full)
+                continue
+            value = state_dict[full]
+            target = getattr(self, buffer)[e]
+            try:
+                if buffer.endswith("scale_2"):
+                    value = _checked_global_scale(full, value).reshape(())
+                elif buffer.endswith("weight_scale"):
+                    value = _checked_bits(full, value, (_E4M3, torch.uint8), _E4M3)
+                else:
+                    value = _checked_bits(full, value, (torch.uint8, torch.int8), torch.uint8)
+                shape = tuple(target.shape) if buffer.endswith("scale_2") else tuple(target[rows].shape)
+                if tuple(value.shape) != shape:
+                    raise ValueError(f"{full} must have shape {shape}; got {tuple(value.shape)}")
+            except (TypeError, ValueError) as error:
+                error_msgs.append(str(error))
+                continue
+            loaded[(buffer, e, key.split(".")[1] if buffer.endswith("scale_2") else rows.start)] = value
+        gate, up, _ = self.checkpoint_names
+        for e in range(self.num_experts):  # one global scale per expert's gate_up
+            g_gate, g_up = (loaded.get(("gate_up_weight_scale_2", e, proj)) for proj in (gate, up))
+            if g_gate is not None and g_up is not None and not torch.equal(g_gate.cpu(), g_up.cpu()):
+                error_msgs.append(f"{prefix}{e}.{gate}.weight_scale_2 ({g_gate.item()}) and {prefix}{e}.{up}"
+                                  f".weight_scale_2 ({g_up.item()}) differ: NVFP4Experts holds one global "
+                                  "scale per expert for gate and up (as ModelOpt exports a fused group)")
+        if error_msgs:
+            return
+        with torch.no_grad():
+            for key, buffer, e, rows in expected:
+                tag = key.split(".")[1] if buffer.endswith("scale_2") else rows.start
+                value = loaded.get((buffer, e, tag))
+                if value is None:
+                    continue
+                target = getattr(self, buffer)[e]
+                (target if buffer.endswith("scale_2") else target[rows]).copy_(value)
+        if strict:
+            known = {prefix + key for key, *_ in expected}
+            unexpected_keys += [key for key in state_dict if key.startswith(prefix) and key not in known]
+
+    def extra_repr(self) -> str:
+        return (f"num_experts={self.num_experts}, hidden_dim={self.hidden_dim}, "
+                f"intermediate_dim={self.intermediate_dim}, activations={self.activations}")
+
+
+# --- conversion ---------------------------------------------------------------------------------
+
+def _is_experts(module: nn.Module) -> bool:
+    """A module that holds experts as 3-D gate_up_proj / up_proj and down_proj tensors."""
+    down = getattr(module, "down_proj", None)
+    up = getattr(module, "gate_up_proj", getattr(module, "up_proj", None))
+    return (not isinstance(module, NVFP4Experts) and isinstance(down, Tensor) and isinstance(up, Tensor)
+            and down.dim() == 3 and up.dim() == 3)
+
+
+def _is_silu(act) -> bool:
+    return isinstance(act, nn.SiLU) or type(act).__name__ == "SiLUActivation"
+
+
+def _cannot_convert(module: nn.Module) -> str | None:
+    """Why an experts module (_is_experts) cannot become an NVFP4Experts, or None."""
+    if not hasattr(module, "is_transposed"):
+        return (f"{type(module).__name__} is not a transformers experts class "
+                "(@use_experts_implementation): its layout and forward are unknown")
+    flags = {"has_gate": True, "has_bias": False, "is_transposed": False, "is_concatenated": True,
+             "has_post_expert_norm": False, "_is_expert_parallel": False}
+    for flag, supported in flags.items():
+        if getattr(module, flag, supported) != supported:
+            return f"{flag}={getattr(module, flag)} is not supported (NVFP4Experts needs {flag}={supported})"
+    try:
+        from transformers.integrations.moe import _default_apply_gate
+    except ImportError:
+        _default_apply_gate = None
+    apply_gate = getattr(type(module), "_apply_gate", _default_apply_gate)
+    if apply_gate is not _default_apply_gate:
+        return f"{type(module).__name__} has its own _apply_gate (not silu(gate) * up)"
+    if not _is_silu(getattr(module, "act_fn", None)):
+        return f"its activation {type(getattr(module, 'act_fn', None)).__name__} is not SiLU"
+    gate_up, down = module.gate_up_proj, module.down_proj
+    for name, w in (("gate_up_proj", gate_up), ("down_proj", down)):
+        if w.dtype not in _checks.FLOAT_DTYPES:
+            return f"{name} has dtype {w.dtype}, not a float format NVFP4 converts"
+    e, two_i, h = gate_up.shape
+    if tuple(down.shape) != (e, h, two_i // 2) or two_i % 2:
+        return (f"gate_up_proj {tuple(gate_up.shape)} and down_proj {tuple(down.shape)} are not "
+                "(E, 2I, H) and (E, H, I)")
+    if h % BLOCK_SIZE or (two_i // 2) % BLOCK_SIZE or not h or not two_i:
+        return (f"hidden size {h} and expert intermediate size {two_i // 2} must be positive multiples of "
+                f"{BLOCK_SIZE} (one e4m3 scale per {BLOCK_SIZE} elements along K)")
+    return None
+
+
+def convert_experts(model: nn.Module, config: Config | None = None) -> list[str]:
+    """Replace, in place, every transformers experts module of model (3-D gate_up_proj (E, 2I, H)
+    and down_proj (E, H, I), silu(gate) * up) by an NVFP4Experts; returns the names replaced.
+
+    Raises ValueError, before anything is replaced, for an experts module it cannot convert
+    (non-gated or biased experts, another activation, a transposed layout, dims not multiples of
+    16, ...). Config.include (name, module) selects modules as for linears; weight_method "rtn"
+    and "mse" apply per expert ("hessian" has no calibration for experts: refused). W4A4 experts
+    quantize x per expert group with a dynamic global scale (Config.input_scales are for linears).
+    """
+    from .convert import _replace
+
+    if not isinstance(model, nn.Module):
+        raise TypeError(f"model must be a torch.nn.Module; got {type(model).__name__}")
+    config = config or Config()
+    if not isinstance(config, Config):
+        raise TypeError(f"config must be an nvfp4_inductor.Config; got {type(config).__name__}")
+    paths: dict[int, list[str]] = {}
+    modules: dict[int, nn.Module] = {}
+    for name, module in model.named_modules(remove_duplicate=False):
+        if _is_experts(module):
+            paths.setdefault(id(module), []).append(name)
+            modules[id(module)] = module
+    targets, refused = [], {}
+    for key, module in modules.items():
+        names = paths[key]
+        if config.include is not None and not all(config.include(n, module) for n in names):
+            continue
+        reason = _cannot_convert(module)
+        if reason is None and "" in names:
+            reason = "the model itself: use NVFP4Experts.from_experts(model)"
+        if reason is not None:
+            refused[names[0]] = reason
+        else:
+            targets.append((names, module))
+    if refused:
+        lines = "\n".join(f"  {name}: {reason}" for name, reason in refused.items())
+        raise ValueError(f"convert_experts cannot convert {len(refused)} experts module(s):\n{lines}")
+    if targets and config.weight_method == "hessian":
+        raise ValueError('weight_method="hessian" has no calibration Hessians for expert weights; use "rtn" '
+                         'or "mse" for models with experts')
+    converted = []
+    for names, module in targets:
+        replacement = NVFP4Experts.from_experts(module, config.activations, config.weight_method)
+        for name in names:
+            _replace(model, name, module, replacement)
+        converted += names
+    return converted
