@@ -114,34 +114,38 @@ def grouped_linear_kernel(
         w_e = w_ptr + e64 * N * (K // 2)
         s_e = w_scale_ptr + e64 * N * (K // BLOCK)
         rows = e64 * 0 + cols  # int64 row indices within the expert
-        acc = tl.zeros((BLOCK_M, BLOCK_N), tl.float32)
-        acc_up = tl.zeros((BLOCK_M, BLOCK_N), tl.float32)
+        # Swapped operands, as the dense kernels: the decoded weights (in registers) are the A
+        # operand, x^T the B one, so acc is (BLOCK_N, BLOCK_M). (x as A and the decoded weights as B
+        # does not compile for wgmma, 4 warps on sm_90: Triton 3.6 cannot lay the register-made B
+        # operand out in shared memory.)
+        acc = tl.zeros((BLOCK_N, BLOCK_M), tl.float32)
+        acc_up = tl.zeros((BLOCK_N, BLOCK_M), tl.float32)
         for k0 in range(0, K, BLOCK_K):
             ks = k0 + tl.arange(0, BLOCK_K)
             x = tl.load(x_ptr + ts.to(tl.int64)[:, None] * stride_xt + ks[None, :],
                         mask=t_ok[:, None] & (ks < K)[None, :], other=0.0).to(tl.float32)
             x = round_to(x, tl.bfloat16).to(DOT)  # W4A16's x, rounded to nearest even (exact in DOT)
             w = _weight_block(w_e, s_e, rows, col_ok, k0, K, USE_ASM, DOT, BLOCK_K, BLOCK_N)
-            acc = tl.dot(x, tl.trans(w), acc)
+            acc = tl.dot(w, tl.trans(x), acc)
             if GATED:
                 w_up = _weight_block(w_e, s_e, rows + N_OUT, col_ok, k0, K, USE_ASM, DOT, BLOCK_K, BLOCK_N)
-                acc_up = tl.dot(x, tl.trans(w_up), acc_up)
+                acc_up = tl.dot(w_up, tl.trans(x), acc_up)
         g = tl.load(w_global_scale_ptr + expert) * _UNSCALE
         if X_SCALED:
-            g = g * tl.load(x_global_scale_ptr + ts, mask=t_ok, other=0.0)[:, None]
+            g = g * tl.load(x_global_scale_ptr + ts, mask=t_ok, other=0.0)[None, :]
         y = acc * g
         if HAS_BIAS:
-            y = y + tl.load(bias_ptr + e64 * N + cols, mask=col_ok, other=0.0).to(tl.float32)[None, :]
+            y = y + tl.load(bias_ptr + e64 * N + cols, mask=col_ok, other=0.0).to(tl.float32)[:, None]
         OUT: tl.constexpr = out_ptr.dtype.element_ty
         if GATED:
             up = acc_up * g
             if HAS_BIAS:
                 up = up + tl.load(bias_ptr + e64 * N + N_OUT + cols, mask=col_ok,
-                                  other=0.0).to(tl.float32)[None, :]
+                                  other=0.0).to(tl.float32)[:, None]
             gate = round_to(y, OUT)
             y = round_to(gate / (1.0 + tl.exp(-gate)), OUT) * round_to(up, OUT)
-        tl.store(out_ptr + ts.to(tl.int64)[:, None] * stride_ot + cols[None, :],
-                 round_to(y, OUT).to(OUT), mask=t_ok[:, None] & col_ok[None, :])
+        tl.store(out_ptr + ts.to(tl.int64)[None, :] * stride_ot + cols[:, None],
+                 round_to(y, OUT).to(OUT), mask=col_ok[:, None] & t_ok[None, :])
 
 
 def _interpreting() -> bool:
