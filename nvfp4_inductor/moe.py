@@ -271,7 +271,8 @@ class NVFP4Experts(nn.Module):
         weighted = y * top_k_weights.reshape(-1)[perm].unsqueeze(-1)
         unsorted = torch.empty_like(weighted)
         unsorted[perm] = weighted
-        # summed in the product's dtype's promotion with fp32 weights, as transformers' grouped_mm form
+        # as transformers' grouped_mm form: weighted rows in the product's dtype, summed over k
+        # (deterministic; index_add_ with repeated indices is not, on CUDA)
         return unsorted.view(t, k, h).sum(dim=1).to(hidden_states.dtype)
 
     def _apply(self, fn, recurse=True):

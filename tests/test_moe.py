@@ -335,7 +335,8 @@ def test_cuda_kernel_matches_the_reference(t, gated):
     for activation in ("bf16", "nvfp4"):
         want = op(x, offsets, data, scale, g, None, activation)
         got = op(*(a.cuda() for a in (x, offsets, data, scale, g)), None, activation).cpu()
-        torch.testing.assert_close(got.float(), want.float(), rtol=2**-7,
+        # gated: gate and up may each round one step apart, and silu(gate) * up adds both
+        torch.testing.assert_close(got.float(), want.float(), rtol=2**-6 if gated else 2**-7,
                                    atol=1e-3 * want.float().abs().max().item())
 
 
@@ -357,16 +358,17 @@ def test_experts_module_under_cuda_graphs(activation):
 
     static = inputs()
     with torch.no_grad():
-        torch.cuda.set_sync_debug_mode("error")
-        try:
-            experts(*static)
-        finally:
-            torch.cuda.set_sync_debug_mode("default")
         side = torch.cuda.Stream()
         side.wait_stream(torch.cuda.current_stream())
         with torch.cuda.stream(side):
             experts(*static)  # warm-up (Triton compiles) off the capture
         torch.cuda.current_stream().wait_stream(side)
+        torch.cuda.synchronize()
+        torch.cuda.set_sync_debug_mode("error")
+        try:
+            experts(*static)
+        finally:
+            torch.cuda.set_sync_debug_mode("default")
         graph = torch.cuda.CUDAGraph()
         with torch.cuda.graph(graph):
             out = experts(*static)
