@@ -18,7 +18,7 @@ Columns: tokens/s (new tokens over the timed generate's wall time, median of --r
 ratio to bf16, the model's own tensors in GPU memory, peak memory, CUDA-graph skips. HF's own
 per-token host cost is measured in the same run as the per-token time of the same generate on a
 one-layer model of hidden size 256 (its GPU work is negligible). Last, the host cost of one eager
-linear: 40 calls without a synchronize, bf16 `x @ W.T` against `nv.linear` (W4A16).
+linear: 40 calls without a synchronize, a bf16 nn.Linear against NVFP4Linear and nv.linear (W4A16).
 """
 
 import argparse
@@ -131,13 +131,17 @@ def main() -> None:
     print(f"HF generate's own cost a token (1 layer, hidden 256, compiled): {1e6 / loop_tps:.0f} us")
     k, n = shapes["hidden_size"], shapes["intermediate_size"]
     x = torch.randn(1, k, device=device, dtype=torch.bfloat16)
-    w = torch.randn(n, k, device=device, dtype=torch.bfloat16)
-    q = nv.quantize(w)
-    bf16_us = host_us_per_call(lambda: x @ w.T)
-    nv_us = host_us_per_call(lambda: nv.linear(x, q))
-    print(f"host cost of one eager linear ({n} x {k}, M = 1): bf16 {bf16_us:.1f} us, nv.linear W4A16 "
-          f"{nv_us:.1f} us ({nv_us / bf16_us:.2f}x)")
-
+    with torch.device(device):
+        linear = torch.nn.Linear(k, n, bias=False).to(torch.bfloat16)
+    layer = nv.NVFP4Linear.from_linear(linear, "bf16")
+    q = nv.quantize(linear.weight)
+    with torch.no_grad():
+        bf16_us = host_us_per_call(lambda: linear(x))
+        layer_us = host_us_per_call(lambda: layer(x))
+        nv_us = host_us_per_call(lambda: nv.linear(x, q))
+    print(f"host cost of one eager linear ({n} x {k}, M = 1, no_grad): bf16 nn.Linear {bf16_us:.1f} us, "
+          f"NVFP4Linear {layer_us:.1f} us ({layer_us / bf16_us:.2f}x), nv.linear {nv_us:.1f} us "
+          f"({nv_us / bf16_us:.2f}x)")
 
 if __name__ == "__main__":
     main()

@@ -200,6 +200,19 @@ def check_tile_args(data, scale) -> None:
     check_same_device("scale", scale, "data", data)
 
 
+def check_untile_args(data, scale, n, k) -> None:
+    from .tiled import tiled_shapes
+
+    for name, value in (("n", n), ("k", k)):
+        if isinstance(value, bool) or not isinstance(value, (int, torch.SymInt)) or value <= 0 or value % BLOCK_SIZE:
+            raise ValueError(f"{name} must be a positive multiple of {BLOCK_SIZE}; got {value!r}")
+    for name, t, shape in zip(("data", "scale"), (data, scale), tiled_shapes(n, k)):
+        check_tensor(name, t, (torch.uint8,))
+        if tuple(t.shape) != shape:
+            raise ValueError(f"tiled {name} for N={n}, K={k} must have shape {shape}; got {tuple(t.shape)}")
+    check_same_device("scale", scale, "data", data)
+
+
 def check_linear_tiled_args(x, w_data, w_scale, w_global_scale, bias, n, activation) -> None:
     from .tiled import tiled_shapes
 

@@ -1,7 +1,8 @@
 """Eager model conversion: `convert(model, config)` swaps `nn.Linear` layers for `NVFP4Linear`,
-which keeps only the NVFP4 weight (the bf16 copy is freed) and runs `nvfp4_inductor.linear`.
+which keeps only the NVFP4 weight (the bf16 copy is freed), in the tiled layout, and runs
+`nvfp4::linear_tiled`.
 
-The weight is stored under the ModelOpt checkpoint names: `weight` uint8 (N, K/2),
+Its state dict holds the weight under the ModelOpt checkpoint names: `weight` uint8 (N, K/2),
 `weight_scale` float8_e4m3fn (N, K/16), `weight_scale_2` fp32 (the decode global scale).
 """
 
@@ -13,6 +14,8 @@ from torch import nn
 
 from . import _checks, api
 from .format import BLOCK_SIZE
+from .reference import no_autocast as reference_no_autocast
+from .tiled import tile, tiled_shapes, untile
 from .config import Config, check_activations, layer_skip_reason, resolve_activation
 
 __all__ = ["NVFP4Linear", "ConversionReport", "convert"]
@@ -48,10 +51,13 @@ class NVFP4Linear(nn.Module):
     input_scale, where set, the static global scale W4A4 quantizes x with: see
     collect_input_scales. None: computed from each x on the device).
 
-    Module casts (`.half()`, `.to(torch.bfloat16)`, ...) change the bias, never the NVFP4 buffers
-    (only their device). The state dict holds the plain (N, K/16) scale layout whatever the module
-    holds (a swizzled weight's scales are unswizzled on save and swizzled back on load), and
-    input_scale where set (loading one sets it)."""
+    The module holds W's codes and block scales in the tiled layout (nvfp4_inductor.tiled: the
+    layout the decode GEMM reads fastest, and the one backend="nvfp4" compiles to), so that it
+    runs the same kernels eagerly, under torch.compile with any backend and under
+    backend="nvfp4". Its state dict holds the interchange layout whatever the module holds:
+    `weight` uint8 (N, K/2), `weight_scale` float8_e4m3fn (N, K/16) (tiled on load, untiled on
+    save). Module casts (`.half()`, `.to(torch.bfloat16)`, ...) change the bias, never the NVFP4
+    buffers (only their device)."""
 
     _NVFP4_BUFFERS = ("weight", "weight_scale", "weight_scale_2", "input_scale")
 
@@ -67,15 +73,27 @@ class NVFP4Linear(nn.Module):
         out_features, in_features = weight.shape
         self.in_features, self.out_features = in_features, out_features
         self.activations = activations
-        self.swizzled = weight.swizzled
-        self.register_buffer("weight", weight.data)
-        self.register_buffer("weight_scale", weight.scale)
+        scale = weight.scale
+        if weight.swizzled:
+            scale = api.unswizzle_scales(scale, out_features, in_features // BLOCK_SIZE)
+        self.register_buffer("weight", None)
+        self.register_buffer("weight_scale", None)
+        self._set_plain(weight.data, scale.view(torch.uint8))
         self.register_buffer("weight_scale_2", weight.global_scale)
         self.register_buffer("input_scale", None)
         if input_scale is not None:
             self.set_input_scale(input_scale)
         # the bias trains as nn.Linear's would (W4A16 passes it a gradient); the weight is data
         self.bias = None if bias is None else nn.Parameter(bias.detach(), requires_grad=bias.requires_grad)
+
+    def _set_plain(self, data: torch.Tensor, scale_bits: torch.Tensor) -> None:
+        """uint8 (N, K/2) codes and (N, K/16) scale bits -> the module's tiled buffers (on a meta
+        device: empty ones of the tiled shapes)."""
+        if data.device.type == "meta":
+            shapes = tiled_shapes(self.out_features, self.in_features)
+            self.weight, self.weight_scale = (torch.empty(shape, dtype=torch.uint8, device="meta") for shape in shapes)
+        else:
+            self.weight, self.weight_scale = tile(data, scale_bits)
 
     def set_input_scale(self, input_scale: torch.Tensor | None) -> None:
         """Set (an fp32 tensor with one element, finite and > 0; it is moved to the weight's
@@ -86,7 +104,7 @@ class NVFP4Linear(nn.Module):
 
     def _apply(self, fn, recurse=True):
         """Module casts move the NVFP4 buffers to fn's device but keep their dtypes: `.half()`
-        would otherwise turn the e4m3 scales into fp16 and round the fp32 global scale."""
+        would otherwise round the fp32 global scale."""
         before = {name: self._buffers[name] for name in self._NVFP4_BUFFERS
                   if self._buffers[name] is not None}
         super()._apply(fn, recurse)
@@ -98,29 +116,41 @@ class NVFP4Linear(nn.Module):
 
     def _save_to_state_dict(self, destination, prefix, keep_vars):
         super()._save_to_state_dict(destination, prefix, keep_vars)
-        if self.swizzled:
-            destination[prefix + "weight_scale"] = api.unswizzle_scales(
-                self.weight_scale, self.out_features, self.in_features // BLOCK_SIZE)
+        data, scale = self.plain_weight()
+        destination[prefix + "weight"] = data
+        destination[prefix + "weight_scale"] = scale
+
+    def plain_weight(self) -> tuple[torch.Tensor, torch.Tensor]:
+        """-> W's codes uint8 (N, K/2) and block scales float8_e4m3fn (N, K/16) (new tensors)."""
+        if self.weight.dim() == 2:  # still in the files' layout (while transformers loads them)
+            return self.weight, self.weight_scale.view(torch.float8_e4m3fn)
+        data, scale = untile(self.weight, self.weight_scale, self.out_features, self.in_features)
+        return data, scale.view(torch.float8_e4m3fn)
 
     def _load_from_state_dict(self, state_dict, prefix, local_metadata, strict, missing_keys,
                               unexpected_keys, error_msgs):
         # Each NVFP4 tensor is checked before it is loaded; a refused one is not loaded (and
         # load_state_dict raises). Codes and scale bytes are bits, which torch's copy would convert
         # as numbers (a uint8 scale byte 0x76 would load as e4m3 118.0); a global scale that is
-        # zero, negative or not finite would zero, flip or NaN every output.
+        # zero, negative or not finite would zero, flip or NaN every output. Codes and scales
+        # arrive in the interchange layout and are tiled here, the two together.
+        plain = {"weight": (self.out_features, self.in_features // 2),
+                 "weight_scale": (self.out_features, self.in_features // BLOCK_SIZE)}
         checks = {"weight": lambda k, v: _checked_bits(k, v, (torch.uint8, torch.int8), torch.uint8),
-                  "weight_scale": lambda k, v: _checked_bits(k, v, (torch.float8_e4m3fn, torch.uint8),
-                                                             self.weight_scale.dtype),
+                  "weight_scale": lambda k, v: _checked_bits(k, v, (torch.float8_e4m3fn, torch.uint8), torch.uint8),
                   "weight_scale_2": _checked_global_scale,
                   "input_scale": _checked_input_scale}  # as set_input_scale checks it
-        refused = []
+        refused, bits = [], {}
         for name, check in checks.items():
             key = prefix + name
             if key not in state_dict:
                 continue
             value = state_dict[key]
             try:
-                state_dict[key] = check(key, value)
+                value = check(key, value)
+                if name in plain and tuple(value.shape) != plain[name]:
+                    raise ValueError(f"{key} has shape {tuple(value.shape)}; this layer "
+                                     f"({self.out_features} x {self.in_features}) needs {plain[name]}")
             except (TypeError, ValueError) as error:
                 if name == "weight" and isinstance(value, torch.Tensor) and value.is_floating_point():
                     error = TypeError(f"{key} is a {value.dtype} tensor (an unquantized checkpoint), but this "
@@ -129,17 +159,33 @@ class NVFP4Linear(nn.Module):
                 error_msgs.append(str(error))
                 refused.append(key)
                 del state_dict[key]
+                continue
+            if name in plain:
+                bits[name] = value
+                del state_dict[key]
             else:
+                state_dict[key] = value
                 if name == "input_scale" and self.input_scale is None:  # a calibrated checkpoint
                     self.input_scale = torch.empty((), dtype=torch.float32, device=self.weight.device)
-        key = prefix + "weight_scale"
-        plain = (self.out_features, self.in_features // BLOCK_SIZE)
-        if self.swizzled and key in state_dict and tuple(state_dict[key].shape) == plain:
-            state_dict[key] = api.swizzle_scales(state_dict[key])
         super()._load_from_state_dict(state_dict, prefix, local_metadata, strict, missing_keys,
                                       unexpected_keys, error_msgs)
         # a refused tensor was there: its error says why, "missing" would not be true
-        missing_keys[:] = [key for key in missing_keys if key not in refused]
+        loaded = {prefix + name for name in bits}  # (present: loaded, or held back with its pair's error)
+        missing_keys[:] = [key for key in missing_keys if key not in refused and key not in loaded]
+        if len(bits) == 1 and not refused:
+            (name,) = bits
+            error_msgs.append(f"{prefix}{name} was given without {prefix}"
+                              f"{'weight_scale' if name == 'weight' else 'weight'}: an NVFP4 layer's codes and "
+                              "block scales load together")
+        elif len(bits) == 2:
+            device = self.weight.device if self.weight.device.type != "meta" else bits["weight"].device
+            with torch.no_grad():
+                data, scale = tile(bits["weight"].to(device), bits["weight_scale"].to(device))
+            if local_metadata.get("assign_to_params_buffers", False) or self.weight.device.type == "meta":
+                self.weight, self.weight_scale = data, scale
+            else:
+                self.weight.copy_(data)
+                self.weight_scale.copy_(scale)
 
     @classmethod
     def from_linear(cls, linear: nn.Linear, activations: str = "auto", method: str = "rtn",
@@ -153,19 +199,41 @@ class NVFP4Linear(nn.Module):
         return cls(weight, linear.bias, activations)
 
     def nvfp4_weight(self) -> api.NVFP4:
-        return api.NVFP4(self.weight, self.weight_scale, self.weight_scale_2,
-                         torch.Size((self.out_features, self.in_features)), self.swizzled)
+        """W as an nvfp4_inductor.NVFP4 in the interchange layout (a copy of the codes and scales)."""
+        data, scale = self.plain_weight()
+        return api.NVFP4(data, scale, self.weight_scale_2, torch.Size((self.out_features, self.in_features)))
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         activation = resolve_activation(self.activations, x)
-        x_global_scale = self.input_scale if activation == "nvfp4" else None  # W4A16 has no use for it
-        return api.linear(x, self.nvfp4_weight(), self.bias, activations=activation,
-                          x_global_scale=x_global_scale)
+        g = self.weight_scale_2
+        if activation == "nvfp4" and self.input_scale is not None:
+            # W4A4 with a static scale for x: x's quantized values multiplied as W4A16, the two
+            # global scales applied together in the epilogue (as nvfp4_inductor.linear does)
+            x_values, x_global_scale = torch.ops.nvfp4.quantize_values(x, self.input_scale)
+            x, g, activation = x_values.to(x.dtype), g * x_global_scale, "bf16"
+        if (x.is_cuda and x.device == self.weight.device and x.shape[-1] == self.in_features
+                and x.dtype in _checks.FLOAT_DTYPES and not torch.compiler.is_compiling()
+                and not (torch.is_grad_enabled() and (x.requires_grad or self.bias is not None and self.bias.requires_grad))):
+            # Eager inference: the op's CUDA kernel launched directly, without the dispatcher's
+            # and the op's per-call checks (this module's tensors are checked when set; x just
+            # now), which cost more host time than the GEMM at decode sizes (docs/gemm.md)
+            with torch.cuda.device(x.device):
+                return _linear_tiled_cuda(x, self.weight, self.weight_scale, g, self.bias,
+                                          self.out_features, activation)
+        return torch.ops.nvfp4.linear_tiled(x, self.weight, self.weight_scale, g, self.bias,
+                                            self.out_features, activation)
 
     def extra_repr(self) -> str:
         static = ", static input_scale" if self.input_scale is not None else ""
         return (f"in_features={self.in_features}, out_features={self.out_features}, "
                 f"bias={self.bias is not None}, activations={self.activations}{static}")
+
+
+def _linear_tiled_cuda(*args):
+    from .kernels.gemm import linear_tiled
+
+    with reference_no_autocast(args[0]):
+        return linear_tiled(*args)
 
 
 @dataclass

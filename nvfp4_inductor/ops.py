@@ -18,7 +18,8 @@ from .format import BLOCK_SIZE
 
 __all__ = [
     "quantize", "quantize_values", "rms_norm_quantize_values", "quantize_weight", "dequantize",
-    "dequantize_rows", "swizzle_scales", "unswizzle_scales", "linear", "tile_weight", "linear_tiled",
+    "dequantize_rows", "swizzle_scales", "unswizzle_scales", "linear", "tile_weight", "untile_weight",
+    "linear_tiled",
     "linear_tiled_silu_mul",
 ]
 
@@ -398,6 +399,20 @@ def _(data, scale):
     return data.new_empty(data_shape), scale.new_empty(scale_shape)
 
 
+@torch.library.custom_op("nvfp4::untile_weight", mutates_args=())
+def untile_weight(data: Tensor, scale: Tensor, n: int, k: int) -> tuple[Tensor, Tensor]:
+    """The tiled layout of an (N, K) weight -> uint8 (N, K/2) codes + plain (N, K/16) scale bits
+    (tile_weight's inverse)."""
+    _checks.check_untile_args(data, scale, n, k)
+    return tiled.untile(data, scale, n, k)
+
+
+@untile_weight.register_fake
+def _(data, scale, n, k):
+    _checks.check_untile_args(data, scale, n, k)
+    return data.new_empty((n, k // 2)), scale.new_empty((n, k // BLOCK_SIZE))
+
+
 @torch.library.custom_op("nvfp4::linear_tiled", mutates_args=())
 def linear_tiled(
     x: Tensor,
@@ -443,6 +458,39 @@ def _(x, w_data, w_scale, w_global_scale, bias, n, activation, norm_h=None, norm
     _checks.check_linear_tiled_args(x, w_data, w_scale, w_global_scale, bias, n, activation)
     _checks.check_norm_input(norm_h, norm_eps, x)
     return x.new_empty((*x.shape[:-1], n))
+
+
+def _linear_tiled_setup_context(ctx, inputs, output):
+    x, w_data, w_scale, w_global_scale, bias, n, activation, norm_h, norm_eps = inputs
+    ctx.save_for_backward(w_data, w_scale, w_global_scale)
+    ctx.n, ctx.activation, ctx.deferred_norm = n, activation, norm_h is not None
+    ctx.x_shape, ctx.x_dtype, ctx.bias_dtype = x.shape, x.dtype, None if bias is None else bias.dtype
+
+
+def _linear_tiled_backward(ctx, grad):
+    """As nvfp4::linear's backward (x and bias; W is constant data). A deferred RMSNorm (norm_h,
+    which only backend="nvfp4"'s inference graphs pass) has none."""
+    w_data, w_scale, w_global_scale = ctx.saved_tensors
+    if ctx.deferred_norm and any(ctx.needs_input_grad):
+        raise RuntimeError("nvfp4::linear_tiled with a deferred RMSNorm (norm_h) has no gradient")
+    grad_x = grad_bias = None
+    if ctx.needs_input_grad[0]:
+        if ctx.activation != "bf16":
+            grad_x = no_gradient(grad.new_empty(ctx.x_shape, dtype=ctx.x_dtype),
+                                 f"nvfp4::linear_tiled with activation={ctx.activation!r} quantizes x, "
+                                 "which has no gradient; use activation='bf16' (W4A16) to "
+                                 "backpropagate through an NVFP4 linear")
+        else:
+            data, scale = untile_weight(w_data, w_scale, ctx.n, ctx.x_shape[-1])
+            w = dequantize(data, scale, w_global_scale, False, grad.dtype)
+            with reference.no_autocast(grad):
+                grad_x = (grad @ w).to(ctx.x_dtype)
+    if ctx.needs_input_grad[4]:
+        grad_bias = grad.reshape(-1, grad.shape[-1]).sum(0).to(ctx.bias_dtype)
+    return grad_x, None, None, None, grad_bias, None, None, None, None
+
+
+linear_tiled.register_autograd(_linear_tiled_backward, setup_context=_linear_tiled_setup_context)
 
 
 @torch.library.custom_op("nvfp4::linear_tiled_silu_mul", mutates_args=())

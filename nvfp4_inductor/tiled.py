@@ -89,5 +89,5 @@ def untile(data_tiled: Tensor, scale_tiled: Tensor, n: int, k: int) -> tuple[Ten
     for part, per in ((data_tiled, 2), (scale_rows, BLOCK_SIZE)):
         full = (part.reshape(n_pad // TILE_N, k_pad // TILE_K, TILE_N, TILE_K // per)
                 .permute(0, 2, 1, 3).reshape(n_pad, k_pad // per))
-        out.append(full[:n, : k // per].contiguous())
+        out.append(full[:n, : k // per].clone(memory_format=torch.contiguous_format))  # (never a view of the input)
     return out[0], out[1]

@@ -8,7 +8,7 @@ quantizer for `quant_method` "modelopt", which transformers itself does not read
 Before the weights load, every nn.Linear the checkpoint's config does not exclude becomes an
 NVFP4Linear with empty (meta) codes and scales, which transformers fills from the files as they
 are (no bf16 copy is made); after loading, each layer's tensors are checked as load_checkpoint
-checks them (nvfp4_inductor/checkpoint.py). compressed-tensors checkpoints are read by
+checks them (nvfp4_inductor/checkpoint.py), and its codes and scales take the tiled layout. compressed-tensors checkpoints are read by
 transformers' own compressed-tensors quantizer (or by nvfp4_inductor.load_checkpoint).
 """
 
@@ -18,7 +18,7 @@ import torch
 from torch import nn
 
 from . import api
-from .convert import NVFP4Linear, _replace
+from .convert import NVFP4Linear, _checked_bits, _replace
 from .format import BLOCK_SIZE
 
 _registered = False
@@ -99,6 +99,9 @@ def _replace_linears(model: nn.Module, config) -> None:
                                torch.empty((), dtype=torch.float32), torch.Size((n, k)), False)
             bias = None if module.bias is None else torch.empty(n, dtype=module.bias.dtype)
             layer = NVFP4Linear(weight, bias, "nvfp4" if w4a4 else "bf16")
+            # the files' layout, which transformers checks the loaded tensors against: tiled once
+            # loaded (_check_loaded)
+            layer.weight, layer.weight_scale = weight.data, weight.scale
             if w4a4:
                 layer.input_scale = torch.empty((), dtype=torch.float32)
         _replace(model, name, module, layer)
@@ -118,3 +121,7 @@ def _check_loaded(model: nn.Module) -> None:
         layer.weight_scale_2 = _global_scale(f"{name}.weight_scale_2", layer.weight_scale_2, "modelopt")
         if layer.input_scale is not None:
             layer.input_scale = _global_scale(f"{name}.input_scale", layer.input_scale, "modelopt")
+        codes = _checked_bits(f"{name}.weight", layer.weight, (torch.uint8,), torch.uint8)
+        scales = _checked_bits(f"{name}.weight_scale", layer.weight_scale, (torch.float8_e4m3fn, torch.uint8),
+                               torch.uint8)
+        layer._set_plain(codes, scales)

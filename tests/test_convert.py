@@ -313,3 +313,89 @@ def test_nvfp4_linear_checks_its_arguments():
         nv.Config(min_weight_numel=True)
     with pytest.raises(TypeError, match="config must be an nvfp4_inductor.Config"):
         nv.compile(nn.Linear(64, 32), {"activations": "bf16"})
+
+
+def test_nvfp4_linear_holds_the_tiled_layout_and_saves_the_interchange_one():
+    """The module's buffers are the tiled layout the decode GEMM reads; its state dict is the
+    checkpoint's (N, K/2) codes and (N, K/16) e4m3 scales, bit for bit, and loads back tiled.
+    Codes without their scales (or the reverse) are refused."""
+    from nvfp4_inductor import tiled
+
+    torch.manual_seed(3)
+    q = nv.quantize(torch.randn(80, 96))  # N and K not multiples of the 64 x 64 tile
+    layer = nv.NVFP4Linear(q, None, "bf16")
+    want_data, want_scale = tiled.tile(q.data, q.scale.view(torch.uint8))
+    assert torch.equal(layer.weight, want_data) and torch.equal(layer.weight_scale, want_scale)
+    state = layer.state_dict()
+    assert torch.equal(state["weight"], q.data)
+    assert state["weight_scale"].dtype == torch.float8_e4m3fn
+    assert torch.equal(state["weight_scale"].view(torch.uint8), q.scale.view(torch.uint8))
+    other = nv.NVFP4Linear(nv.quantize(torch.randn(80, 96)), None, "bf16")
+    other.load_state_dict(state)
+    assert torch.equal(other.weight, layer.weight) and torch.equal(other.weight_scale, layer.weight_scale)
+    with pytest.raises(RuntimeError, match="weight was given without weight_scale"):
+        other.load_state_dict({"weight": state["weight"], "weight_scale_2": state["weight_scale_2"]},
+                              strict=False)
+    x = torch.randn(5, 96, dtype=torch.bfloat16)
+    with torch.no_grad():
+        assert torch.equal(layer(x), nv.linear(x, q))
+
+
+@pytest.mark.parametrize("backend", ["inductor", "nvfp4"])
+def test_a_converted_model_compiles_to_the_tiled_gemm_with_either_backend(backend):
+    """torch.compile with the default backend keeps the module's op, which is the tiled GEMM's
+    (no row-major copy, no retiling); backend="nvfp4" takes the same weights as they are."""
+    from torch._inductor.utils import run_and_get_code
+
+    model = _model()
+    nv.convert(model, nv.Config(activations="bf16"))
+    x = torch.randn(2, 64, dtype=torch.bfloat16)
+    torch._dynamo.reset()
+    with torch.no_grad():
+        want = model(x)
+        got, code = run_and_get_code(torch.compile(model, backend=backend), x)
+    torch._dynamo.reset()
+    code = "\n".join(code)
+    assert code.count("torch.ops.nvfp4.linear_tiled.default(") == 2 and "nvfp4.linear.default" not in code
+    assert "tile_weight" not in code
+    for a, b in zip(got, want):
+        torch.testing.assert_close(a, b, rtol=0, atol=0.02 * b.abs().max().item())
+
+
+def test_nvfp4_linear_backward_through_the_tiled_op():
+    """W4A16: the bias trains and x gets dL/dy @ W (W dequantized), as nn.Linear's would."""
+    torch.manual_seed(4)
+    linear = nn.Linear(64, 32)
+    layer = nv.NVFP4Linear.from_linear(linear, "bf16")
+    x = torch.randn(3, 64, requires_grad=True)
+    layer(x).sum().backward()
+    w = layer.nvfp4_weight().dequantize(torch.float32)
+    torch.testing.assert_close(x.grad, torch.ones(3, 32) @ w)
+    torch.testing.assert_close(layer.bias.grad, torch.full((32,), 3.0))
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("activations, static", [("bf16", False), ("nvfp4", False), ("nvfp4", True)])
+@pytest.mark.parametrize("m", [1, 5, 70])
+def test_eager_nvfp4_linear_on_cuda_is_the_op(activations, static, m):
+    """NVFP4Linear's eager CUDA call (the kernel launched without the op's dispatch) gives the
+    op's result bit for bit, with gradients on or off, and stays close to the reference."""
+    torch.manual_seed(m)
+    layer = nv.NVFP4Linear.from_linear(nn.Linear(256, 192), activations).cuda()
+    if static:
+        layer.set_input_scale(torch.tensor(0.01))
+    x = torch.randn(m, 256, device="cuda", dtype=torch.bfloat16)
+    g = layer.weight_scale_2
+    with torch.no_grad():
+        got = layer(x)
+        if static:
+            values, x_scale = torch.ops.nvfp4.quantize_values(x, layer.input_scale)
+            want = torch.ops.nvfp4.linear_tiled(values.to(x.dtype), layer.weight, layer.weight_scale, g * x_scale,
+                                                layer.bias, 192, "bf16")
+        else:
+            want = torch.ops.nvfp4.linear_tiled(x, layer.weight, layer.weight_scale, g, layer.bias, 192, activations)
+    assert torch.equal(got, want)
+    assert torch.equal(layer(x), want)  # the op's path (the bias requires grad)
+    ref = nv.linear(x.cpu(), layer.cpu().nvfp4_weight(), layer.bias.detach(), activations=activations,
+                    x_global_scale=layer.input_scale)
+    torch.testing.assert_close(got.cpu().float(), ref.float(), rtol=0.02, atol=0.02 * ref.abs().max().item())

@@ -11,9 +11,10 @@ the parameters are the first placeholders. `aten.mm(x, permute(W, [1, 0]))` and
 and freezing's constant folding then runs the quantize and the tiling on the real weights once, at
 compile time: the compiled code holds the NVFP4 weights as frozen constants, in the layout the
 skinny decode GEMM reads fastest (nvfp4_inductor/tiled.py), and calls only nvfp4.linear_tiled.
-A model converted by nv.convert arrives with `nvfp4.linear(x, W_data, W_scale, ...)` on constant
-NVFP4 buffers; those calls get the same tile_weight + linear_tiled (plain scale layout only), and
-merge and fuse as below like bf16 weights (with their own global scales and activation format).
+A model converted by nv.convert arrives with `nvfp4.linear_tiled(x, W_data, W_scale, ...)` on
+constant tiled NVFP4 buffers (and `nv.linear` in a model with `nvfp4.linear` on plain ones, which
+get the same tile_weight + linear_tiled); those merge and fuse as below like bf16 weights (with
+their own global scales and activation format), a tiled weight through untile_weight, folded too.
 With a weight method other than "rtn" (Config.weight_method "mse") the quantize is
 `nvfp4.quantize_weight(W, None, method, None, False)`, folded the same way.
 
@@ -68,8 +69,8 @@ MERGE_MAX_M = plan.SPLITK_MAX_M_TILED
 
 def _mm_operands(node: fx.Node):
     """mm(x, W^T) or addmm(bias, x, W^T) -> (bias or None, x, W^T) as the node has them now;
-    nvfp4.linear(x, W_data, ...) -> (bias or None, x, W_data)."""
-    if node.target == NVFP4_LINEAR:
+    nvfp4.linear / linear_tiled(x, W_data, ...) -> (bias or None, x, W_data)."""
+    if node.target in (NVFP4_LINEAR, LINEAR):
         return node.args[4], node.args[0], node.args[1]
     return (None, *node.args) if node.target == aten.mm.default else node.args
 
@@ -138,6 +139,7 @@ def _param_of(weight: fx.Node) -> fx.Node:
 
 
 TILE_WEIGHT = torch.ops.nvfp4.tile_weight.default
+UNTILE_WEIGHT = torch.ops.nvfp4.untile_weight.default
 
 
 def _aliases_its_input(node: fx.Node) -> bool:
@@ -231,7 +233,8 @@ class LinearToNVFP4(_compat.CustomGraphPass):
         self.converted: list[str] = []
         self.merged: list[list[str]] = []  # groups of weights multiplied as one GEMM
         self.retiled: list[str] = []  # weights already NVFP4 (nv.convert), moved to the tiled layout
-        self._nvfp4: dict = {}  # nvfp4.linear node of such a weight -> (data, scale, g, activation)
+        # nvfp4.linear / linear_tiled node of such a weight -> (data, scale, g, activation, tiled n or None)
+        self._nvfp4: dict = {}
         self.gated = 0  # merged gate / up GEMMs whose epilogue takes silu(gate) * up
         self.skipped: dict[str, str] = {}
         self.norms_fused = 0  # RMSNorm -> W4A4 linears given rms_norm_quantize_values (norm_fusion)
@@ -247,7 +250,7 @@ class LinearToNVFP4(_compat.CustomGraphPass):
                  for i, node in enumerate(lifted)}
         linears = []  # (node, bias, x, weight, name) of every linear to convert, in graph order
         for node in list(graph.nodes):
-            if node.op == "call_function" and node.target == NVFP4_LINEAR:
+            if node.op == "call_function" and node.target in (NVFP4_LINEAR, LINEAR):
                 linear = self._nvfp4_linear(node, names)
                 if linear is not None:
                     linears.append(linear)
@@ -303,7 +306,7 @@ class LinearToNVFP4(_compat.CustomGraphPass):
             # be defined after it, or from its output)
             nvfp4 = self._nvfp4.get(node)  # (data, scale, g, activation) of a converted layer
             mergeable = (self.merge and static and value.shape[:-1].numel() <= MERGE_MAX_M
-                         and weight.meta["val"].shape[0] % TILE_N == 0
+                         and self._width(linear) % TILE_N == 0
                          and (bias is None or bias.op in ("placeholder", "get_attr"))
                          and (nvfp4 is None or nvfp4[2].op in ("placeholder", "get_attr")))
             activation = self.activation if nvfp4 is None else nvfp4[3]
@@ -331,12 +334,14 @@ class LinearToNVFP4(_compat.CustomGraphPass):
         slot: dict = {}  # (weight, bias) -> its place among the GEMM's weights
         places = [slot.setdefault((weight, b), len(slot)) for _, b, _, weight, _ in group]
         members = [group[places.index(i)] for i in range(len(slot))]
+        if len(members) == 1 and first.target == LINEAR:
+            return  # a converted layer's tiled weight on its own: already what the lowering takes
         with graph.inserting_before(first):
             # an autocast cast of a later member's weight may sit after the first linear: cast again here
-            parts = [tuple(_defined_here(graph, t) for t in self._nvfp4[node][:3]) if node in self._nvfp4
+            parts = [self._plain_parts(graph, node) if node in self._nvfp4
                      else self._quantized(graph, _defined_here(graph, weight)) for node, _, _, weight, _ in members]
             activation = self._nvfp4[first][3] if first in self._nvfp4 else self.activation
-            widths = [weight.meta["val"].shape[0] for _, _, _, weight, _ in members]
+            widths = [self._width(member) for member in members]
             if len(members) == 1:
                 data, scale, g = parts[0]
             else:
@@ -444,16 +449,40 @@ class LinearToNVFP4(_compat.CustomGraphPass):
         self.gated += 1
 
     def _nvfp4_linear(self, node: fx.Node, names):
-        """nvfp4.linear on constant NVFP4 weights with plain scales (a model from nv.convert) -> its
-        entry among the linears to convert, its NVFP4 parts kept in self._nvfp4: it gets the
-        tiled layout (tile_weight, folded at compile time) and merges like a bf16 weight."""
+        """nvfp4.linear on constant NVFP4 weights with plain scales (nv.linear in a model), or
+        nvfp4.linear_tiled on constant tiled weights without a deferred norm (an NVFP4Linear from
+        nv.convert) -> its entry among the linears to convert, its NVFP4 parts kept in
+        self._nvfp4: it merges like a bf16 weight (its codes and scales untiled, concatenated and
+        tiled again, folded at compile time); a plain one alone gets the tiled layout, a tiled one
+        alone stays as it is."""
+        if node.target == LINEAR:
+            x, data, scale, g, bias, n, activation, *norm = node.args
+            if any(a is not None for a in norm[:1]) or node.kwargs or data not in names or scale not in names:
+                return None
+            self._nvfp4[node] = (data, scale, g, activation, n)
+            return node, bias, x, data, names[data]
         x, data, scale, g, bias, swizzled, activation = node.args
         if (swizzled or data not in names
                 or not (scale in names or (isinstance(scale, fx.Node) and scale.target == aten.view.dtype
                                            and scale.args[0] in names))):
             return None
-        self._nvfp4[node] = (data, scale, g, activation)
+        self._nvfp4[node] = (data, scale, g, activation, None)
         return node, bias, x, data, names[data]
+
+    def _width(self, linear) -> int:
+        """A linear's N (a tiled weight's from the op's n: its codes are 1-D)."""
+        node, _, _, weight, _ = linear
+        nvfp4 = self._nvfp4.get(node)
+        return nvfp4[4] if nvfp4 is not None and nvfp4[4] is not None else weight.meta["val"].shape[0]
+
+    def _plain_parts(self, graph: fx.Graph, node: fx.Node):
+        """A converted linear's (codes, plain scale bits, global scale) nodes at the insertion point."""
+        data, scale, g, _, n = self._nvfp4[node]
+        if n is None:
+            return tuple(_defined_here(graph, t) for t in (data, scale, g))
+        k = node.args[0].meta["val"].shape[-1]
+        plain = graph.call_function(UNTILE_WEIGHT, (data, scale, n, k))
+        return (*(graph.call_function(operator.getitem, (plain, i)) for i in range(2)), g)
 
     def uuid(self) -> bytes:
         """Keys the FX graph cache: the package sources, the options, and the GEMM configuration

@@ -137,6 +137,32 @@ def test_generate_under_cuda_graphs(converted):
     assert counters["inductor"]["cudagraph_skips"] == skips
 
 
+
+@pytest.mark.gpu
+def test_nv_compile_on_model_forward_under_generate():
+    """model.forward = nv.compile(model.forward, mode="reduce-overhead"), then generate with a
+    static cache and HF's own compile off: the decode step runs as CUDA graphs, no skips, and
+    greedy tokens equal those of the same model compiled through a CompileConfig."""
+    from torch._dynamo.utils import counters
+
+    model = _model("llama").cuda()
+    ids = torch.randint(0, SHAPES["vocab_size"], (1, 5), device="cuda")
+    kwargs = dict(max_new_tokens=8, do_sample=False, cache_implementation="static")
+    torch._dynamo.reset()
+    want = model.generate(ids, **kwargs, compile_config=transformers.CompileConfig(
+        backend="nvfp4", mode="reduce-overhead"))
+    torch._dynamo.reset()
+    skips = counters["inductor"]["cudagraph_skips"]
+    forward = model.forward
+    model.forward = nv.compile(forward, mode="reduce-overhead")
+    try:
+        got = model.generate(ids, **kwargs, disable_compile=True)
+    finally:
+        model.forward = forward
+        torch._dynamo.reset()
+    assert counters["inductor"]["cudagraph_skips"] == skips
+    assert torch.equal(got, want)
+
 def test_a_converted_model_compiles_to_the_kernels_of_the_bf16_model():
     """nv.convert, then torch.compile(backend="nvfp4"): the NVFP4 weights take the tiled layout and
     merge as the bf16 model's do (q / k / v one GEMM, gate / up one GEMM with SiLU * up in its
