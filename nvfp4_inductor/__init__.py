@@ -7,6 +7,7 @@ Importing the package defines the `nvfp4::` ops (torch.library) and the public A
 from . import ops  # noqa: F401  (defines the nvfp4:: ops)
 from .config import Config
 from .convert import ConversionReport, NVFP4Linear, convert
+from .moe import NVFP4Experts, convert_experts
 from .api import (
     NVFP4,
     dequantize,
@@ -24,7 +25,8 @@ from .transformers_quantizer import register_transformers_quantizer
 
 __all__ = [
     "NVFP4", "quantize", "dequantize", "dequantize_rows", "swizzle_scales", "unswizzle_scales",
-    "linear", "Config", "convert", "NVFP4Linear", "ConversionReport", "compile", "collect_hessians",
+    "linear", "Config", "convert", "NVFP4Linear", "NVFP4Experts", "convert_experts", "ConversionReport",
+    "compile", "collect_hessians",
     "collect_input_scales", "load_checkpoint", "save_checkpoint", "init_empty_weights", "register_transformers_quantizer",
 ]
 __version__ = "0.1.0"

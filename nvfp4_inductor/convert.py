@@ -242,7 +242,7 @@ class ConversionReport:
 
     converted: list[str] = field(default_factory=list)  # every name of a converted layer
     skipped: dict[str, str] = field(default_factory=dict)
-    layers: int = 0  # converted layers (a layer registered under two names counts once)
+    layers: int = 0  # converted layers and experts modules (one registered under two names counts once)
 
     def __str__(self) -> str:
         names = f" ({len(self.converted)} names)" if len(self.converted) != self.layers else ""
@@ -307,7 +307,9 @@ def _layer_input_scales(config: Config, layers) -> dict:
 
 
 def convert(model: nn.Module, config: Config | None = None) -> ConversionReport:
-    """Replace, in place, every eligible nn.Linear of model by an NVFP4Linear; returns a report.
+    """Replace, in place, every eligible nn.Linear of model by an NVFP4Linear, and every
+    transformers experts module (3-D expert weights) by an NVFP4Experts (nvfp4_inductor.moe);
+    returns a report.
 
     The bf16 weights are released (nothing in the model refers to them any more)."""
     if not isinstance(model, nn.Module):
@@ -363,6 +365,12 @@ def convert(model: nn.Module, config: Config | None = None) -> ConversionReport:
             _replace(model, name, module, replacement)
         report.converted += own
         report.layers += 1
+    from .moe import convert_experts_for_report
+
+    converted, modules, refused = convert_experts_for_report(model, config)
+    report.converted += converted
+    report.layers += modules
+    report.skipped.update(refused)
     if not report.layers:  # nothing to gain, and nothing changed: say so rather than return quietly
         found = (f"none of its {len(report.skipped)} nn.Linear layers qualified: see the report's "
                  "skipped reasons" if report.skipped else "it has no nn.Linear layers")

@@ -414,14 +414,27 @@ def convert_experts(model: nn.Module, config: Config | None = None) -> list[str]
     16, ...). Config.include (name, module) selects modules as for linears; weight_method "rtn"
     and "mse" apply per expert ("hessian" has no calibration for experts: refused). W4A4 experts
     quantize x per expert group with a dynamic global scale (Config.input_scales are for linears).
+    nvfp4_inductor.convert converts experts too, reporting those it cannot convert as skipped.
     """
-    from .convert import _replace
+    config = _checked_config(model, config)
+    targets, refused = _experts_to_convert(model, config)
+    if refused:
+        lines = "\n".join(f"  {name}: {reason}" for name, reason in refused.items())
+        raise ValueError(f"convert_experts cannot convert {len(refused)} experts module(s):\n{lines}")
+    return _convert_targets(model, config, targets)
 
+
+def _checked_config(model, config) -> Config:
     if not isinstance(model, nn.Module):
         raise TypeError(f"model must be a torch.nn.Module; got {type(model).__name__}")
     config = config or Config()
     if not isinstance(config, Config):
         raise TypeError(f"config must be an nvfp4_inductor.Config; got {type(config).__name__}")
+    return config
+
+
+def _experts_to_convert(model: nn.Module, config: Config):
+    """-> ([(names, module)] to convert, {name: why not} for those that cannot be)."""
     paths: dict[int, list[str]] = {}
     modules: dict[int, nn.Module] = {}
     for name, module in model.named_modules(remove_duplicate=False):
@@ -436,16 +449,19 @@ def convert_experts(model: nn.Module, config: Config | None = None) -> list[str]
         reason = _cannot_convert(module)
         if reason is None and "" in names:
             reason = "the model itself: use NVFP4Experts.from_experts(model)"
+        if reason is None and config.weight_method == "hessian":
+            reason = ('weight_method="hessian" has no calibration Hessians for expert weights; use "rtn" '
+                      'or "mse" for models with experts')
         if reason is not None:
             refused[names[0]] = reason
         else:
             targets.append((names, module))
-    if refused:
-        lines = "\n".join(f"  {name}: {reason}" for name, reason in refused.items())
-        raise ValueError(f"convert_experts cannot convert {len(refused)} experts module(s):\n{lines}")
-    if targets and config.weight_method == "hessian":
-        raise ValueError('weight_method="hessian" has no calibration Hessians for expert weights; use "rtn" '
-                         'or "mse" for models with experts')
+    return targets, refused
+
+
+def _convert_targets(model: nn.Module, config: Config, targets) -> list[str]:
+    from .convert import _replace
+
     converted = []
     for names, module in targets:
         replacement = NVFP4Experts.from_experts(module, config.activations, config.weight_method)
@@ -453,3 +469,9 @@ def convert_experts(model: nn.Module, config: Config | None = None) -> list[str]
             _replace(model, name, module, replacement)
         converted += names
     return converted
+
+
+def convert_experts_for_report(model: nn.Module, config: Config) -> tuple[list[str], int, dict[str, str]]:
+    """nvfp4_inductor.convert's part: -> (names converted, modules converted, {name: why not})."""
+    targets, refused = _experts_to_convert(model, config)
+    return _convert_targets(model, config, targets), len(targets), refused

@@ -281,6 +281,23 @@ def test_converted_moe_models_are_close_to_bf16_and_reload(arch, impl):
         assert torch.equal(fresh(ids).logits, got)
 
 
+
+def test_nv_convert_converts_experts_and_linears():
+    """nv.convert on an MoE model: the attention linears become NVFP4Linear and the experts
+    NVFP4Experts in one call; experts it cannot convert (weight_method="hessian") are reported
+    as skipped, with the reason."""
+    model = _model("qwen3_moe", "grouped_mm")
+    report = nv.convert(model, nv.Config(activations="bf16"))
+    experts = [f"model.layers.{i}.mlp.experts" for i in range(2)]
+    assert set(experts) <= set(report.converted)
+    assert isinstance(model.model.layers[0].self_attn.q_proj, nv.NVFP4Linear)
+    assert isinstance(model.get_submodule(experts[1]), NVFP4Experts)
+    fresh = _model("qwen3_moe", "grouped_mm")
+    hessians = nv.collect_hessians(fresh, [torch.randint(0, COMMON["vocab_size"], (1, 8))])
+    report = nv.convert(fresh, nv.Config(activations="bf16", weight_method="hessian", hessians=hessians))
+    assert all("hessian" in report.skipped[name] for name in experts)
+    assert not isinstance(fresh.get_submodule(experts[0]), NVFP4Experts)
+
 def test_experts_module_w4a4_and_include():
     """activations="nvfp4" experts (each expert's rows quantized with their own global scale) stay
     close to bf16; Config.include leaves the experts it rejects in bf16."""
