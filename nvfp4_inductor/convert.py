@@ -14,7 +14,6 @@ from torch import nn
 
 from . import _checks, api
 from .format import BLOCK_SIZE
-from .reference import no_autocast as reference_no_autocast
 from .tiled import tile, tiled_shapes, untile
 from .config import Config, check_activations, layer_skip_reason, resolve_activation
 
@@ -213,13 +212,17 @@ class NVFP4Linear(nn.Module):
             x, g, activation = x_values.to(x.dtype), g * x_global_scale, "bf16"
         if (x.is_cuda and x.device == self.weight.device and x.shape[-1] == self.in_features
                 and x.dtype in _checks.FLOAT_DTYPES and not torch.compiler.is_compiling()
+                and not torch.is_autocast_enabled("cuda")
                 and not (torch.is_grad_enabled() and (x.requires_grad or self.bias is not None and self.bias.requires_grad))):
             # Eager inference: the op's CUDA kernel launched directly, without the dispatcher's
             # and the op's per-call checks (this module's tensors are checked when set; x just
-            # now), which cost more host time than the GEMM at decode sizes (docs/gemm.md)
+            # now), which cost more host time than the GEMM takes at decode sizes (docs/gemm.md)
+            from .kernels.gemm import linear_tiled
+
+            if x.device.index == torch.cuda.current_device():
+                return linear_tiled(x, self.weight, self.weight_scale, g, self.bias, self.out_features, activation)
             with torch.cuda.device(x.device):
-                return _linear_tiled_cuda(x, self.weight, self.weight_scale, g, self.bias,
-                                          self.out_features, activation)
+                return linear_tiled(x, self.weight, self.weight_scale, g, self.bias, self.out_features, activation)
         return torch.ops.nvfp4.linear_tiled(x, self.weight, self.weight_scale, g, self.bias,
                                             self.out_features, activation)
 
@@ -227,13 +230,6 @@ class NVFP4Linear(nn.Module):
         static = ", static input_scale" if self.input_scale is not None else ""
         return (f"in_features={self.in_features}, out_features={self.out_features}, "
                 f"bias={self.bias is not None}, activations={self.activations}{static}")
-
-
-def _linear_tiled_cuda(*args):
-    from .kernels.gemm import linear_tiled
-
-    with reference_no_autocast(args[0]):
-        return linear_tiled(*args)
 
 
 @dataclass

@@ -22,3 +22,15 @@ def pytest_collection_modifyitems(config, items):
 def kernel_device() -> str:
     """Where the Triton kernels run: the GPU, or the CPU through the Triton interpreter."""
     return "cuda" if torch.cuda.is_available() else "cpu"
+
+
+@pytest.fixture(autouse=True)
+def _fresh_launch_setups():
+    """The split-K launcher caches its launch set-up per size and layout; tests that patch the
+    plan or the tile tables must not see another test's cached choices."""
+    import sys
+
+    yield
+    module = sys.modules.get("nvfp4_inductor.kernels.gemm_splitk")
+    if module is not None:
+        module._launch_setup.cache_clear()

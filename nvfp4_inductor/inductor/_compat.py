@@ -111,16 +111,6 @@ def selected_node(result):
     return result[0] if isinstance(result, tuple) else result
 
 
-def compile_callback_handler():
-    """Dynamo's compilation callback handler (start callbacks run before Dynamo traces a frame,
-    end callbacks after its backend compiled), or None where this torch lacks that API."""
-    handler = getattr(torch._dynamo, "callback_handler", None)
-    if handler is None or not all(hasattr(handler, a) for a in (
-            "register_start_callback", "register_end_callback", "start_callbacks")):
-        return None
-    return handler
-
-
 def scratch_workspace(device, count: int, dtype: torch.dtype):
     """A workspace of `count` uninitialized elements for one kernel (a template reads it as ws_ptr)."""
     from torch._inductor.codegen.common import WorkspaceArg, WorkspaceZeroMode

@@ -11,13 +11,11 @@ the graph does not mutate, constants of the graph it compiles, and the compiled 
 on every call that it is given the same tensors, unmodified: another tensor (another module
 instance running the same code) or a tensor modified in place (load_state_dict, an optimizer
 step) gets a graph compiled for it, never the old weights. With freezing on while Dynamo traces
-(what nvfp4_inductor.compile sets up) the weights arrive as constants already.
+(torch._dynamo.config.prepare_freezing, set by the user) the weights arrive as constants already.
 """
 
-import contextlib
 import operator
 import re
-import threading
 import warnings
 import weakref
 
@@ -148,46 +146,6 @@ def _compile_frozen(gm: torch.fx.GraphModule, example_inputs, config: Config, pa
         # (docs/backend.md).
         patches.setdefault(pdl, True)
     return _compat.compile_fx(gm, example_inputs, config_patches=patches)  # the pass logs its counts
-
-
-_calls = threading.local()  # per thread: how many nv.compile calls are running, and what to undo
-
-
-# Set while Dynamo traces inside an nv.compile call: prepare_freezing lifts the parameters as
-# constants; Inductor's freezing flag (with grad off) makes Dynamo guard on their identity, without
-# which a second instance of a module class (or a repeated submodule with a graph break inside)
-# would run the compiled code of the first, with the first's frozen weights.
-def _trace_flags():
-    import torch._inductor.config
-
-    return (torch._dynamo.config, "prepare_freezing"), (torch._inductor.config, "freezing")
-
-
-def _prepare_freezing_while_tracing(_args) -> None:
-    """Dynamo start-of-compilation callback: inside an nv.compile call, turn the _trace_flags() on
-    for the trace (Dynamo reads them while tracing; a later call may trace a new shape)."""
-    if getattr(_calls, "depth", 0) and not getattr(_calls, "undo", None):
-        _calls.undo = [(config, name) for config, name in _trace_flags() if not getattr(config, name)]
-        for config, name in _calls.undo:
-            setattr(config, name, True)
-
-
-def _restore_prepare_freezing(_args) -> None:
-    for config, name in getattr(_calls, "undo", None) or ():
-        setattr(config, name, False)
-    _calls.undo = None
-
-
-def _install_compile_callbacks() -> bool:
-    """-> whether Dynamo will run the callbacks (False: this torch lacks the API). Idempotent;
-    checked on every call, since torch._dynamo.reset() clears the callbacks."""
-    handler = _compat.compile_callback_handler()
-    if handler is None:
-        return False
-    if _prepare_freezing_while_tracing not in handler.start_callbacks:
-        handler.register_start_callback(_prepare_freezing_while_tracing)
-        handler.register_end_callback(_restore_prepare_freezing)
-    return True
 
 
 # Ops through which a graph input's storage is reached by another name (a mutation of the result
@@ -328,9 +286,8 @@ class _WeightsAsConstants:
 
 def compile(model, config: Config | None = None, *, mode=None, options=None, **compile_kwargs):
     """torch.compile(model, backend="nvfp4") for inference: every call runs under torch.no_grad(),
-    and whenever Dynamo traces during a call it does so preparing freezing, so the weights are
-    quantized once, at compile time. The Config comes as config, or as options["nvfp4"] (what
-    torch.compile(backend="nvfp4", options=...) takes), not both."""
+    so the weights are quantized once, at compile time. The Config comes as config, or as
+    options["nvfp4"] (what torch.compile(backend="nvfp4", options=...) takes), not both."""
     options = _options_dict(options)
     if CONFIG_KEY in options:
         if config is not None:
@@ -345,21 +302,8 @@ def compile(model, config: Config | None = None, *, mode=None, options=None, **c
     compiled = torch.compile(model, backend="nvfp4", options=options, **compile_kwargs)
 
     def run(*args, **kwargs):
-        # The flag is set only while Dynamo compiles (callbacks above): changing Dynamo's config
-        # on every call costs host time on every call, more than a small graph's kernels take
-        # (docs/backend.md).
-        if _install_compile_callbacks():
-            freezing = contextlib.nullcontext()
-        else:  # no callbacks in this torch: set the flags for the whole call
-            freezing = contextlib.ExitStack()
-            for config, name in _trace_flags():
-                freezing.enter_context(config.patch(**{name: True}))
-        _calls.depth = getattr(_calls, "depth", 0) + 1
-        try:
-            with torch.no_grad(), freezing:
-                return compiled(*args, **kwargs)
-        finally:
-            _calls.depth -= 1
+        with torch.no_grad():
+            return compiled(*args, **kwargs)
 
     run.compiled = compiled
     return run

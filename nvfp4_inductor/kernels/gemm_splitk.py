@@ -38,7 +38,9 @@ turn a bf16 x above 65504 into inf and one below 2^-24 into 0), so CPU tests che
 and the numerics.
 """
 
+import functools
 import threading
+from typing import NamedTuple
 
 import torch
 import triton
@@ -467,6 +469,74 @@ def _mma_operands_fit(x, w_data, w_scale, tiled: bool) -> bool:
     return w_ok and x.stride(0) % 2 == 0 and x.data_ptr() % 4 == 0
 
 
+class _Setup(NamedTuple):
+    grid: tuple[int, int]  # (N tiles, K splits)
+    splits: int
+    tiles_per_split: int
+    dot_scaled: bool
+    meta: dict  # the kernel's meta-parameters and launch options, but for the per-call two
+
+
+@functools.lru_cache(maxsize=4096)
+def _launch_setup(m: int, n: int, k: int, tiled: bool, swizzled: bool, x_format: str, mainloop, fits: bool,
+                  codes_fit: bool, scale_cols_pad: int, scale_word_aligned: bool, device) -> _Setup:
+    """Everything about a launch that its sizes, layout and alignments decide (gemm_splitk's
+    arguments): the mainloop, the tile configuration, the split of K and the meta-parameters.
+    Cached: an eager decode step asks the same question for every layer, at every step, and
+    working it out costs more host time than the GEMM takes on the GPU."""
+    code_bytes = 0 if codes_fit else plan.MMA_MAX_CODE_BYTES
+    if mainloop is None:
+        mainloop = plan.splitk_mainloop(m, tiled=tiled, x_format=x_format, device=device,
+                                        mma_operands_fit=fits, code_bytes=code_bytes)
+    elif mainloop == "mma" and not plan.mma_runs(m, tiled=tiled, device=device, mma_operands_fit=fits,
+                                                 code_bytes=code_bytes):
+        raise ValueError(f"the register-fed mainloop needs inline PTX (CUDA), at most {plan.MMA_MAX_M} rows "
+                         f"of x, x rows at even element offsets, weight rows on 8-byte boundaries (tiled "
+                         f"weights: codes on 8 bytes, scales on 4) and fewer than {plan.MMA_MAX_CODE_BYTES} "
+                         f"tiled code bytes (int32 word offsets)")
+    elif mainloop not in ("mma", "dot", "dot_scaled") or (mainloop == "dot_scaled") != (x_format == "nvfp4"):
+        raise ValueError(f"mainloop {mainloop!r} does not multiply an x of format {x_format!r}")
+    reg_mma = mainloop == "mma"
+    dot_scaled = mainloop == "dot_scaled"
+    use_asm = device.type == "cuda"
+    # row-major W, plain scales, K % 64 == 0, M <= 8: the register-fed mainloop reads a scale word
+    # per 4 K-tiles (splits of whole groups of 4); measured slower at M = 16 (docs/decisions.md).
+    grouped = bool(reg_mma and not tiled and not swizzled and m <= 8 and k % (4 * BLOCK_SIZE) == 0
+                   and scale_word_aligned)
+    num_sms = capability.sm_count(device)
+    min_steps = None if reg_mma else gemm_configs.MIN_STEPS_PER_SPLIT  # (reg_mma: its own rule)
+    config = (gemm_configs.dot_scaled_splitk_config(m, n, k, num_sms, min_steps) if dot_scaled
+              else gemm_configs.splitk_config(m, n, k, num_sms, tiled=tiled, min_steps=min_steps,
+                                              reg_mma=reg_mma, grouped=grouped))
+    block_m, block_n, block_k, splits, warps, stages = config
+    reg_block_m = 8 * max(2, gemm_configs.reg_mma_blocks(m))
+    if reg_mma and (block_m, block_n, block_k, warps) != (reg_block_m, TILE_N, TILE_K, gemm_mma.WARPS):
+        raise ValueError(f"the register-fed mainloop runs {reg_block_m} x {TILE_N} x {TILE_K} tiles on "
+                         f"{gemm_mma.WARPS} warps at M = {m}; got {config}")
+    tile_group = (2 * TILE_N, 2 * TILE_K) if dot_scaled else (TILE_N, TILE_K)
+    if tiled and (block_n, block_k) != tile_group:
+        raise ValueError(f"tiled weights need BLOCK_N, BLOCK_K = {tile_group}; got {block_n}, {block_k}")
+    if grouped:
+        splits, groups_per_split = gemm_configs.split_ranges(k, gemm_mma.GROUP * block_k, splits)
+        tiles_per_split = gemm_mma.GROUP * groups_per_split
+    else:
+        splits, tiles_per_split = gemm_configs.split_ranges(k, block_k, splits)
+    sum_rows, sum_splits = gemm_configs.split_sum_tile(m, splits, block_n, warps)
+    pdl = use_asm and capability.sm90_or_later(device)
+    meta = dict(
+        SWIZZLED=swizzled, SPLIT=splits > 1, USE_ASM=use_asm,
+        OPERAND=tl.bfloat16 if use_asm else tl.float32,
+        EVEN=n % block_n == 0 and k % ((gemm_mma.GROUP if grouped else 1) * block_k) == 0,
+        TILED=tiled, DOT_SCALED=dot_scaled,
+        REG_MMA=gemm_configs.reg_mma_blocks(m) if reg_mma else 0,
+        UNSCALE=1.0 if dot_scaled else 2.0**7, GROUPED=grouped,
+        BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_K=block_k, SUM_ROWS=sum_rows, SUM_SPLITS=sum_splits,
+        PDL=pdl, launch_pdl=pdl,
+        num_warps=warps, num_stages=stages,
+    )
+    return _Setup((triton.cdiv(n, block_n), splits), splits, tiles_per_split, dot_scaled, meta)
+
+
 def gemm_splitk(x, w_data, w_scale, w_global_scale, bias, out_dtype, swizzled, tiled_n=None, x_scale=None,
                 mainloop=None):
     """x (M, K) (bf16 on the GPU: the word decode multiplies in bf16; under the interpreter in fp32),
@@ -493,66 +563,20 @@ def gemm_splitk(x, w_data, w_scale, w_global_scale, bias, out_dtype, swizzled, t
         raise ValueError("an NVFP4 x (x_scale) needs tiled weights on sm_100 or newer; elsewhere pass "
                          "x's quantized values (nvfp4.quantize_values)")
     fits = _mma_operands_fit(x, w_data, w_scale, tiled)
-    if mainloop is None:
-        mainloop = plan.splitk_mainloop(m, tiled=tiled, x_format=x_format, device=x.device,
-                                        mma_operands_fit=fits, code_bytes=w_data.numel())
-    elif mainloop == "mma" and not plan.mma_runs(m, tiled=tiled, device=x.device, mma_operands_fit=fits,
-                                                 code_bytes=w_data.numel()):
-        raise ValueError(f"the register-fed mainloop needs inline PTX (CUDA), at most {plan.MMA_MAX_M} rows "
-                         f"of x, x rows at even element offsets, weight rows on 8-byte boundaries (tiled "
-                         f"weights: codes on 8 bytes, scales on 4) and fewer than {plan.MMA_MAX_CODE_BYTES} "
-                         f"tiled code bytes (int32 word offsets)")
-    elif mainloop not in ("mma", "dot", "dot_scaled") or (mainloop == "dot_scaled") != (x_format == "nvfp4"):
-        raise ValueError(f"mainloop {mainloop!r} does not multiply an x of format {x_format!r}")
-    reg_mma = mainloop == "mma"
-    dot_scaled = mainloop == "dot_scaled"
-    use_asm = x.is_cuda
-    # row-major W, plain scales, K % 64 == 0, M <= 8: the register-fed mainloop reads a scale word
-    # per 4 K-tiles (splits of whole groups of 4); measured slower at M = 16 (docs/decisions.md).
-    grouped = bool(reg_mma and not tiled and not swizzled and m <= 8 and k % (4 * BLOCK_SIZE) == 0
-                   and w_scale.data_ptr() % 4 == 0)
-    num_sms = capability.sm_count(x.device)
-    min_steps = None if reg_mma else gemm_configs.MIN_STEPS_PER_SPLIT  # (reg_mma: its own rule)
-    config = (gemm_configs.dot_scaled_splitk_config(m, n, k, num_sms, min_steps) if dot_scaled
-              else gemm_configs.splitk_config(m, n, k, num_sms, tiled=tiled, min_steps=min_steps,
-                                              reg_mma=reg_mma, grouped=grouped))
-    block_m, block_n, block_k, splits, warps, stages = config
-    reg_block_m = 8 * max(2, gemm_configs.reg_mma_blocks(m))
-    if reg_mma and (block_m, block_n, block_k, warps) != (reg_block_m, TILE_N, TILE_K, gemm_mma.WARPS):
-        raise ValueError(f"the register-fed mainloop runs {reg_block_m} x {TILE_N} x {TILE_K} tiles on "
-                         f"{gemm_mma.WARPS} warps at M = {m}; got {config}")
-    tile_group = (2 * TILE_N, 2 * TILE_K) if dot_scaled else (TILE_N, TILE_K)
-    if tiled and (block_n, block_k) != tile_group:
-        raise ValueError(f"tiled weights need BLOCK_N, BLOCK_K = {tile_group}; got {block_n}, {block_k}")
-    if grouped:
-        splits, groups_per_split = gemm_configs.split_ranges(k, gemm_mma.GROUP * block_k, splits)
-        tiles_per_split = gemm_mma.GROUP * groups_per_split
-    else:
-        splits, tiles_per_split = gemm_configs.split_ranges(k, block_k, splits)
     scale_cols_pad = w_scale.shape[1] if swizzled else k // BLOCK_SIZE
-    tiles_n = triton.cdiv(n, block_n)
-    if splits > 1:
-        partial = torch.empty((splits, m, n), dtype=torch.float32, device=x.device)
-        counters = split_counters(x.device, tiles_n)
+    setup = _launch_setup(m, n, k, tiled, swizzled, x_format, mainloop, fits, w_data.numel() < plan.MMA_MAX_CODE_BYTES,
+                          scale_cols_pad, w_scale.data_ptr() % 4 == 0, x.device)
+    if setup.splits > 1:
+        partial = torch.empty((setup.splits, m, n), dtype=torch.float32, device=x.device)
+        counters = split_counters(x.device, setup.grid[0])
     else:
         partial = counters = out
-    sum_rows, sum_splits = gemm_configs.split_sum_tile(m, splits, block_n, warps)
-    pdl = x.is_cuda and capability.sm90_or_later(x.device)
-    _splitk_kernel[(tiles_n, splits)](
-        x, x_scale if dot_scaled else x, w_data, w_scale, w_global_scale,
+    _splitk_kernel[setup.grid](
+        x, x_scale if setup.dot_scaled else x, w_data, w_scale, w_global_scale,
         bias if bias is not None else w_global_scale, out,
         partial, counters,
-        m, n, k, scale_cols_pad, tiles_per_split,
+        m, n, k, scale_cols_pad, setup.tiles_per_split,
         x.stride(0), out.stride(0),
-        SWIZZLED=swizzled, W_GLOBAL_SCALE_PER_ROW=w_global_scale.dim() > 0, HAS_BIAS=bias is not None,
-        SPLIT=splits > 1, USE_ASM=use_asm,
-        OPERAND=tl.bfloat16 if use_asm else tl.float32,
-        EVEN=n % block_n == 0 and k % ((gemm_mma.GROUP if grouped else 1) * block_k) == 0,
-        TILED=tiled, DOT_SCALED=dot_scaled,
-        REG_MMA=gemm_configs.reg_mma_blocks(m) if reg_mma else 0,
-        UNSCALE=1.0 if dot_scaled else 2.0**7, GROUPED=grouped,
-        BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_K=block_k, SUM_ROWS=sum_rows, SUM_SPLITS=sum_splits,
-        PDL=pdl, launch_pdl=pdl,
-        num_warps=warps, num_stages=stages,
+        W_GLOBAL_SCALE_PER_ROW=w_global_scale.dim() > 0, HAS_BIAS=bias is not None, **setup.meta,
     )
     return out

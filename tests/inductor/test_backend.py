@@ -674,18 +674,6 @@ def test_compat_shims_take_the_other_torch_versions_branch(monkeypatch):
     node, choice = object(), object()
     assert _compat.selected_node(node) is node and _compat.selected_node((node, choice)) is node
 
-    class Handler:
-        def register_start_callback(self, fn): ...
-
-        def register_end_callback(self, fn): ...
-
-    monkeypatch.setattr(torch._dynamo, "callback_handler", Handler(), raising=False)
-    assert _compat.compile_callback_handler() is None  # no start_callbacks: not the API it needs
-    Handler.start_callbacks = []
-    assert isinstance(_compat.compile_callback_handler(), Handler)
-    monkeypatch.delattr(torch._dynamo, "callback_handler")
-    assert _compat.compile_callback_handler() is None
-
     def generate(self, input_nodes, layout, num_stages, num_warps, **kwargs): ...
 
     monkeypatch.setattr(TritonTemplate, "generate", generate)
@@ -748,32 +736,6 @@ def test_backend_on_cuda(mode, entry):
         y = compiled(x)
     assert counters["inductor"]["cudagraph_skips"] == skips
     torch.testing.assert_close(y, _eager_nvfp4(model, x), rtol=1e-2, atol=1e-2)
-
-
-@pytest.mark.parametrize("callbacks", [True, False], ids=["dynamo-callbacks", "config-patch"])
-def test_prepare_freezing_only_while_dynamo_compiles(monkeypatch, callbacks):
-    """nv.compile turns prepare_freezing on for Dynamo's traces only (its compile callbacks, or a
-    per-call config patch where torch lacks them), also for traces after torch._dynamo.reset()."""
-    from nvfp4_inductor.inductor import _compat
-
-    if not callbacks:
-        monkeypatch.setattr(_compat, "compile_callback_handler", lambda: None)
-    model = _block()
-    x = torch.randn(4, 64, dtype=torch.bfloat16)
-    compiled = nv.compile(model, nv.Config(activations="bf16"))
-    torch._dynamo.reset()  # clears Dynamo's callbacks: the call must install them again
-    from nvfp4_inductor.inductor import backend
-
-    def unfrozen(*args):
-        raise AssertionError("the parameters arrived as graph inputs")
-
-    with monkeypatch.context() as patch:
-        patch.setattr(backend, "_WeightsAsConstants", unfrozen)
-        assert torch.equal(compiled(x), _eager_nvfp4(model, x))
-        assert not torch._dynamo.config.prepare_freezing
-        x9 = torch.randn(9, 64, dtype=torch.bfloat16)  # a new shape: traced again, frozen again
-        assert torch.equal(compiled(x9), _eager_nvfp4(model, x9))
-    assert not torch._dynamo.config.prepare_freezing
 
 
 class SharedInput(nn.Module):

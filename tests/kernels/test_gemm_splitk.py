@@ -264,6 +264,7 @@ def test_skinny_launcher_picks_the_mainloop(case, m, k, expect, monkeypatch):
     recorder = _LaunchRecorder()
     monkeypatch.setattr(gemm_splitk, "_splitk_kernel", recorder)
     as_on_gpu = plan.splitk_mainloop
+    gemm_splitk._launch_setup.cache_clear()  # (set-ups cached under the real plan)
     monkeypatch.setattr(plan, "splitk_mainloop",
                         lambda m, **kwargs: as_on_gpu(m, **{**kwargs, "device": torch.device("cuda")}))
     n = 128
