@@ -211,6 +211,27 @@ def _skip_reason(weight: fx.Node, bias) -> str | None:
     return None
 
 
+def _with_2d_input(graph: fx.Graph, node: fx.Node) -> fx.Node:
+    """A converted layer's nvfp4.linear / linear_tiled on an x of more than 2 dims -> the same op
+    on x viewed as (rows, K), its result viewed back: the form a bf16 linear reaches the graph in
+    (view, mm, view), which the merge, the norm fusion and the template lowering expect."""
+    x_val, y_val = _tensor_val(node.args[0]), _tensor_val(node)
+    if x_val is None or y_val is None or x_val.dim() <= 2 or node.kwargs:
+        return node
+    with graph.inserting_before(node):
+        x2 = graph.call_function(aten.view.default, (node.args[0], [-1, x_val.shape[-1]]))
+        y2 = graph.call_function(node.target, (x2, *node.args[1:]))
+    with graph.inserting_after(y2):
+        y = graph.call_function(aten.view.default, (y2, list(y_val.shape)))
+    with x_val.fake_mode:
+        x2.meta["val"] = x_val.reshape(-1, x_val.shape[-1])
+        y2.meta["val"] = y_val.reshape(-1, y_val.shape[-1])
+    y.meta.update(node.meta)
+    node.replace_all_uses_with(y)
+    graph.erase_node(node)
+    return y2
+
+
 class LinearToNVFP4(_compat.CustomGraphPass):
     """Rewrites the linears of a frozen inference graph to nvfp4:: ops; counts what it did.
 
@@ -251,6 +272,7 @@ class LinearToNVFP4(_compat.CustomGraphPass):
         linears = []  # (node, bias, x, weight, name) of every linear to convert, in graph order
         for node in list(graph.nodes):
             if node.op == "call_function" and node.target in (NVFP4_LINEAR, LINEAR):
+                node = _with_2d_input(graph, node)
                 linear = self._nvfp4_linear(node, names)
                 if linear is not None:
                     linears.append(linear)

@@ -2,6 +2,8 @@
 torch.compile on the model, generate with a CompileConfig, and converted models saved and
 reloaded. Tiny random configs of three architectures, on the CPU (the reference kernels)."""
 
+import re
+
 import pytest
 import torch
 from torch._inductor.utils import run_and_get_code
@@ -96,10 +98,27 @@ def test_a_converted_model_saves_and_reloads(arch, tmp_path):
 
 
 def _nvfp4_ops(code: list[str]) -> list[str]:
-    import re
-
     return sorted(re.findall(r"torch\.ops\.nvfp4\.(\w+)\.default\(", "\n".join(
         line for line in "\n".join(code).splitlines() if not line.strip().startswith(("#", "assert")))))
+
+
+def _launches(code: list[str]) -> list[str]:
+    """The compiled call's kernel launches and op calls in order, each as its kind and, for the
+    NVFP4 ops, whether a norm is deferred into it and its output's shape (buffer and parameter
+    names left out)."""
+    calls = []
+    for line in "\n".join(code).splitlines():
+        line = line.strip()
+        op = re.match(r"\w+ = torch\.ops\.(\w+\.\w+)\.default\((.*)\)$", line)
+        if op:
+            calls.append(f"{op.group(1)} norm={not op.group(2).endswith('None, 0.0')}")
+        elif re.match(r"(cpp_fused|triton_)\w*(\.run)?\(", line):
+            calls.append("fused kernel")  # (named after the ops it fuses, which name the graph's nodes)
+        elif line.startswith("extern_kernels."):
+            calls.append(line.split("(")[0])
+        elif line.startswith("assert_size_stride(") and "torch.ops.nvfp4." in line:
+            calls.append("output " + line.split("(", 2)[2].split(")")[0])  # its shape: the GEMM's rows
+    return calls
 
 
 def test_plain_torch_compile_and_nv_compile_make_the_same_kernels():
@@ -179,4 +198,6 @@ def test_a_converted_model_compiles_to_the_kernels_of_the_bf16_model():
         got, code = run_and_get_code(torch.compile(model, backend="nvfp4"), ids)
     torch._dynamo.reset()
     assert _nvfp4_ops(code) == _nvfp4_ops(bf16_code) and "linear_tiled_silu_mul" in _nvfp4_ops(code)
+    # the same launches in the same order (the RMSNorms deferred into the same GEMMs), names apart
+    assert _launches(code) == _launches(bf16_code)
     torch.testing.assert_close(got.logits, want, rtol=0, atol=0.02 * want.abs().max().item())
