@@ -448,7 +448,7 @@ def split_counters(device, tiles: int) -> torch.Tensor:
         return reserve[0][start:start + tiles]
     if device not in _reserve:
         _reserve[device] = [_zeros_outside_graph_pools(RESERVED_COUNTERS, device), 0]
-    stream = torch.cuda.current_stream(device).cuda_stream if device.type == "cuda" else 0
+    stream = triton.runtime.driver.active.get_current_stream(device.index) if device.type == "cuda" else 0
     key = (device, stream)
     counters = _counters.get(key)
     if counters is None or counters.numel() < tiles:
@@ -469,12 +469,32 @@ def _mma_operands_fit(x, w_data, w_scale, tiled: bool) -> bool:
     return w_ok and x.stride(0) % 2 == 0 and x.data_ptr() % 4 == 0
 
 
+# Direct launches of compiled split-K kernels, by set-up and the arguments' dtypes and alignments.
+_launches: dict = {}
+_KERNEL_DEFAULTS = {"GROUPED": False, "PDL": False}
+
+
+def _direct_launch_runs(compiled) -> bool:
+    """Whether this Triton's compiled kernel launches as gemm_splitk calls it (the launcher
+    CompiledKernel.__getitem__ uses), with no launch hooks set: otherwise every launch goes
+    through the JIT function."""
+    try:
+        from triton import knobs
+    except ImportError:
+        return False
+    return (all(hasattr(compiled, a) for a in ("run", "function", "packed_metadata"))
+            and knobs.runtime.launch_enter_hook is None and knobs.runtime.launch_exit_hook is None)
+
+
 class _Setup(NamedTuple):
     grid: tuple[int, int]  # (N tiles, K splits)
     splits: int
     tiles_per_split: int
     dot_scaled: bool
     meta: dict  # the kernel's meta-parameters and launch options, but for the per-call two
+
+    def __hash__(self):
+        return id(self)  # (one object per set-up: _launch_setup caches it)
 
 
 @functools.lru_cache(maxsize=4096)
@@ -571,12 +591,27 @@ def gemm_splitk(x, w_data, w_scale, w_global_scale, bias, out_dtype, swizzled, t
         counters = split_counters(x.device, setup.grid[0])
     else:
         partial = counters = out
-    _splitk_kernel[setup.grid](
-        x, x_scale if setup.dot_scaled else x, w_data, w_scale, w_global_scale,
-        bias if bias is not None else w_global_scale, out,
-        partial, counters,
-        m, n, k, scale_cols_pad, setup.tiles_per_split,
-        x.stride(0), out.stride(0),
-        W_GLOBAL_SCALE_PER_ROW=w_global_scale.dim() > 0, HAS_BIAS=bias is not None, **setup.meta,
-    )
+    args = (x, x_scale if setup.dot_scaled else x, w_data, w_scale, w_global_scale,
+            bias if bias is not None else w_global_scale, out, partial, counters,
+            m, n, k, scale_cols_pad, setup.tiles_per_split, x.stride(0), out.stride(0))
+    flags = dict(W_GLOBAL_SCALE_PER_ROW=w_global_scale.dim() > 0, HAS_BIAS=bias is not None)
+    if not x.is_cuda:
+        _splitk_kernel[setup.grid](*args, **flags, **setup.meta)
+        return out
+    # The compiled kernel for this set-up and these arguments' dtypes and alignments (what Triton
+    # specializes a kernel on), launched without Triton's per-call argument binding.
+    key = (setup, x.device.index, x.stride(0), *flags.values(),
+           *((t.dtype, t.data_ptr() % 16 == 0) for t in args[:9] if t is not None))
+    launch = _launches.get(key)
+    if launch is None:
+        compiled = _splitk_kernel[setup.grid](*args, **flags, **setup.meta)
+        if _direct_launch_runs(compiled):
+            meta = {**flags, **setup.meta}
+            _launches[key] = (compiled, tuple(meta.get(name, _KERNEL_DEFAULTS.get(name))
+                                              for name in _splitk_kernel.arg_names[len(args):]))
+        return out
+    compiled, constexprs = launch
+    stream = triton.runtime.driver.active.get_current_stream(x.device.index)
+    compiled.run(*setup.grid, 1, stream, compiled.function, compiled.packed_metadata, None, None, None,
+                 *args, *constexprs)
     return out
