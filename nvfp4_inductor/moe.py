@@ -31,7 +31,7 @@ from . import _checks, api, ops, reference
 from .config import Config, check_activations, resolve_activation
 from .format import BLOCK_SIZE
 
-__all__ = ["grouped_linear", "grouped_linear_silu_mul", "NVFP4Experts", "convert_experts"]
+__all__ = ["grouped_linear", "grouped_linear_silu_mul", "quantize_experts", "NVFP4Experts", "convert_experts"]
 
 _E4M3 = torch.float8_e4m3fn
 
@@ -198,6 +198,24 @@ def _quantize_experts(w: Tensor, method: str) -> tuple[Tensor, Tensor, Tensor]:
     parts = [api.quantize(w[e], method=method) for e in range(w.shape[0])]
     return (torch.stack([p.data for p in parts]), torch.stack([p.scale for p in parts]),
             torch.stack([p.global_scale for p in parts]))
+
+
+@torch.library.custom_op("nvfp4::quantize_experts", mutates_args=())
+def quantize_experts(w: Tensor, method: str) -> tuple[Tensor, Tensor, Tensor]:
+    """(E, N, K) float expert weights -> (codes (E, N, K/2) uint8, e4m3 scale bits (E, N, K/16)
+    uint8, (E,) fp32 global scales), as NVFP4Experts.from_experts quantizes them: what
+    backend="nvfp4" folds at compile time for an unconverted model's experts (moe_rewrite.py)."""
+    data, scale, g = _quantize_experts(w.contiguous(), method)
+    return data, scale.view(torch.uint8), g
+
+
+@quantize_experts.register_fake
+def _(w, method):
+    if w.dim() != 3 or w.shape[-1] % BLOCK_SIZE:
+        raise ValueError(f"expert weights must be (E, N, K) with K a multiple of {BLOCK_SIZE}; got {tuple(w.shape)}")
+    e, n, k = w.shape
+    return (w.new_empty((e, n, k // 2), dtype=torch.uint8), w.new_empty((e, n, k // BLOCK_SIZE), dtype=torch.uint8),
+            w.new_empty((e,), dtype=torch.float32))
 
 
 class NVFP4Experts(nn.Module):

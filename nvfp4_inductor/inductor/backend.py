@@ -24,6 +24,7 @@ from torch import nn
 
 from . import _compat
 from ..config import Config, layer_skip_reason, resolve_activation
+from . import moe_rewrite
 from .rewrite import LinearToNVFP4
 
 __all__ = ["nvfp4_backend", "compile"]
@@ -117,6 +118,7 @@ def _compile_frozen(gm: torch.fx.GraphModule, example_inputs, config: Config, pa
     names = [paths.get(name, name) for name, _ in constants]
     keep = {path: layer_skip_reason(config, path.removesuffix(".weight"), tuple(p.shape))
             for path, (_, p) in zip(names, constants) if p.dim() == 2}
+    keep.update(moe_rewrite.experts_keep(config, names, constants))  # 3-D expert weights
     rewrite = LinearToNVFP4(resolve_activation(config.activations, sample), names, keep,
                             config.weight_method, config.merge_linears, config.fuse_norms)
     from . import lowering  # imports Inductor's lowering machinery: only when compiling

@@ -47,7 +47,7 @@ import torch
 from torch import fx
 
 from .. import _checks
-from . import _compat, norm_fusion
+from . import _compat, moe_rewrite, norm_fusion
 from ._fx import CONVERT as _CONVERT
 from ._fx import LINEAR, VIEWS as _VIEWS, call as _call, pairs as _pairs, tensor_val as _tensor_val, val as _val
 from ._fx import view_root as _view_root
@@ -293,6 +293,8 @@ class LinearToNVFP4(_compat.CustomGraphPass):
             linears.append((node, bias, x, weight, name))
         for group in self._groups(linears):
             self._convert(graph, group)
+        # mixture-of-experts GEMMs on 3-D expert weights -> the grouped NVFP4 ops (moe_rewrite.py)
+        self.experts = moe_rewrite.rewrite_experts(graph, names, self)
         for node in list(graph.nodes):
             self._gate(graph, node)
         if self.fuse_norms and self.activation == "nvfp4":

@@ -1,0 +1,179 @@
+"""Hugging Face mixture-of-experts models through backend="nvfp4" (inductor/moe_rewrite.py):
+plain torch.compile on an unconverted model of each experts_implementation, generate with a
+CompileConfig, and models converted with nv.convert (NVFP4Experts) compiled by any backend.
+Tiny random Qwen3-MoE and Mixtral configs, one layer, on the CPU (the reference kernels)."""
+
+import logging
+import re
+
+import pytest
+import torch
+from torch._inductor.utils import run_and_get_code
+
+import nvfp4_inductor as nv
+from nvfp4_inductor.moe import NVFP4Experts
+
+transformers = pytest.importorskip("transformers")
+
+COMMON = dict(vocab_size=320, hidden_size=64, num_hidden_layers=1, num_attention_heads=4,
+              num_key_value_heads=2, max_position_embeddings=64)
+ARCHITECTURES = {
+    "qwen3_moe": lambda impl: transformers.Qwen3MoeForCausalLM(transformers.Qwen3MoeConfig(**{
+        **COMMON, "intermediate_size": 128, "moe_intermediate_size": 32, "num_experts": 8,
+        "num_experts_per_tok": 2, "experts_implementation": impl})),
+    "mixtral": lambda impl: transformers.MixtralForCausalLM(transformers.MixtralConfig(**{
+        **COMMON, "intermediate_size": 48, "num_local_experts": 4, "num_experts_per_tok": 2,
+        "experts_implementation": impl})),
+}
+# NVFP4's error on these random weights, relative to the largest bf16 logit (W4A16), as
+# tests/inductor/test_transformers.py
+LOGIT_TOL = 0.25
+EXPERT_WEIGHTS = ["model.layers.0.mlp.experts.gate_up_proj", "model.layers.0.mlp.experts.down_proj"]
+
+
+def _model(arch: str, impl: str = "grouped_mm", seed: int = 0):
+    torch.manual_seed(seed)
+    return ARCHITECTURES[arch](impl).to(torch.bfloat16).eval()
+
+
+def _ids(t: int = 7, seed: int = 1):
+    return torch.randint(0, COMMON["vocab_size"], (2, t), generator=torch.Generator().manual_seed(seed))
+
+
+def _nvfp4_ops(code: list[str]) -> list[str]:
+    return sorted(re.findall(r"torch\.ops\.nvfp4\.(\w+)\.default\(", "\n".join(
+        line for line in "\n".join(code).splitlines() if not line.strip().startswith(("#", "assert")))))
+
+
+def _close(got, want, tol=LOGIT_TOL):
+    err = (got.float() - want.float()).abs().max().item()
+    return err <= tol * want.float().abs().max().item(), err
+
+
+@pytest.mark.parametrize("arch", ARCHITECTURES)
+@pytest.mark.parametrize("impl", ["grouped_mm", "batched_mm"])
+def test_plain_torch_compile_runs_the_experts_in_nvfp4(arch, impl, caplog):
+    """torch.compile(model, backend="nvfp4") on an unconverted model: both expert GEMMs become the
+    grouped NVFP4 ops (gate / up with SiLU * up in the epilogue), quantized as nv.convert does:
+    the logits are the eager converted model's up to rounding order, and close to bf16."""
+    model = _model(arch, impl)
+    torch._dynamo.reset()
+    with torch.no_grad(), caplog.at_level(logging.INFO, logger="nvfp4_inductor"):
+        bf16 = model(_ids()).logits
+        got, code = run_and_get_code(torch.compile(model, backend="nvfp4"), _ids())
+    assert _nvfp4_ops(code).count("grouped_linear_silu_mul") == 1, _nvfp4_ops(code)
+    assert _nvfp4_ops(code).count("grouped_linear") == 1, _nvfp4_ops(code)
+    assert "converted 2 expert weights" in caplog.text and all(w in caplog.text for w in EXPERT_WEIGHTS)
+    ok, err = _close(got.logits, bf16)
+    assert ok, err
+    nv.convert(model, nv.Config(activations="bf16"))
+    assert isinstance(model.model.layers[0].mlp.experts, NVFP4Experts)
+    with torch.no_grad():
+        converted = model(_ids()).logits
+    torch.testing.assert_close(got.logits, converted, rtol=0, atol=0.02 * converted.abs().max().item())
+
+
+def test_a_new_length_recompiles_with_dynamic_shapes():
+    """A second call with another sequence length: Dynamo recompiles with a symbolic token count,
+    and the experts are still rewritten (the routing's sort and gather are sized at run time)."""
+    model = _model("qwen3_moe", "batched_mm")
+    compiled = torch.compile(model, backend="nvfp4")
+    torch._dynamo.reset()
+    with torch.no_grad():
+        compiled(_ids(7))
+        got, code = run_and_get_code(compiled, _ids(11, seed=2))
+        want = model(_ids(11, seed=2)).logits
+    assert "grouped_linear_silu_mul" in _nvfp4_ops(code)
+    ok, err = _close(got.logits, want)
+    assert ok, err
+
+
+@pytest.mark.parametrize("arch", ARCHITECTURES)
+def test_eager_experts_stay_bf16_and_the_log_says_so(arch, caplog):
+    """experts_implementation="eager" loops over the experts in Python (data-dependent shapes):
+    Dynamo runs the loop outside the compiled graphs, so the experts stay bf16, and the backend's
+    log names the experts class with the reason."""
+    model = _model(arch, "eager")
+    torch._dynamo.reset()
+    with torch.no_grad(), caplog.at_level(logging.INFO, logger="nvfp4_inductor"):
+        want = model(_ids()).logits
+        got, code = run_and_get_code(torch.compile(model, backend="nvfp4"), _ids())
+    assert not any(op.startswith("grouped") for op in _nvfp4_ops(code))
+    experts = type(model.model.layers[0].mlp.experts).__name__
+    assert f"{experts} (experts_implementation='eager')" in caplog.text
+    assert "loops over the experts in Python" in caplog.text
+    ok, err = _close(got.logits, want)
+    assert ok, err
+
+
+def test_config_include_keeps_experts_bf16(caplog):
+    """Config.include is asked with the experts module's path (as convert_experts asks it)."""
+    model = _model("qwen3_moe")
+    asked = []
+
+    def include(name, module):
+        asked.append(name)
+        return not name.endswith(".experts")
+
+    torch._dynamo.reset()
+    options = {"nvfp4": nv.Config(include=include)}
+    with torch.no_grad(), caplog.at_level(logging.INFO, logger="nvfp4_inductor"):
+        _, code = run_and_get_code(torch.compile(model, backend="nvfp4", options=options), _ids())
+    assert "model.layers.0.mlp.experts" in asked
+    assert not any(op.startswith("grouped") for op in _nvfp4_ops(code))
+    assert "'model.layers.0.mlp.experts.gate_up_proj': 'excluded by Config.include'" in caplog.text
+
+
+@pytest.mark.parametrize("backend", ["nvfp4", "inductor"])
+def test_a_converted_model_compiles_in_one_graph(backend):
+    """nv.convert (NVFP4Experts), then torch.compile(fullgraph=True): the experts' forward traces
+    without a graph break or a host read (sort, searchsorted and the grouped ops stay on the
+    device), under the NVFP4 backend and the default one alike."""
+    model = _model("qwen3_moe")
+    nv.convert(model, nv.Config(activations="bf16"))
+    torch._dynamo.reset()
+    with torch.no_grad():
+        want = model(_ids()).logits
+        got, code = run_and_get_code(torch.compile(model, backend=backend, fullgraph=True), _ids())
+    assert {"grouped_linear", "grouped_linear_silu_mul"} <= set(_nvfp4_ops(code))
+    torch.testing.assert_close(got.logits, want, rtol=0, atol=0.02 * want.abs().max().item())
+
+
+@pytest.mark.parametrize("converted", [False, True], ids=["bf16-model", "converted"])
+def test_generate_with_a_compile_config(converted):
+    """generate(..., cache_implementation="static", compile_config=CompileConfig(backend="nvfp4"))
+    compiles the decode step with the grouped NVFP4 ops, converted or not."""
+    model = _model("qwen3_moe")
+    if converted:
+        nv.convert(model, nv.Config(activations="bf16"))
+    ids = _ids(5)[:1]
+    config = transformers.CompileConfig(backend="nvfp4")
+    config._compile_all_devices = True  # transformers compiles on accelerators only unless told
+    torch._dynamo.reset()
+    out, code = run_and_get_code(lambda: model.generate(
+        ids, max_new_tokens=3, do_sample=False, cache_implementation="static", compile_config=config))
+    assert out.shape == (1, 8)
+    assert "grouped_linear_silu_mul" in _nvfp4_ops(code), _nvfp4_ops(code)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("converted", [False, True], ids=["bf16-model", "converted"])
+def test_generate_under_cuda_graphs(converted):
+    """generate with CompileConfig(backend="nvfp4", mode="reduce-overhead") on a GPU: the decode
+    step (routing, grouped NVFP4 experts, weighted sum) replays as CUDA graphs with no skips, and
+    the converted model's greedy tokens are those of the unconverted one compiled the same way
+    or differ only after a near tie."""
+    from torch._dynamo.utils import counters
+
+    model = _model("qwen3_moe").cuda()
+    if converted:
+        nv.convert(model, nv.Config(activations="bf16"))
+    ids = _ids(5)[:1].cuda()
+    torch._dynamo.reset()
+    skips = counters["inductor"]["cudagraph_skips"]
+    out, code = run_and_get_code(lambda: model.generate(
+        ids, max_new_tokens=8, do_sample=False, cache_implementation="static",
+        compile_config=transformers.CompileConfig(backend="nvfp4", mode="reduce-overhead")))
+    assert out.shape == (1, 13)
+    assert "grouped_linear_silu_mul" in _nvfp4_ops(code), _nvfp4_ops(code)
+    assert counters["inductor"]["cudagraph_skips"] == skips
