@@ -11,6 +11,12 @@ safetensors only (never unpickled).
                       ("NVFP4": W4A4, "W4A16_NVFP4"),        config_groups (input_activations:
                       exclude_modules (globs)                W4A4), ignore (names, "re:" regexes)
 
+Mixture-of-experts layers (a transformers experts module, or an NVFP4Experts) are stored per
+expert under the model's original per-expert names, as ModelOpt exports them:
+<experts>.<e>.<gate>.*, <experts>.<e>.<up>.*, <experts>.<e>.<down>.* with the suffixes above
+((gate, up, down) = gate_proj / up_proj / down_proj, Mixtral's w1 / w3 / w2); each expert's gate
+and up share one global scale (NVFP4Experts holds one per expert for its gate_up weight).
+
 Element 2i sits in the low nibble in both, as here. g = amax / 2688 is well below 1 for any
 weight of ordinary size: a global scale >= 1 (amax >= 2688) is almost always a reciprocal stored
 in the wrong field, and loading it would scale every output by roughly its square; it is refused.
@@ -28,6 +34,7 @@ from torch import nn
 
 from . import _checks, api
 from .convert import ConversionReport, NVFP4Linear, _replace, fused_groups
+from .moe import CHECKPOINT_NAMES, DEFAULT_CHECKPOINT_NAMES, NVFP4Experts, _cannot_convert, _is_experts
 from .format import BLOCK_SIZE
 
 __all__ = ["init_empty_weights", "load_checkpoint", "save_checkpoint"]
@@ -153,6 +160,49 @@ def _layer(prefix: str, linear: nn.Linear, tensors: dict, fmt: str, w4a4: bool) 
                        "nvfp4" if w4a4 else "bf16", input_scale)
 
 
+def _experts_layer(prefix: str, module: nn.Module, tensors: dict, fmt: str, w4a4: bool) -> NVFP4Experts:
+    """The NVFP4Experts for the experts module at prefix (transformers' or an NVFP4Experts), its
+    per-expert tensors popped from tensors and checked (global scales as _global_scale checks
+    them, then codes, scales, shapes and gate / up sharing as NVFP4Experts' loader does)."""
+    if isinstance(module, NVFP4Experts):
+        e, h, i, names = module.num_experts, module.hidden_dim, module.intermediate_dim, module.checkpoint_names
+    else:
+        reason = _cannot_convert(module)
+        if reason is not None:
+            raise ValueError(f"the checkpoint quantizes the experts {prefix!r}, which cannot hold NVFP4 experts: "
+                             f"{reason}")
+        e, two_i, h = module.gate_up_proj.shape
+        i = two_i // 2
+        names = CHECKPOINT_NAMES.get(type(module).__name__, DEFAULT_CHECKPOINT_NAMES)
+
+    def empty(n, k):
+        return (torch.zeros(e, n, k // 2, dtype=torch.uint8), torch.zeros(e, n, k // BLOCK_SIZE, dtype=torch.float8_e4m3fn),
+                torch.ones(e, dtype=torch.float32))
+
+    layer = NVFP4Experts(empty(2 * i, h), empty(h, i), "nvfp4" if w4a4 else "bf16", names)
+    codes, scale, g, x = _SUFFIXES[fmt]
+    state, input_scales = {}, []
+    for key in [k for k in tensors if k.startswith(prefix + ".")]:
+        value = tensors.pop(key)
+        rest, _, suffix = key[len(prefix) + 1:].rpartition(".")
+        if suffix == g:
+            state[f"{rest}.weight_scale_2"] = _global_scale(key, value, fmt)
+        elif suffix == x:
+            input_scales.append(_global_scale(key, value, fmt))
+        else:
+            state[f"{rest}.{'weight' if suffix == codes else suffix}"] = value
+    try:
+        layer.load_state_dict(state, strict=True)  # (missing or unexpected tensors raise too)
+    except RuntimeError as error:
+        raise ValueError(f"the checkpoint's experts {prefix!r} ({e} experts, hidden {h}, expert MLP {i}, "
+                         f"per-expert names {names}): {error}") from None
+    if input_scales:
+        warnings.warn(f"load_checkpoint: the experts {prefix!r} carry static input scales; NVFP4Experts "
+                      "quantizes x per expert group with a dynamic global scale instead, so the stored ones are "
+                      "checked but not used", stacklevel=3)
+    return layer
+
+
 def load_checkpoint(model: nn.Module, path) -> ConversionReport:
     """Load a ModelOpt or compressed-tensors NVFP4 checkpoint folder (config.json and / or
     hf_quant_config.json, safetensors files, sharded with an index or not) into model, in place:
@@ -166,6 +216,18 @@ def load_checkpoint(model: nn.Module, path) -> ConversionReport:
     scale_suffix = "." + _SUFFIXES[fmt][2]
     quantized = sorted(key[:-len(scale_suffix)] for key in tensors if key.endswith(scale_suffix))
     modules = dict(model.named_modules())
+    experts_modules = {name: m for name, m in modules.items() if _is_experts(m) or isinstance(m, NVFP4Experts)}
+    # <experts>.<e>.<projection>: an expert's layer, read into the experts module's NVFP4Experts
+    of_experts = {name: name.rsplit(".", 2)[0] for name in quantized
+                  if name.count(".") >= 2 and name.rsplit(".", 2)[0] in experts_modules
+                  and name.rsplit(".", 2)[1].isdigit()}
+    for name, experts in of_experts.items():
+        if excluded(name):
+            raise ValueError(f"the checkpoint holds NVFP4 tensors for {name!r}, which its config excludes")
+        if name + codes_suffix not in tensors:
+            raise ValueError(f"the checkpoint has {name}{scale_suffix} but no {name}{codes_suffix}")
+    quantized_experts = sorted(set(of_experts.values()))
+    quantized = [name for name in quantized if name not in of_experts]
     for name in quantized:
         if not isinstance(modules.get(name), nn.Linear):
             raise ValueError(f"the checkpoint quantizes {name!r}, which is not an nn.Linear of the model "
@@ -181,11 +243,13 @@ def load_checkpoint(model: nn.Module, path) -> ConversionReport:
         raise ValueError(f"the checkpoint's config quantizes {unfilled}, but it holds no tensors for them")
     expected = model.state_dict(keep_vars=True)
     own = {f"{name}.{key}" for name in quantized for key in ("weight", "bias")}
-    prefixes = tuple(f"{name}." for name in quantized)
+    own |= {key for key in expected if key.startswith(tuple(f"{name}." for name in quantized_experts))}
+    prefixes = tuple(f"{name}." for name in [*quantized, *quantized_experts])
     unexpected = [key for key in tensors if key not in expected and not key.startswith(prefixes)]
     if unexpected:
         raise ValueError(f"the checkpoint holds tensors the model lacks: {unexpected[:8]}")
     layers = {name: _layer(name, modules[name], tensors, fmt, w4a4) for name in quantized}
+    layers.update({name: _experts_layer(name, modules[name], tensors, fmt, w4a4) for name in quantized_experts})
     leftover = [key for key in tensors if key.startswith(prefixes)]
     if leftover:
         raise ValueError(f"the checkpoint holds tensors of quantized layers this loader does not read: {leftover[:8]}")
@@ -203,7 +267,8 @@ def load_checkpoint(model: nn.Module, path) -> ConversionReport:
     report = ConversionReport()
     for name, layer in layers.items():
         old = modules[name]
-        layer.to(old.weight.device if old.weight.device.type != "meta" else "cpu")
+        device = next(iter(old.parameters() if not isinstance(old, NVFP4Experts) else old.buffers())).device
+        layer.to(device if device.type != "meta" else "cpu")
         _replace(model, name, old, layer)
         report.converted.append(name)
         report.layers += 1
@@ -231,17 +296,22 @@ def save_checkpoint(model: nn.Module, path, format: str = "modelopt") -> None:  
     path = Path(path)
     path.mkdir(parents=True, exist_ok=True)
     layers = {name: m for name, m in model.named_modules() if isinstance(m, NVFP4Linear)}
-    if not layers:
-        raise ValueError("the model has no NVFP4Linear layers: convert it (nvfp4_inductor.convert) first")
+    experts = {name: m for name, m in model.named_modules() if isinstance(m, NVFP4Experts)}
+    if not layers and not experts:
+        raise ValueError("the model has no NVFP4Linear layers: convert it (nvfp4_inductor.convert) first "
+                         "(nor NVFP4Experts)")
     unshared = _unshared_groups(layers)
     if unshared:
         warnings.warn(f"save_checkpoint: the fused groups {unshared} have global scales of their own; vLLM, "
                       "SGLang and TensorRT-LLM read one per group and would decode these layers wrongly. "
                       "Convert with Config(share_global_scales=True) for such engines.", stacklevel=2)
     state = {key: value.detach().contiguous() for key, value in model.state_dict().items()}
-    w4a4 = any(m.activations == "nvfp4" for m in layers.values())
+    w4a4 = any(m.activations == "nvfp4" for m in [*layers.values(), *experts.values()])
+    # each expert's projections under the per-expert names NVFP4Experts' state dict uses
+    expert_layers = [f"{name}.{e}.{proj}" for name, m in experts.items() for e in range(m.num_experts)
+                     for proj in m.checkpoint_names]
     if format == "compressed-tensors":
-        for name in layers:
+        for name in [*layers, *expert_layers]:
             state[f"{name}.weight_packed"] = state.pop(f"{name}.weight")
             state[f"{name}.weight_global_scale"] = (1.0 / state.pop(f"{name}.weight_scale_2")).reshape(1)
             if f"{name}.input_scale" in state:
@@ -255,7 +325,7 @@ def save_checkpoint(model: nn.Module, path, format: str = "modelopt") -> None:  
         else:
             seen[ptr] = key
     save_file(state, str(path / "model.safetensors"), metadata={"format": "pt"})
-    excluded = sorted(name for name, m in model.named_modules() if type(m) is nn.Linear)
+    excluded = sorted(name for name, m in model.named_modules() if type(m) is nn.Linear or _is_experts(m))
     if format == "modelopt":
         quant = {"quant_algo": "NVFP4" if w4a4 else "W4A16_NVFP4", "group_size": BLOCK_SIZE,
                  "exclude_modules": excluded}

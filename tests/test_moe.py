@@ -3,6 +3,8 @@ NVFP4 linears (bit for bit on the CPU), the Triton kernel against the reference 
 interpreter without a GPU), and tiny random Hugging Face MoE models converted with
 convert_experts for each experts_implementation."""
 
+import json
+
 import pytest
 import torch
 from torch._subclasses.fake_tensor import FakeTensorMode
@@ -397,3 +399,126 @@ def test_experts_module_under_cuda_graphs(activation):
                 dst.copy_(src)
             graph.replay()
             assert torch.equal(out, experts(*fresh))
+
+
+# --- checkpoints -------------------------------------------------------------------------------
+
+def _empty_model(arch: str):
+    """The architecture's tiny model built on the meta device (nv.init_empty_weights), to load into."""
+    with nv.init_empty_weights():
+        model = _model(arch, "grouped_mm")
+    return model
+
+
+@pytest.mark.parametrize("arch", ARCHITECTURES)
+@pytest.mark.parametrize("fmt", ["modelopt", "compressed-tensors"])
+def test_moe_checkpoint_round_trips(tmp_path, arch, fmt):
+    """nv.convert (linears and experts), save_checkpoint, then load_checkpoint into a model built
+    without weights and into one whose experts are NVFP4Experts already: the experts come back
+    as NVFP4Experts with the same codes and scales (compressed-tensors' reciprocal global scales
+    within one fp32 rounding), and the same logits."""
+    model = _model(arch, "grouped_mm")
+    nv.convert(model, nv.Config(activations="bf16", share_global_scales=True))
+    nv.save_checkpoint(model, tmp_path, format=fmt)
+    from safetensors import safe_open
+
+    with safe_open(tmp_path / "model.safetensors", "pt") as f:
+        keys = set(f.keys())
+    gate = "w1" if arch == "mixtral" else "gate_proj"
+    codes = "weight" if fmt == "modelopt" else "weight_packed"
+    assert f"model.layers.1.mlp.experts.3.{gate}.{codes}" in keys
+    ids = torch.randint(0, COMMON["vocab_size"], (2, 9), generator=torch.Generator().manual_seed(3))
+    with torch.no_grad():
+        want = model(ids).logits
+    experts_converted = _model(arch, "grouped_mm", seed=5)
+    convert_experts(experts_converted)
+    for fresh in (_empty_model(arch), experts_converted):
+        report = nv.load_checkpoint(fresh, tmp_path)
+        assert {f"model.layers.{i}.mlp.experts" for i in range(2)} <= set(report.converted)
+        loaded, saved = fresh.model.layers[1].mlp.experts, model.model.layers[1].mlp.experts
+        assert isinstance(loaded, NVFP4Experts) and loaded.checkpoint_names == saved.checkpoint_names
+        for name, t in saved.named_buffers():
+            if name.endswith("scale_2") and fmt == "compressed-tensors":  # stored as 1 / g: one fp32 rounding
+                torch.testing.assert_close(getattr(loaded, name), t, rtol=2**-23, atol=0)
+            else:
+                assert torch.equal(getattr(loaded, name).view(torch.uint8), t.view(torch.uint8)), name
+        with torch.no_grad():
+            got = fresh(ids).logits
+        if fmt == "modelopt":
+            assert torch.equal(got, want)
+        else:
+            torch.testing.assert_close(got, want, rtol=0, atol=0.02 * want.abs().max().item())
+
+
+def _write_experts(path, arch: str, edit=None):
+    """A ModelOpt W4A16 checkpoint written by hand for the tiny model: its experts per expert
+    (gate and up quantized as one tensor, so they share the global scale), everything else bf16."""
+    from safetensors.torch import save_file
+
+    model = _model(arch, "grouped_mm")
+    state = {k: v.clone() for k, v in model.state_dict().items()}
+    gate, up, down = ("w1", "w3", "w2") if arch == "mixtral" else ("gate_proj", "up_proj", "down_proj")
+    expected = {}
+    for layer in range(COMMON["num_hidden_layers"]):
+        prefix = f"model.layers.{layer}.mlp.experts"
+        gate_up, w_down = state.pop(f"{prefix}.gate_up_proj"), state.pop(f"{prefix}.down_proj")
+        i = gate_up.shape[1] // 2
+        for e in range(gate_up.shape[0]):
+            q_gate_up, q_down = nv.quantize(gate_up[e]), nv.quantize(w_down[e])
+            expected[(prefix, e)] = (q_gate_up, q_down)
+            for proj, q, rows in ((gate, q_gate_up, slice(0, i)), (up, q_gate_up, slice(i, 2 * i)),
+                                  (down, q_down, slice(None))):
+                state.update({f"{prefix}.{e}.{proj}.weight": q.data[rows].contiguous(),
+                              f"{prefix}.{e}.{proj}.weight_scale": q.scale[rows].contiguous(),
+                              f"{prefix}.{e}.{proj}.weight_scale_2": q.global_scale.clone()})
+    if edit is not None:
+        edit(state)
+    path.mkdir(exist_ok=True)
+    save_file(state, str(path / "model.safetensors"))
+    (path / "hf_quant_config.json").write_text(json.dumps({"quantization": {
+        "quant_algo": "W4A16_NVFP4", "group_size": 16, "exclude_modules": ["lm_head", "*.self_attn.*", "*.gate"]}}))
+    return expected
+
+
+def test_moe_checkpoint_written_by_hand_loads_bit_for_bit(tmp_path):
+    """ModelOpt's per-expert layout written from the format's conventions, loaded into an
+    unconverted model: each expert's codes, scales and global scale are the stored ones."""
+    expected = _write_experts(tmp_path, "mixtral")
+    model = _model("mixtral", "grouped_mm", seed=4)
+    report = nv.load_checkpoint(model, tmp_path)
+    assert report.converted == [f"model.layers.{i}.mlp.experts" for i in range(2)]
+    for (prefix, e), (q_gate_up, q_down) in expected.items():
+        experts = model.get_submodule(prefix)
+        assert torch.equal(experts.gate_up_weight[e], q_gate_up.data)
+        assert torch.equal(experts.gate_up_weight_scale[e].view(torch.uint8), q_gate_up.scale.view(torch.uint8))
+        assert torch.equal(experts.gate_up_weight_scale_2[e], q_gate_up.global_scale)
+        assert torch.equal(experts.down_weight[e], q_down.data)
+        assert torch.equal(experts.down_weight_scale_2[e], q_down.global_scale)
+
+
+def _set(key, value):
+    def edit(state):
+        state[key] = value(state[key]) if callable(value) else value
+    return edit
+
+
+P = "model.layers.1.mlp.experts.2."
+
+
+@pytest.mark.parametrize("edit, match", [
+    (_set(P + "w3.weight_scale_2", lambda g: g * 2), "w1.weight_scale_2 .* and .*w3.weight_scale_2 .* differ"),
+    (_set(P + "w2.weight_scale_2", lambda g: 2688 / g), "almost certainly a compressed-tensors global scale"),
+    (_set(P + "w1.weight", lambda t: t[:, :-1].contiguous()), r"2.w1.weight must have shape \(48, 32\); got \(48, 31\)"),
+    (_set(P + "w2.weight_scale", lambda t: t.float()), "w2.weight_scale"),
+    (lambda state: state.pop(P + "w3.weight_scale"), "Missing key.*2.w3.weight_scale"),
+    (_set(P + "w4.weight", torch.zeros(4, dtype=torch.uint8)), "Unexpected key.*2.w4.weight"),
+], ids=["unshared-gate-up-scale", "reciprocal-scale", "bad-shape", "bad-dtype", "missing", "unexpected"])
+def test_bad_moe_checkpoints_are_refused_before_anything_loads(tmp_path, edit, match):
+    """A clear error naming the tensor, and the model untouched."""
+    _write_experts(tmp_path, "mixtral", edit)
+    model = _model("mixtral", "grouped_mm", seed=4)
+    before = model.model.layers[0].mlp.experts.gate_up_proj.clone()
+    with pytest.raises(ValueError, match=match):
+        nv.load_checkpoint(model, tmp_path)
+    assert not any(isinstance(m, NVFP4Experts) for m in model.modules())
+    assert torch.equal(model.model.layers[0].mlp.experts.gate_up_proj, before)
