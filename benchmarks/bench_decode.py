@@ -5,6 +5,9 @@
     python benchmarks/bench_decode.py --matmul-attention  # decode attention as the prefill's matmuls
     python benchmarks/bench_decode.py --no-fuse-norms     # NVFP4 norms as kernels of their own
     python benchmarks/bench_decode.py --host-loop         # argmax and pos += 1 outside the step
+    torchrun --nproc-per-node 2 benchmarks/bench_decode.py --tp 2 --batches 1 16
+                              # tensor parallel: bf16 and NVFP4 W4A16 at TP 2, then TP 1 on rank 0,
+                              # 8 layers of Llama-3-70B shapes (hidden 8192, 64 / 8 heads, MLP 28672)
 
 The model is examples/decode.py's Llama-style decoder with 8 layers of Llama-3-8B shapes (hidden
 4096, 32 query / 8 KV heads of 128, MLP 14336; vocab 32000; the output head stays bf16), random
@@ -26,6 +29,14 @@ Peak memory is `torch.cuda.max_memory_allocated` over the variant's compile and 
 rows include the bf16 weights, which the model object still holds (the compiled graphs hold the
 NVFP4 copies as frozen constants, one copy per compiled graph).
 """
+
+import os
+
+# Tensor-parallel runs (--tp): NVLink SHARP / multicast off in every process, before
+# torch.distributed initializes (the machines these runs use have it withheld).
+os.environ["NCCL_NVLS_ENABLE"] = "0"
+os.environ["TORCH_SYMM_MEM_DISABLE_MULTICAST"] = "1"
+os.environ["NVSHMEM_DISABLE_NVLS"] = "1"
 
 import argparse
 import copy
@@ -258,6 +269,101 @@ def check(model, steps) -> bool:
     return ok
 
 
+TP_PRESET = decode.ModelConfig(vocab=32000, hidden=8192, layers=8, heads=64, kv_heads=8, head_dim=128,
+                               mlp=28672)  # 8 layers of Llama-3-70B shapes
+
+
+def tp_model(cfg, max_len, batch, mesh, config):
+    """The decoder, its layers sharded over mesh (None: whole) with the standard plan (q / k / v and
+    w1 / w3 column-parallel, wo / w2 row-parallel; each rank's attention runs its own heads), in
+    bf16 (config None) or converted to NVFP4 after sharding (each share with its whole weight's
+    global scale: nvfp4_inductor.parallel)."""
+    from torch.distributed.tensor.parallel import parallelize_module
+
+    from nvfp4_inductor.parallel import ColwiseParallel, RowwiseParallel
+
+    model = decode.build_model(cfg, max_len, batch, "cuda")
+    if mesh is not None:
+        plan = {"attn.wq": ColwiseParallel(), "attn.wk": ColwiseParallel(), "attn.wv": ColwiseParallel(),
+                "attn.wo": RowwiseParallel(), "mlp.w1": ColwiseParallel(), "mlp.w3": ColwiseParallel(),
+                "mlp.w2": RowwiseParallel()}
+        for layer in model.layers:
+            parallelize_module(layer, mesh, plan)
+            layer.attn.heads //= mesh.size()
+            layer.attn.kv_heads //= mesh.size()
+        model.setup_cache(batch)
+    if config is not None:
+        nv.convert(model, config)
+    return model
+
+
+def tp_main(args) -> None:
+    """--tp N under torchrun: bf16 and NVFP4 W4A16 decode tokens/s at TP N, then at TP 1 on rank 0
+    (the other ranks wait), one table on rank 0."""
+    import datetime
+
+    import torch.distributed as dist
+    from torch.distributed.device_mesh import init_device_mesh
+
+    world = int(os.environ.get("WORLD_SIZE", "1"))
+    if world != args.tp:
+        sys.exit(f"--tp {args.tp} needs {args.tp} processes: torchrun --nproc-per-node {args.tp} "
+                 f"benchmarks/bench_decode.py --tp {args.tp} (WORLD_SIZE is {world})")
+    rank = int(os.environ.get("RANK", "0"))
+    mesh = None
+    if args.tp > 1:
+        torch.cuda.set_device(int(os.environ["LOCAL_RANK"]))
+        # rank 0's TP 1 run (compiles included) keeps the others waiting in a barrier
+        dist.init_process_group("nccl", timeout=datetime.timedelta(hours=2))
+        mesh = init_device_mesh("cuda", (args.tp,))
+    torch._dynamo.config.cache_size_limit = 64
+    cfg = dataclasses.replace(TP_PRESET, layers=args.layers, decode_attention=not args.matmul_attention)
+    if rank == 0:
+        print(f"GPU: {torch.cuda.get_device_name()} x {args.tp}, torch {torch.__version__}, "
+              f"triton {triton.__version__}, NCCL_NVLS_ENABLE={os.environ['NCCL_NVLS_ENABLE']}")
+        print(f"model: {cfg}; context {args.context}, batches {args.batches}")
+    max_len = args.context + args.steps + 8
+    variants = {name: decode.VARIANTS[name] for name in ("bf16", "nvfp4 W4A16")}
+    results = {}
+    for tp in dict.fromkeys((args.tp, 1)):
+        if tp == 1 and rank != 0:
+            continue
+        for name, config in variants.items():
+            torch._dynamo.reset()
+            gc.collect()
+            torch.cuda.empty_cache()
+            model = tp_model(cfg, max_len, max(args.batches), mesh if tp > 1 else None, config)
+            results[(name, tp)] = run_variant(model, config, args.batches, args.context, args.steps,
+                                              host_loop=args.host_loop)
+            del model
+    if mesh is not None:
+        torch._dynamo.reset()
+        dist.barrier()
+    if rank != 0:
+        dist.destroy_process_group() if mesh is not None else None
+        return
+    print(f"\n{'variant':>12} {'TP':>3} {'batch':>5} {'tokens/s':>9} {'vs bf16':>8} {'vs TP 1':>8} "
+          f"{'peak GiB':>8} {'compile s':>9} {'skips':>5} {'sync':>5}")
+    for (name, tp), rows in results.items():
+        for i, row in enumerate(rows):
+            base = results[("bf16", tp)][i]["tokens_s"]
+            one = results[(name, 1)][i]["tokens_s"]
+            print(f"{name:>12} {tp:3d} {row['batch']:5d} {row['tokens_s']:9.1f} {row['tokens_s'] / base:7.2f}x "
+                  f"{row['tokens_s'] / one:7.2f}x {row['peak_gib']:8.2f} {row['compile_s']:9.1f} "
+                  f"{row['skips']:5d} {row['sync']:>5}")
+    if 1 in args.batches and args.tp > 1:
+        i = args.batches.index(1)
+        nvfp4, bf16 = results[("nvfp4 W4A16", args.tp)][i]["tokens_s"], results[("bf16", args.tp)][i]["tokens_s"]
+        one = results[("nvfp4 W4A16", 1)][i]["tokens_s"]
+        for what, ratio, target in ((f"bf16 TP {args.tp}", nvfp4 / bf16, 2.0), ("NVFP4 TP 1", nvfp4 / one, 1.6)):
+            print(f"target NVFP4 W4A16 TP {args.tp} >= {target}x {what} at batch 1: {ratio:.2f}x "
+                  f"{'MET' if ratio >= target else 'NOT MET'}")
+    clean = all(r["skips"] == 0 and r["sync"] == "ok" for rows in results.values() for r in rows)
+    print(f"target zero CUDA-graph skips and no host sync in a decode step: {'MET' if clean else 'NOT MET'}")
+    if mesh is not None:
+        dist.destroy_process_group()
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--check", action="store_true", help="correctness checks only")
@@ -274,7 +380,14 @@ def main() -> None:
     parser.add_argument("--host-loop", action="store_true",
                         help="time the model step with the argmax and pos += 1 outside it "
                              "instead of decode.GreedyStep")
+    parser.add_argument("--tp", type=int, default=None,
+                        help="tensor parallel over this many GPUs (launch with torchrun --nproc-per-node "
+                             "N): bf16 and NVFP4 W4A16 at TP N and TP 1, 8 layers of Llama-3-70B shapes")
     args = parser.parse_args()
+    if args.tp is not None:
+        if args.tp < 1:
+            parser.error(f"--tp must be >= 1; got {args.tp}")
+        return tp_main(args)
     torch._dynamo.config.cache_size_limit = 64
     cfg = decode.PRESETS["llama3-8b-8layers"]
     cfg = decode.ModelConfig(**{**cfg.__dict__, "layers": args.layers,

@@ -6,6 +6,7 @@ Its state dict holds the weight under the ModelOpt checkpoint names: `weight` ui
 `weight_scale` float8_e4m3fn (N, K/16), `weight_scale_2` fp32 (the decode global scale).
 """
 
+import sys
 import warnings
 from dataclasses import dataclass, field
 
@@ -194,6 +195,11 @@ class NVFP4Linear(nn.Module):
         if not isinstance(linear, nn.Linear):
             raise TypeError(f"linear must be a torch.nn.Linear; got {type(linear).__name__}")
         check_activations(activations)
+        dtensor = sys.modules.get("torch.distributed.tensor")
+        if dtensor is not None and isinstance(linear.weight, dtensor.DTensor):  # tensor-parallel
+            from .parallel import shard_from_linear  # this rank's share, the whole weight's global scale
+
+            return shard_from_linear(linear, activations, method, hessian, global_scale)
         weight = api.quantize(linear.weight.detach(), global_scale, method=method, hessian=hessian)
         return cls(weight, linear.bias, activations)
 

@@ -16,6 +16,7 @@ step) gets a graph compiled for it, never the old weights. With freezing on whil
 
 import operator
 import re
+import sys
 import warnings
 import weakref
 
@@ -195,8 +196,13 @@ def _weight_inputs(gm: torch.fx.GraphModule, example_inputs) -> dict[int, str]:
     floating-point buffers (a weight may be held in a buffer), and converted layers' NVFP4 buffers.
     Other buffers (rotary tables, masks) stay inputs, as they are without the backend."""
     weights = {}
+    sharded = set()
+    if "torch.distributed.tensor" in sys.modules:  # (no DTensor can exist before it is imported)
+        from ..parallel import sharded_graph_inputs
+
+        sharded = sharded_graph_inputs(gm, example_inputs)  # tensor-parallel: stay inputs
     for i, (node, t) in enumerate(zip(gm.graph.find_nodes(op="placeholder"), example_inputs)):
-        if not (isinstance(t, torch.Tensor) and _compat.is_module_tensor_input(node, t)):
+        if not (isinstance(t, torch.Tensor) and _compat.is_module_tensor_input(node, t)) or i in sharded:
             continue
         path = _module_path(node)
         weight = (isinstance(t, nn.Parameter) or (t.dim() == 2 and t.is_floating_point())
