@@ -46,6 +46,11 @@ import torch
 import triton
 import triton.language as tl
 
+try:
+    from triton import knobs  # the launch hooks a direct launch passes on, as Triton's own launches do
+except ImportError:
+    knobs = None
+
 from ..format import BLOCK_SIZE
 from ..tiled import TILE_K, TILE_N
 from .. import capability
@@ -475,15 +480,17 @@ _KERNEL_DEFAULTS = {"GROUPED": False, "PDL": False}
 
 
 def _direct_launch_runs(compiled) -> bool:
-    """Whether this Triton's compiled kernel launches as gemm_splitk calls it (the launcher
-    CompiledKernel.__getitem__ uses), with no launch hooks set: otherwise every launch goes
-    through the JIT function."""
-    try:
-        from triton import knobs
-    except ImportError:
-        return False
-    return (all(hasattr(compiled, a) for a in ("run", "function", "packed_metadata"))
-            and knobs.runtime.launch_enter_hook is None and knobs.runtime.launch_exit_hook is None)
+    """Whether this Triton's compiled kernel launches as gemm_splitk calls it (as its own
+    CompiledKernel.__getitem__ launcher does); otherwise every launch goes through the JIT function."""
+    return knobs is not None and all(hasattr(compiled, a) for a in ("run", "function", "packed_metadata",
+                                                                    "launch_metadata"))
+
+
+def _hook(hook):
+    """A launch hook, or None for none (Triton 3.6 keeps its hooks in a chain that may be empty:
+    then the launch metadata the hooks would read is not built either)."""
+    calls = getattr(hook, "calls", None)
+    return None if hook is None or (isinstance(calls, list) and not calls) else hook
 
 
 class _Setup(NamedTuple):
@@ -612,6 +619,8 @@ def gemm_splitk(x, w_data, w_scale, w_global_scale, bias, out_dtype, swizzled, t
         return out
     compiled, constexprs = launch
     stream = triton.runtime.driver.active.get_current_stream(x.device.index)
-    compiled.run(*setup.grid, 1, stream, compiled.function, compiled.packed_metadata, None, None, None,
+    enter, leave = _hook(knobs.runtime.launch_enter_hook), _hook(knobs.runtime.launch_exit_hook)
+    metadata = None if enter is None else compiled.launch_metadata(setup.grid, stream, *args, *constexprs)
+    compiled.run(*setup.grid, 1, stream, compiled.function, compiled.packed_metadata, metadata, enter, leave,
                  *args, *constexprs)
     return out
