@@ -5,6 +5,7 @@ same run.
 
     python benchmarks/bench_moe.py [--tokens 1 16] [--shapes qwen3 mixtral]
     python benchmarks/bench_moe.py --small      # tiny shapes, any machine: runs and checks, no times
+    python benchmarks/bench_moe.py --generate   # a 4-layer Qwen3-MoE-shaped model through generate
 
 Qwen3-30B-A3B experts: 128 experts, top-8, hidden 2048, expert MLP 768; Mixtral-8x7B: 8 experts,
 top-2, hidden 4096, MLP 14336. Routing: top-k of random router logits (every token k distinct
@@ -90,15 +91,84 @@ def small() -> None:
                     raise SystemExit(f"{name} {activations} T={t}: error too large")
 
 
+GENERATE_SHAPES = dict(hidden_size=2048, intermediate_size=6144, moe_intermediate_size=768, num_experts=128,
+                       num_experts_per_tok=8, num_attention_heads=32, num_key_value_heads=4, head_dim=128,
+                       vocab_size=151936, max_position_embeddings=1024)
+
+
+def generate_bench(layers: int = 4, new_tokens: int = 128, prompt: int = 16, runs: int = 3) -> None:
+    """A Qwen3-30B-A3B-shaped model of `layers` layers (random weights, experts_implementation
+    "grouped_mm") through generate with a static cache, its decode step compiled with
+    CompileConfig(mode="reduce-overhead"): bf16 under backend="inductor", the same model under
+    backend="nvfp4" (experts and linears quantized at compile time, moe_rewrite.py), and the model
+    converted by nv.convert under backend="nvfp4". Decode tokens/s (median of `runs` timed
+    generate calls after a warm-up call) and the CUDA-graph skips each compile counted."""
+    import time
+
+    import transformers
+    from torch._dynamo.utils import counters
+
+    import nvfp4_inductor as nv
+
+    def model(seed=0):
+        torch.manual_seed(seed)
+        config = transformers.Qwen3MoeConfig(num_hidden_layers=layers, experts_implementation="grouped_mm",
+                                             **GENERATE_SHAPES)
+        return transformers.Qwen3MoeForCausalLM(config).to("cuda", torch.bfloat16).eval()
+
+    ids = torch.randint(0, GENERATE_SHAPES["vocab_size"], (1, prompt), device="cuda")
+    print(f"\n{layers}-layer Qwen3-MoE-shaped model, generate {new_tokens} tokens after a {prompt}-token prompt, "
+          "batch 1, static cache, decode step compiled with mode='reduce-overhead'")
+    print(f"{'variant':>28} {'tokens/s':>9} {'x bf16':>7} {'cudagraph skips':>16}")
+    base = None
+    for name, backend, convert in (("bf16, backend=inductor", "inductor", False),
+                                   ("bf16 model, backend=nvfp4", "nvfp4", False),
+                                   ("nv.convert, backend=nvfp4", "nvfp4", True)):
+        m = model()
+        if convert:
+            nv.convert(m, nv.Config(activations="bf16"))
+        torch._dynamo.reset()
+        skips = counters["inductor"]["cudagraph_skips"]
+        config = transformers.CompileConfig(backend=backend, mode="reduce-overhead")
+        kwargs = dict(max_new_tokens=new_tokens, min_new_tokens=new_tokens, do_sample=False,
+                      cache_implementation="static", compile_config=config)
+        m.generate(ids, **kwargs)  # compiles (and records the CUDA graphs)
+        times = []
+        for _ in range(runs):
+            torch.cuda.synchronize()
+            start = time.perf_counter()
+            m.generate(ids, **kwargs)
+            torch.cuda.synchronize()
+            times.append(time.perf_counter() - start)
+        rate = new_tokens / sorted(times)[len(times) // 2]
+        base = base or rate
+        print(f"{name:>28} {rate:9.1f} {rate / base:7.2f} {counters['inductor']['cudagraph_skips'] - skips:16d}",
+              flush=True)
+        del m
+        torch._dynamo.reset()
+        torch.cuda.empty_cache()
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--tokens", type=int, nargs="+", default=TOKENS, help="tokens a call (default: all)")
     parser.add_argument("--shapes", nargs="+", choices=SHAPES, default=list(SHAPES))
     parser.add_argument("--no-eager", action="store_true", help="skip the eager loop (slow at 4096 tokens)")
     parser.add_argument("--small", action="store_true", help="tiny shapes, run and check only (any machine)")
+    parser.add_argument("--generate", action="store_true",
+                        help="a 4-layer Qwen3-MoE-shaped model through generate, NVFP4 vs bf16 (GPU)")
+    parser.add_argument("--layers", type=int, default=4, help="layers of the --generate model")
     args = parser.parse_args()
     if args.small:
         small()
+        return
+    if args.generate:
+        if not torch.cuda.is_available():
+            raise SystemExit("--generate needs a CUDA GPU")
+        import triton
+
+        print(f"GPU: {torch.cuda.get_device_name()}, torch {torch.__version__}, triton {triton.__version__}")
+        generate_bench(args.layers)
         return
     import triton
     from bench_quantize import copy_bandwidth_gbs, graph_us
