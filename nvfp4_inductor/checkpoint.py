@@ -293,6 +293,12 @@ def save_checkpoint(model: nn.Module, path, format: str = "modelopt") -> None:  
 
     if format not in FORMATS:
         raise ValueError(f"format must be one of {FORMATS}; got {format!r}")
+    # a tensor-parallel share (parallel.NVFP4LinearShard) would be written under its whole layer's
+    # name: a checkpoint whose tensors are one rank's rows or columns
+    shards = [name for name, m in model.named_modules() if isinstance(m, NVFP4Linear) and getattr(m, "tp_size", 1) > 1]
+    if shards:
+        raise ValueError(f"save_checkpoint: {shards[:4]} are tensor-parallel shares (NVFP4LinearShard); saving a "
+                         "sharded model as one checkpoint is not implemented: save the unsharded model")
     path = Path(path)
     path.mkdir(parents=True, exist_ok=True)
     layers = {name: m for name, m in model.named_modules() if isinstance(m, NVFP4Linear)}

@@ -205,14 +205,22 @@ def quantize_experts(w: Tensor, method: str) -> tuple[Tensor, Tensor, Tensor]:
     """(E, N, K) float expert weights -> (codes (E, N, K/2) uint8, e4m3 scale bits (E, N, K/16)
     uint8, (E,) fp32 global scales), as NVFP4Experts.from_experts quantizes them: what
     backend="nvfp4" folds at compile time for an unconverted model's experts (moe_rewrite.py)."""
+    _check_expert_weights(w)
     data, scale, g = _quantize_experts(w.contiguous(), method)
     return data, scale.view(torch.uint8), g
 
 
+def _check_expert_weights(w: Tensor) -> None:
+    """quantize_experts' shape check, in the op and its fake alike (a 2-D w would otherwise be
+    quantized as E = N experts of one row each)."""
+    if w.dim() != 3 or w.shape[0] == 0 or w.shape[-1] % BLOCK_SIZE:
+        raise ValueError(f"expert weights must be (E, N, K) with E > 0 and K a multiple of {BLOCK_SIZE}; "
+                         f"got {tuple(w.shape)}")
+
+
 @quantize_experts.register_fake
 def _(w, method):
-    if w.dim() != 3 or w.shape[-1] % BLOCK_SIZE:
-        raise ValueError(f"expert weights must be (E, N, K) with K a multiple of {BLOCK_SIZE}; got {tuple(w.shape)}")
+    _check_expert_weights(w)
     e, n, k = w.shape
     return (w.new_empty((e, n, k // 2), dtype=torch.uint8), w.new_empty((e, n, k // BLOCK_SIZE), dtype=torch.uint8),
             w.new_empty((e,), dtype=torch.float32))
@@ -260,8 +268,13 @@ class NVFP4Experts(nn.Module):
     @classmethod
     def from_experts(cls, experts: nn.Module, activations: str = "auto", method: str = "rtn") -> "NVFP4Experts":
         """Quantize a transformers experts module's gate_up_proj (E, 2I, H) and down_proj
-        (E, H, I), each expert as one tensor (convert_experts checks the module first)."""
+        (E, H, I), each expert as one tensor. Raises ValueError for a module NVFP4Experts cannot
+        stand for (its forward is silu(gate) * up without biases: another activation or a bias
+        would be dropped silently)."""
         check_activations(activations)
+        reason = _cannot_convert(experts) if _is_experts(experts) else "it holds no 3-D gate_up_proj and down_proj"
+        if reason is not None:
+            raise ValueError(f"NVFP4Experts.from_experts: cannot convert {type(experts).__name__}: {reason}")
         with torch.no_grad():
             gate_up = _quantize_experts(experts.gate_up_proj.detach(), method)
             down = _quantize_experts(experts.down_proj.detach(), method)

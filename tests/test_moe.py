@@ -184,6 +184,22 @@ def test_triton_kernel_fp32_output(kernel_device):
     assert ((got - want).norm() / want.norm()).item() <= 1e-6
 
 
+def test_triton_kernel_reads_strided_offsets_and_global_scales(kernel_device):
+    """offsets and global scales given as strided views (every other element of a larger tensor):
+    the kernel reads their values, not the memory next to them."""
+    gen = torch.Generator().manual_seed(13)
+    data, scale, g = _experts(3, 32, 64, gen)
+    x = torch.randn(12, 64, generator=gen).to(torch.bfloat16)
+    want = OPS.grouped_linear(x, _offsets([3, 2, 7]), data, scale, g, None, "bf16")
+    # made on the device, then sliced: a copy to the device would be contiguous
+    offsets = torch.tensor([3, 99, 5, 99, 12, 99], dtype=torch.int32, device=kernel_device)[::2]
+    g_strided = torch.stack([g, g * 1000], dim=1).reshape(-1).to(kernel_device)[::2]
+    assert not offsets.is_contiguous() and not g_strided.is_contiguous()
+    got = moe._grouped_cuda(x.to(kernel_device), offsets, data.to(kernel_device), scale.to(kernel_device),
+                            g_strided, None, "bf16", False).cpu()
+    torch.testing.assert_close(got.float(), want.float(), rtol=2**-7, atol=1e-3 * want.float().abs().max().item())
+
+
 _COMPILE_SCRIPT = """
 import json, sys
 import triton.language as tl
@@ -325,6 +341,20 @@ def test_experts_it_cannot_convert_are_refused():
         convert_experts(_model("mixtral", "eager", hidden_act="gelu"))
     with pytest.raises(ValueError, match='weight_method="hessian"'):
         convert_experts(_model("mixtral", "eager"), nv.Config(weight_method="hessian", hessians={}))
+
+
+def test_from_experts_and_quantize_experts_refuse_what_they_cannot_hold():
+    """NVFP4Experts.from_experts on experts whose activation is not SiLU (it would be replaced by
+    SiLU silently), and nvfp4::quantize_experts on weights that are not (E, N, K): a ValueError."""
+    experts = _model("mixtral", "eager", hidden_act="gelu").model.layers[0].mlp.experts
+    with pytest.raises(ValueError, match="from_experts: cannot convert MixtralExperts: its activation .* not SiLU"):
+        NVFP4Experts.from_experts(experts)
+    with pytest.raises(ValueError, match="holds no 3-D gate_up_proj"):
+        NVFP4Experts.from_experts(torch.nn.Linear(16, 16))
+    w = torch.randn(32, 64, generator=torch.Generator().manual_seed(14))
+    for bad in (w, w[None][:0]):  # 2-D; E = 0
+        with pytest.raises(ValueError, match=r"expert weights must be \(E, N, K\)"):
+            OPS.quantize_experts(bad, "rtn")
 
 
 def test_module_casts_keep_the_nvfp4_buffers():

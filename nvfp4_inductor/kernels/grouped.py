@@ -177,6 +177,10 @@ def grouped_linear(x: torch.Tensor, offsets: torch.Tensor, w_data: torch.Tensor,
         return out
     if x.stride(-1) != 1:
         x = x.contiguous()
+    # the kernel indexes these with unit strides: a strided view (offsets[::2]) would be misread
+    offsets, w_global_scale = offsets.contiguous(), w_global_scale.contiguous()
+    if x_global_scale is not None:
+        x_global_scale = x_global_scale.contiguous()
     if bias is not None:
         bias = bias.contiguous()
     cfg = _config(t, e)

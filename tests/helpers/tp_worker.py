@@ -119,9 +119,15 @@ def checks(rank: int, tmp: str) -> dict:
         torch._dynamo.reset()
         nv.compile(model, config)(tokens)
 
+    def save_sharded():
+        model = single(False)
+        parallelize_module(model, mesh, nv_plan)
+        nv.save_checkpoint(model, os.path.join(tmp, f"sharded_{rank}"))
+
     for name, fn in (("odd_colwise", odd_colwise), ("odd_rowwise", odd_rowwise), ("twice", twice),
                      ("odd_bf16_then_convert", odd_bf16_then_convert),
-                     ("torch_style_on_nvfp4", torch_style_on_nvfp4), ("compile_sharded_bf16", compile_sharded_bf16)):
+                     ("torch_style_on_nvfp4", torch_style_on_nvfp4), ("compile_sharded_bf16", compile_sharded_bf16),
+                     ("save_sharded", save_sharded)):
         results[f"refused {name}"] = _error(fn)
 
     # a checkpoint loaded straight into the sharded model, each rank reading its share
