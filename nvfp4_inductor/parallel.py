@@ -223,11 +223,6 @@ class RowwiseParallel(_torch_style.RowwiseParallel):
         return super()._apply(module, device_mesh)
 
 
-def is_sharded_weight(t) -> bool:
-    """t is a DTensor (a weight sharded by torch's tensor-parallel plans)."""
-    return isinstance(t, DTensor)
-
-
 def _whole_amax(local: torch.Tensor, mesh: DeviceMesh) -> torch.Tensor:
     """amax over the finite elements of the whole weight, from each rank's share (an all-reduce)."""
     xabs = local.detach().float().abs()
