@@ -15,6 +15,7 @@ from torch import nn
 
 from . import _checks, api
 from .format import BLOCK_SIZE
+from .kernels import gemm  # (no Triton import: gemm.py imports its kernels when they launch)
 from .tiled import tile, tiled_shapes, untile
 from .config import Config, check_activations, layer_skip_reason, resolve_activation
 
@@ -44,6 +45,19 @@ def _checked_input_scale(name: str, input_scale) -> torch.Tensor:
     if input_scale.numel() != 1:
         raise ValueError(f"{name} must hold one per-tensor scale; got shape {tuple(input_scale.shape)}")
     return _checked_global_scale(name, input_scale.detach().reshape(()))
+
+
+def apply_keeping_buffer_dtypes(module: nn.Module, apply, fn, recurse, names) -> nn.Module:
+    """nn.Module._apply (`apply`, the caller's super()._apply) with the buffers named in names
+    moved to fn's device but kept in their dtypes (NVFP4 codes, e4m3 scales, fp32 global scales:
+    a cast such as `.half()` would change their meaning)."""
+    before = {name: module._buffers[name] for name in names if module._buffers.get(name) is not None}
+    apply(fn, recurse)
+    for name, old in before.items():
+        new = module._buffers[name]
+        if new.dtype != old.dtype:
+            module._buffers[name] = old.to(new.device)
+    return module
 
 
 class NVFP4Linear(nn.Module):
@@ -105,14 +119,7 @@ class NVFP4Linear(nn.Module):
     def _apply(self, fn, recurse=True):
         """Module casts move the NVFP4 buffers to fn's device but keep their dtypes: `.half()`
         would otherwise round the fp32 global scale."""
-        before = {name: self._buffers[name] for name in self._NVFP4_BUFFERS
-                  if self._buffers[name] is not None}
-        super()._apply(fn, recurse)
-        for name, old in before.items():
-            new = self._buffers[name]
-            if new.dtype != old.dtype:
-                self._buffers[name] = old.to(new.device)
-        return self
+        return apply_keeping_buffer_dtypes(self, super()._apply, fn, recurse, self._NVFP4_BUFFERS)
 
     def _save_to_state_dict(self, destination, prefix, keep_vars):
         super()._save_to_state_dict(destination, prefix, keep_vars)
@@ -223,12 +230,12 @@ class NVFP4Linear(nn.Module):
             # Eager inference: the op's CUDA kernel launched directly, without the dispatcher's
             # and the op's per-call checks (this module's tensors are checked when set; x just
             # now), which cost more host time than the GEMM takes at decode sizes (docs/gemm.md)
-            from .kernels.gemm import linear_tiled
-
             if x.device.index == torch.cuda.current_device():
-                return linear_tiled(x, self.weight, self.weight_scale, g, self.bias, self.out_features, activation)
+                return gemm.linear_tiled(x, self.weight, self.weight_scale, g, self.bias, self.out_features,
+                                         activation)
             with torch.cuda.device(x.device):
-                return linear_tiled(x, self.weight, self.weight_scale, g, self.bias, self.out_features, activation)
+                return gemm.linear_tiled(x, self.weight, self.weight_scale, g, self.bias, self.out_features,
+                                         activation)
         return torch.ops.nvfp4.linear_tiled(x, self.weight, self.weight_scale, g, self.bias,
                                             self.out_features, activation)
 

@@ -29,6 +29,7 @@ from torch import Tensor, nn
 
 from . import _checks, api, ops, reference
 from .config import Config, check_activations, resolve_activation
+from .convert import apply_keeping_buffer_dtypes
 from .format import BLOCK_SIZE
 
 __all__ = ["grouped_linear", "grouped_linear_silu_mul", "quantize_experts", "NVFP4Experts", "convert_experts"]
@@ -309,13 +310,7 @@ class NVFP4Experts(nn.Module):
     def _apply(self, fn, recurse=True):
         """Module casts move the NVFP4 buffers to fn's device but keep their dtypes (`.half()`
         would otherwise turn the e4m3 scales into fp16 and round the fp32 global scales)."""
-        before = {name: t for name, t in self._buffers.items() if t is not None}
-        super()._apply(fn, recurse)
-        for name, old in before.items():
-            new = self._buffers[name]
-            if new.dtype != old.dtype:
-                self._buffers[name] = old.to(new.device)
-        return self
+        return apply_keeping_buffer_dtypes(self, super()._apply, fn, recurse, list(self._buffers))
 
     def _checkpoint_keys(self):
         """-> [(checkpoint key suffix, buffer name, expert, row slice)] in state dict order."""

@@ -330,25 +330,31 @@ def _linear_setup_context(ctx, inputs, output):
     ctx.x_shape, ctx.x_dtype, ctx.bias_dtype = x.shape, x.dtype, None if bias is None else bias.dtype
 
 
-def _linear_backward(ctx, grad):
+def _x_and_bias_grads(ctx, grad, op: str, weight):
     """Gradients for x (W4A16: x is rounded to bf16 and multiplied by W, so dL/dx = dL/dy @ W, the
     rounding passed straight through, as autograd does for a cast) and bias; the NVFP4 weight is
     constant data. W4A4 quantizes x (a step function): no gradient, an error rather than zeros
-    (no_gradient: when the backward runs)."""
-    w_data, w_scale, w_global_scale = ctx.saved_tensors
+    (no_gradient: when the backward runs). weight(dtype) -> W dequantized, (N, K)."""
     grad_x = grad_bias = None
     if ctx.needs_input_grad[0]:
         if ctx.activation != "bf16":
             grad_x = no_gradient(grad.new_empty(ctx.x_shape, dtype=ctx.x_dtype),
-                                 f"nvfp4::linear with activation={ctx.activation!r} quantizes x, "
+                                 f"{op} with activation={ctx.activation!r} quantizes x, "
                                  "which has no gradient; use activation='bf16' (W4A16) to "
                                  "backpropagate through an NVFP4 linear")
         else:
-            w = dequantize(w_data, w_scale, w_global_scale, ctx.w_swizzled, grad.dtype)
             with reference.no_autocast(grad):
-                grad_x = (grad @ w).to(ctx.x_dtype)
+                grad_x = (grad @ weight(grad.dtype)).to(ctx.x_dtype)
     if ctx.needs_input_grad[4]:
         grad_bias = grad.reshape(-1, grad.shape[-1]).sum(0).to(ctx.bias_dtype)
+    return grad_x, grad_bias
+
+
+def _linear_backward(ctx, grad):
+    w_data, w_scale, w_global_scale = ctx.saved_tensors
+    grad_x, grad_bias = _x_and_bias_grads(
+        ctx, grad, "nvfp4::linear",
+        lambda dtype: dequantize(w_data, w_scale, w_global_scale, ctx.w_swizzled, dtype))
     return grad_x, None, None, None, grad_bias, None, None
 
 
@@ -468,25 +474,17 @@ def _linear_tiled_setup_context(ctx, inputs, output):
 
 
 def _linear_tiled_backward(ctx, grad):
-    """As nvfp4::linear's backward (x and bias; W is constant data). A deferred RMSNorm (norm_h,
-    which only backend="nvfp4"'s inference graphs pass) has none."""
+    """As nvfp4::linear's backward. A deferred RMSNorm (norm_h, which only backend="nvfp4"'s
+    inference graphs pass) has none."""
     w_data, w_scale, w_global_scale = ctx.saved_tensors
     if ctx.deferred_norm and any(ctx.needs_input_grad):
         raise RuntimeError("nvfp4::linear_tiled with a deferred RMSNorm (norm_h) has no gradient")
-    grad_x = grad_bias = None
-    if ctx.needs_input_grad[0]:
-        if ctx.activation != "bf16":
-            grad_x = no_gradient(grad.new_empty(ctx.x_shape, dtype=ctx.x_dtype),
-                                 f"nvfp4::linear_tiled with activation={ctx.activation!r} quantizes x, "
-                                 "which has no gradient; use activation='bf16' (W4A16) to "
-                                 "backpropagate through an NVFP4 linear")
-        else:
-            data, scale = untile_weight(w_data, w_scale, ctx.n, ctx.x_shape[-1])
-            w = dequantize(data, scale, w_global_scale, False, grad.dtype)
-            with reference.no_autocast(grad):
-                grad_x = (grad @ w).to(ctx.x_dtype)
-    if ctx.needs_input_grad[4]:
-        grad_bias = grad.reshape(-1, grad.shape[-1]).sum(0).to(ctx.bias_dtype)
+
+    def weight(dtype):
+        data, scale = untile_weight(w_data, w_scale, ctx.n, ctx.x_shape[-1])
+        return dequantize(data, scale, w_global_scale, False, dtype)
+
+    grad_x, grad_bias = _x_and_bias_grads(ctx, grad, "nvfp4::linear_tiled", weight)
     return grad_x, None, None, None, grad_bias, None, None, None, None
 
 
