@@ -312,6 +312,20 @@ def test_tile_weight_rejects_bad_input():
         OPS.tile_weight(data.float(), scale)
 
 
+
+def test_untile_weight_inverts_tile_weight_and_rejects_bad_input():
+    data, scale, _ = _q_args(torch.randn(80, 96))
+    data_t, scale_t = OPS.tile_weight(data, scale)
+    torch.library.opcheck(OPS.untile_weight.default, (data_t, scale_t, 80, 96))
+    back = OPS.untile_weight(data_t, scale_t, 80, 96)
+    assert torch.equal(back[0], data) and torch.equal(back[1], scale)
+    with pytest.raises(ValueError, match=r"n must be a positive multiple of 16; got 81"):
+        OPS.untile_weight(data_t, scale_t, 81, 96)
+    with pytest.raises(ValueError, match=r"tiled data for N=80, K=160 must have shape"):
+        OPS.untile_weight(data_t, scale_t, 80, 160)
+    with pytest.raises(TypeError, match="scale"):
+        OPS.untile_weight(data_t, scale_t.float(), 80, 96)
+
 @pytest.mark.parametrize("activation", ["bf16", "nvfp4"])
 def test_linear_tiled_silu_mul_is_the_gated_mlp(activation):
     """gate and up interleaved by 32 rows into one tiled weight: silu(gate(x)) * up(x), each linear
