@@ -15,7 +15,7 @@ from torch import nn
 
 from . import _checks, api
 from .format import BLOCK_SIZE
-from .kernels import gemm  # (no Triton import: gemm.py imports its kernels when they launch)
+from .kernels import gemm, plan  # (no Triton import: gemm.py imports its kernels when they launch)
 from .tiled import tile, tiled_shapes, untile
 from .config import Config, check_activations, layer_skip_reason, resolve_activation
 
@@ -119,6 +119,7 @@ class NVFP4Linear(nn.Module):
     def _apply(self, fn, recurse=True):
         """Module casts move the NVFP4 buffers to fn's device but keep their dtypes: `.half()`
         would otherwise round the fp32 global scale."""
+        self._bound = {}
         return apply_keeping_buffer_dtypes(self, super()._apply, fn, recurse, self._NVFP4_BUFFERS)
 
     def _save_to_state_dict(self, destination, prefix, keep_vars):
@@ -216,6 +217,18 @@ class NVFP4Linear(nn.Module):
         return api.NVFP4(data, scale, self.weight_scale_2, torch.Size((self.out_features, self.in_features)))
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        eager = (x.is_cuda and not torch.compiler.is_compiling() and not torch.is_autocast_enabled("cuda")
+                 and not (torch.is_grad_enabled() and (x.requires_grad or self.bias is not None and self.bias.requires_grad)))
+        if eager:
+            # Eager inference: a launch bound to this layer for this form of x (gemm.bind_linear_tiled),
+            # as the launcher's per-call checks and set-up cost more host time than the GEMM takes at
+            # decode sizes (docs/gemm.md); module changes (assignment, load_state_dict, .to) drop them.
+            key = (x.shape, x.stride(), x.dtype, x.device, x.data_ptr() % 16)
+            bound = self._bound.get(key)
+            if bound is not None:
+                y = bound(x)
+                if y is not None:
+                    return y
         activation = resolve_activation(self.activations, x)
         g = self.weight_scale_2
         if activation == "nvfp4" and self.input_scale is not None:
@@ -223,21 +236,29 @@ class NVFP4Linear(nn.Module):
             # global scales applied together in the epilogue (as nvfp4_inductor.linear does)
             x_values, x_global_scale = torch.ops.nvfp4.quantize_values(x, self.input_scale)
             x, g, activation = x_values.to(x.dtype), g * x_global_scale, "bf16"
-        if (x.is_cuda and x.device == self.weight.device and x.shape[-1] == self.in_features
-                and x.dtype in _checks.FLOAT_DTYPES and not torch.compiler.is_compiling()
-                and not torch.is_autocast_enabled("cuda")
-                and not (torch.is_grad_enabled() and (x.requires_grad or self.bias is not None and self.bias.requires_grad))):
-            # Eager inference: the op's CUDA kernel launched directly, without the dispatcher's
-            # and the op's per-call checks (this module's tensors are checked when set; x just
-            # now), which cost more host time than the GEMM takes at decode sizes (docs/gemm.md)
-            if x.device.index == torch.cuda.current_device():
-                return gemm.linear_tiled(x, self.weight, self.weight_scale, g, self.bias, self.out_features,
-                                         activation)
+            eager = False  # (x is no longer the caller's: no launch is bound to its form)
+        if (eager and x.device == self.weight.device and x.shape[-1] == self.in_features
+                and x.dtype in _checks.FLOAT_DTYPES):
+            # the op's CUDA kernel launched directly, without the dispatcher's and the op's
+            # per-call checks (this module's tensors are checked when set; x just now)
             with torch.cuda.device(x.device):
-                return gemm.linear_tiled(x, self.weight, self.weight_scale, g, self.bias, self.out_features,
-                                         activation)
+                y = gemm.linear_tiled(x, self.weight, self.weight_scale, g, self.bias, self.out_features, activation)
+                if key not in self._bound and x.numel() <= plan.SPLITK_MAX_M_TILED * x.shape[-1]:
+                    if len(self._bound) >= 64:  # (a bound on the forms of x kept)
+                        self._bound.clear()
+                    self._bound[key] = gemm.bind_linear_tiled(x, self.weight, self.weight_scale, g, self.bias,
+                                                              self.out_features, activation)
+            return y
         return torch.ops.nvfp4.linear_tiled(x, self.weight, self.weight_scale, g, self.bias,
                                             self.out_features, activation)
+
+    def __setattr__(self, name, value):
+        super().__setattr__(name, value)
+        self.__dict__["_bound"] = {}  # launches bound to this module's tensors (forward)
+
+    def __getstate__(self):
+        state = super().__getstate__() if hasattr(super(), "__getstate__") else self.__dict__.copy()
+        return {**state, "_bound": {}}  # (compiled kernels are not copied)
 
     def extra_repr(self) -> str:
         static = ", static input_scale" if self.input_scale is not None else ""

@@ -399,3 +399,55 @@ def test_eager_nvfp4_linear_on_cuda_is_the_op(activations, static, m):
     ref = nv.linear(x.cpu(), layer.cpu().nvfp4_weight(), layer.bias.detach(), activations=activations,
                     x_global_scale=layer.input_scale)
     torch.testing.assert_close(got.cpu().float(), ref.float(), rtol=0.02, atol=0.02 * ref.abs().max().item())
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("bias", [True, False])
+def test_eager_nvfp4_linear_binds_its_launches(bias):
+    """After an x's first call, NVFP4Linear launches the kernel bound to it for that form of x
+    (shape, strides, dtype, alignment): fresh xs of each form give the op's result bit for bit, on
+    the current stream or another one, and under a CUDA-graph capture (not bound: the op's launch);
+    loading other weights, a new bias or a move drops the bound launches."""
+    torch.manual_seed(1)
+    layer = nv.NVFP4Linear.from_linear(nn.Linear(256, 192, bias=bias), "bf16").cuda()
+
+    def want(x):
+        return torch.ops.nvfp4.linear_tiled(x, layer.weight, layer.weight_scale, layer.weight_scale_2, layer.bias,
+                                            192, "bf16")
+
+    def xs(shape, offset=0):
+        flat = torch.randn(int(torch.tensor(shape).prod()) + offset, device="cuda", dtype=torch.bfloat16)
+        return flat[offset:].view(shape)
+
+    with torch.no_grad():
+        for shape, offset in [((1, 256), 0), ((1, 1, 256), 0), ((3, 256), 0), ((2, 4, 256), 0), ((1, 256), 2),
+                              ((64, 256), 0)]:
+            for _ in range(3):
+                x = xs(shape, offset)
+                assert torch.equal(layer(x), want(x)), (shape, offset)
+        assert sum(bound is not None for bound in layer._bound.values()) == 6
+        stream = torch.cuda.Stream()
+        with torch.cuda.stream(stream):
+            x = xs((1, 256))
+            got = layer(x)
+        stream.synchronize()
+        assert torch.equal(got, want(x))
+        x = xs((1, 256))
+        graph = torch.cuda.CUDAGraph()
+        layer(x)  # (warm-up on this stream)
+        with torch.cuda.graph(graph):
+            captured = layer(x)
+        x.copy_(xs((1, 256)))
+        graph.replay()
+        assert torch.equal(captured, want(x))
+        other = nv.NVFP4Linear.from_linear(nn.Linear(256, 192, bias=bias), "bf16")
+        layer.load_state_dict(other.state_dict())
+        x = xs((1, 256))
+        assert torch.equal(layer(x), want(x))
+        if bias:
+            layer.bias = nn.Parameter(torch.randn(192, device="cuda"))
+            assert not layer._bound
+            assert torch.equal(layer(x), want(x))
+        layer.cpu().cuda()
+        assert not layer._bound
+        assert torch.equal(layer(x), want(x))

@@ -112,6 +112,22 @@ def linear_tiled(x, w_data, w_scale, w_global_scale, bias, n: int, activation: s
     return _linear_dequant_cublas(x2, w, w_global_scale, bias, activation, x.dtype).reshape(*lead, n)
 
 
+def bind_linear_tiled(x, w_data, w_scale, w_global_scale, bias, n: int, activation: str):
+    """linear_tiled(x, ...) bound to these weights for xs like x (its shape, strides, dtype, device
+    and 16-byte alignment): a callable x -> y or None (see gemm_splitk.BoundLaunch), or None where
+    linear_tiled would not launch the split-K kernel directly on such an x (W4A4, x not bf16 or
+    not contiguous, more rows than decode sizes, no compiled launch yet)."""
+    from .gemm_splitk import bind_splitk
+
+    if activation != "bf16" or x.dtype != torch.bfloat16 or not x.is_contiguous() or x.dim() == 0:
+        return None
+    x2 = x.reshape(-1, x.shape[-1])
+    chosen = plan.plan_gemm(x2.shape[0], n, x2.shape[1], tiled=True, activation=activation, device=x.device)
+    if chosen.kernel != "splitk" or chosen.x_format != "bf16":
+        return None
+    return bind_splitk(x2, w_data, w_scale, w_global_scale, bias, x.dtype, n, (*x.shape[:-1], n))
+
+
 def mm_tiled_f32(x2, w_data, w_scale, n: int):
     """x (M, K) used as bf16 @ (e2m1 * block scale)^T, W tiled with N = n rows -> (M, N) fp32,
     global scale not applied (the Inductor template's extern choice: dequantize + cuBLAS)."""

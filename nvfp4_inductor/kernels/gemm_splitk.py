@@ -564,6 +564,25 @@ def _launch_setup(m: int, n: int, k: int, tiled: bool, swizzled: bool, x_format:
     return _Setup((triton.cdiv(n, block_n), splits), splits, tiles_per_split, dot_scaled, meta)
 
 
+def _setup_for(x, w_data, w_scale, swizzled, tiled_n, x_format, mainloop):
+    """-> (the cached _Setup of this launch, m, n, k, scale_cols_pad): gemm_splitk's arguments."""
+    m, k = x.shape[0], x.shape[1] * (2 if x_format == "nvfp4" else 1)
+    n = w_data.shape[0] if tiled_n is None else tiled_n
+    tiled = tiled_n is not None
+    fits = _mma_operands_fit(x, w_data, w_scale, tiled)
+    scale_cols_pad = w_scale.shape[1] if swizzled else k // BLOCK_SIZE
+    setup = _launch_setup(m, n, k, tiled, swizzled, x_format, mainloop, fits, w_data.numel() < plan.MMA_MAX_CODE_BYTES,
+                          scale_cols_pad, w_scale.data_ptr() % 4 == 0, x.device)
+    return setup, m, n, k, scale_cols_pad
+
+
+def _launch_key(setup, x, flags, args):
+    """The key of a direct launch: the set-up and what Triton specializes the kernel on (the
+    arguments' dtypes and 16-byte alignments, x's row stride and the two flags)."""
+    return (setup, x.device.index, x.stride(0), *flags.values(),
+            *((t.dtype, t.data_ptr() % 16 == 0) for t in args[:9] if t is not None))
+
+
 def gemm_splitk(x, w_data, w_scale, w_global_scale, bias, out_dtype, swizzled, tiled_n=None, x_scale=None,
                 mainloop=None):
     """x (M, K) (bf16 on the GPU: the word decode multiplies in bf16; under the interpreter in fp32),
@@ -573,7 +592,7 @@ def gemm_splitk(x, w_data, w_scale, w_global_scale, bias, out_dtype, swizzled, t
     for the block-scaled MMA; w_global_scale must then hold both global scales (W's times x's).
     Elsewhere W4A4 passes x's quantized values. mainloop: "mma", "dot" or "dot_scaled" (plan.splitk_mainloop's
     choice where None; a given one is checked against what it needs)."""
-    m, k = x.shape[0], x.shape[1] * (2 if x_scale is not None else 1)
+    m = x.shape[0]
     n = w_data.shape[0] if tiled_n is None else tiled_n
     tiled = tiled_n is not None
     if m > plan.SPLITK_MAX_M_TILED:
@@ -589,10 +608,7 @@ def gemm_splitk(x, w_data, w_scale, w_global_scale, bias, out_dtype, swizzled, t
     if x_format == "nvfp4" and not (tiled and capability.block_scaled_mma(x.device)):
         raise ValueError("an NVFP4 x (x_scale) needs tiled weights on sm_100 or newer; elsewhere pass "
                          "x's quantized values (nvfp4.quantize_values)")
-    fits = _mma_operands_fit(x, w_data, w_scale, tiled)
-    scale_cols_pad = w_scale.shape[1] if swizzled else k // BLOCK_SIZE
-    setup = _launch_setup(m, n, k, tiled, swizzled, x_format, mainloop, fits, w_data.numel() < plan.MMA_MAX_CODE_BYTES,
-                          scale_cols_pad, w_scale.data_ptr() % 4 == 0, x.device)
+    setup, m, n, k, scale_cols_pad = _setup_for(x, w_data, w_scale, swizzled, tiled_n, x_format, mainloop)
     if setup.splits > 1:
         partial = torch.empty((setup.splits, m, n), dtype=torch.float32, device=x.device)
         counters = split_counters(x.device, setup.grid[0])
@@ -607,8 +623,7 @@ def gemm_splitk(x, w_data, w_scale, w_global_scale, bias, out_dtype, swizzled, t
         return out
     # The compiled kernel for this set-up and these arguments' dtypes and alignments (what Triton
     # specializes a kernel on), launched without Triton's per-call argument binding.
-    key = (setup, x.device.index, x.stride(0), *flags.values(),
-           *((t.dtype, t.data_ptr() % 16 == 0) for t in args[:9] if t is not None))
+    key = _launch_key(setup, x, flags, args)
     launch = _launches.get(key)
     if launch is None:
         compiled = _splitk_kernel[setup.grid](*args, **flags, **setup.meta)
@@ -618,9 +633,91 @@ def gemm_splitk(x, w_data, w_scale, w_global_scale, bias, out_dtype, swizzled, t
                                               for name in _splitk_kernel.arg_names[len(args):]))
         return out
     compiled, constexprs = launch
-    stream = triton.runtime.driver.active.get_current_stream(x.device.index)
-    enter, leave = _hook(knobs.runtime.launch_enter_hook), _hook(knobs.runtime.launch_exit_hook)
-    metadata = None if enter is None else compiled.launch_metadata(setup.grid, stream, *args, *constexprs)
-    compiled.run(*setup.grid, 1, stream, compiled.function, compiled.packed_metadata, metadata, enter, leave,
-                 *args, *constexprs)
+    _run(compiled, setup.grid, triton.runtime.driver.active.get_current_stream(x.device.index), args + constexprs)
     return out
+
+
+def _run(compiled, grid, stream, args):
+    """Launch a compiled kernel as Triton's own launcher does, with its launch hooks (if any)."""
+    enter, leave = _hook(knobs.runtime.launch_enter_hook), _hook(knobs.runtime.launch_exit_hook)
+    metadata = None if enter is None else compiled.launch_metadata(grid, stream, *args)
+    compiled.run(*grid, 1, stream, compiled.function, compiled.packed_metadata, metadata, enter, leave, *args)
+
+
+class BoundLaunch:
+    """gemm_splitk bound to one W (tiled, with its global scale and bias; x a bf16 operand) and one
+    form of x (shape, row stride, dtype, device, alignment): the set-up, the compiled kernel and
+    every argument but x and the output decided once, the split partials and tile counters taken
+    from buffers its stream keeps (stream order, and the kernel's wait for the previous one under
+    programmatic dependent launch, keep launches on a stream from overlapping), so that a call
+    costs one allocation and the launch. A call returns None where it cannot launch so (another
+    current device, a CUDA graph being captured): then call gemm_splitk."""
+
+    __slots__ = ("compiled", "grid", "device", "out_shape", "out_dtype", "partial_numel", "tiles", "weights",
+                 "tail")
+
+    def __call__(self, x):
+        device = self.device
+        if torch._C._cuda_getDevice() != device.index or torch._C._cuda_isCurrentStreamCapturing():
+            return None
+        stream = _current_stream(device.index)
+        out = torch.empty(self.out_shape, dtype=self.out_dtype, device=device)
+        if self.partial_numel:
+            work = _stream_work.get((device.index, stream))
+            if work is None or work[0].numel() < self.partial_numel or work[1].numel() < self.tiles:
+                work = _grow_stream_work(device, stream, self.partial_numel, self.tiles)
+            args = (x, x, *self.weights, out, work[0], work[1], *self.tail)
+        else:
+            args = (x, x, *self.weights, out, out, out, *self.tail)
+        _run(self.compiled, self.grid, stream, args)
+        return out
+
+
+# (device index, stream) -> (fp32 split partials, tile counters) of BoundLaunch calls on it;
+# outgrown partials are freed in stream order (made on that stream).
+_stream_work: dict = {}
+
+
+def _current_stream(index: int):
+    return triton.runtime.driver.active.get_current_stream(index)
+
+
+def _grow_stream_work(device, stream, partial_numel: int, tiles: int):
+    work = _stream_work.get((device.index, stream))
+    if work is None or work[0].numel() < partial_numel:
+        partial = torch.empty(max(partial_numel, 1 << 16), dtype=torch.float32, device=device)
+    else:
+        partial = work[0]
+    _stream_work[device.index, stream] = work = (partial, split_counters(device, tiles))
+    return work
+
+
+def bind_splitk(x, w_data, w_scale, w_global_scale, bias, out_dtype, tiled_n: int, out_shape) -> BoundLaunch | None:
+    """A BoundLaunch of gemm_splitk(x, ..., tiled_n=tiled_n) for xs like x (CUDA, (M, K) bf16, unit
+    K stride; W4A16 on tiled W, w_global_scale and bias contiguous), whose output is returned in
+    out_shape (M * N elements); None if gemm_splitk has not launched it directly yet, or will not."""
+    if not (x.is_cuda and x.dim() == 2 and x.dtype == torch.bfloat16 and x.stride(1) == 1
+            and w_global_scale.is_contiguous() and (bias is None or bias.is_contiguous())):
+        return None
+    m, n = x.shape[0], tiled_n
+    if not 0 < m <= plan.SPLITK_MAX_M_TILED or n == 0:
+        return None
+    setup, m, n, k, scale_cols_pad = _setup_for(x, w_data, w_scale, False, tiled_n, "bf16", None)
+    if setup.dot_scaled:
+        return None
+    # the key's other tensors as gemm_splitk makes them (what it reads: dtypes, alignments)
+    out = torch.empty((1,), dtype=out_dtype, device=x.device)
+    partial, counters = ((torch.empty((1,), dtype=dtype, device=x.device) for dtype in (torch.float32, torch.int32))
+                         if setup.splits > 1 else (out, out))
+    weights = (w_data, w_scale, w_global_scale, bias if bias is not None else w_global_scale)
+    flags = dict(W_GLOBAL_SCALE_PER_ROW=w_global_scale.dim() > 0, HAS_BIAS=bias is not None)
+    launch = _launches.get(_launch_key(setup, x, flags, (x, x, *weights, out, partial, counters)))
+    if launch is None:
+        return None
+    bound = BoundLaunch()
+    bound.compiled, constexprs = launch
+    bound.grid, bound.device, bound.out_shape, bound.out_dtype = setup.grid, x.device, tuple(out_shape), out_dtype
+    bound.partial_numel = setup.splits * m * n if setup.splits > 1 else 0
+    bound.tiles, bound.weights = setup.grid[0], weights
+    bound.tail = (m, n, k, scale_cols_pad, setup.tiles_per_split, x.stride(0), n, *constexprs)
+    return bound
