@@ -217,12 +217,13 @@ class NVFP4Linear(nn.Module):
         return api.NVFP4(data, scale, self.weight_scale_2, torch.Size((self.out_features, self.in_features)))
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        eager = (x.is_cuda and not torch.compiler.is_compiling() and not torch.is_autocast_enabled("cuda")
+        eager = (type(x) is torch.Tensor and x.is_cuda and not torch.compiler.is_compiling()
+                 and not torch.is_autocast_enabled("cuda")
                  and not (torch.is_grad_enabled() and (x.requires_grad or self.bias is not None and self.bias.requires_grad)))
         if eager:
             # Eager inference: a launch bound to this layer for this form of x (gemm.bind_linear_tiled),
             # as the launcher's per-call checks and set-up cost more host time than the GEMM takes at
-            # decode sizes (docs/gemm.md); module changes (assignment, load_state_dict, .to) drop them.
+            # decode sizes (docs/gemm.md); assignments and .to() drop them (in-place loads keep them valid).
             key = (x.shape, x.stride(), x.dtype, x.device, x.data_ptr() % 16)
             bound = self._bound.get(key)
             if bound is not None:
