@@ -87,7 +87,9 @@ def small() -> None:
                 loop_err = ((loop.float() - want.float()).norm() / want.float().norm()).item()
                 print(f"{name:8} {activations:6} T={t:3}: NVFP4 vs grouped_mm rel. error {err:.3f}, "
                       f"eager loop vs grouped_mm {loop_err:.4f}")
-                if not err < 0.25 or not loop_err < 0.02:
+                # quantization error against bf16, two GEMMs deep (W4A4 quantizes x too: about twice
+                # W4A16's); a wrong kernel is off by ~1
+                if not err < (0.25 if activations == "bf16" else 0.5) or not loop_err < 0.02:
                     raise SystemExit(f"{name} {activations} T={t}: error too large")
 
 
