@@ -4,13 +4,14 @@ CompileConfig, and models converted with nv.convert (NVFP4Experts) compiled by a
 Tiny random Qwen3-MoE and Mixtral configs, one layer, on the CPU (the reference kernels)."""
 
 import logging
-import re
 
 import pytest
 import torch
 from torch._inductor.utils import run_and_get_code
 
 import nvfp4_inductor as nv
+from helpers.hf import compiled_generate
+from helpers.hf import nvfp4_ops as _nvfp4_ops
 from nvfp4_inductor.moe import NVFP4Experts
 
 transformers = pytest.importorskip("transformers")
@@ -38,11 +39,6 @@ def _model(arch: str, impl: str = "grouped_mm", seed: int = 0):
 
 def _ids(t: int = 7, seed: int = 1):
     return torch.randint(0, COMMON["vocab_size"], (2, t), generator=torch.Generator().manual_seed(seed))
-
-
-def _nvfp4_ops(code: list[str]) -> list[str]:
-    return sorted(re.findall(r"torch\.ops\.nvfp4\.(\w+)\.default\(", "\n".join(
-        line for line in "\n".join(code).splitlines() if not line.strip().startswith(("#", "assert")))))
 
 
 def _close(got, want, tol=LOGIT_TOL):
@@ -146,12 +142,7 @@ def test_generate_with_a_compile_config(converted):
     model = _model("qwen3_moe")
     if converted:
         nv.convert(model, nv.Config(activations="bf16"))
-    ids = _ids(5)[:1]
-    config = transformers.CompileConfig(backend="nvfp4")
-    config._compile_all_devices = True  # transformers compiles on accelerators only unless told
-    torch._dynamo.reset()
-    out, code = run_and_get_code(lambda: model.generate(
-        ids, max_new_tokens=3, do_sample=False, cache_implementation="static", compile_config=config))
+    out, code, _ = compiled_generate(model, _ids(5)[:1], 3)
     assert out.shape == (1, 8)
     assert "grouped_linear_silu_mul" in _nvfp4_ops(code), _nvfp4_ops(code)
 
@@ -163,17 +154,10 @@ def test_generate_under_cuda_graphs(converted):
     step (routing, grouped NVFP4 experts, weighted sum) replays as CUDA graphs with no skips, and
     the converted model's greedy tokens are those of the unconverted one compiled the same way
     or differ only after a near tie."""
-    from torch._dynamo.utils import counters
-
     model = _model("qwen3_moe").cuda()
     if converted:
         nv.convert(model, nv.Config(activations="bf16"))
-    ids = _ids(5)[:1].cuda()
-    torch._dynamo.reset()
-    skips = counters["inductor"]["cudagraph_skips"]
-    out, code = run_and_get_code(lambda: model.generate(
-        ids, max_new_tokens=8, do_sample=False, cache_implementation="static",
-        compile_config=transformers.CompileConfig(backend="nvfp4", mode="reduce-overhead")))
+    out, code, skips = compiled_generate(model, _ids(5)[:1].cuda(), 8, "reduce-overhead")
     assert out.shape == (1, 13)
     assert "grouped_linear_silu_mul" in _nvfp4_ops(code), _nvfp4_ops(code)
-    assert counters["inductor"]["cudagraph_skips"] == skips
+    assert skips == 0

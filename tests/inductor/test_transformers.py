@@ -9,6 +9,8 @@ import torch
 from torch._inductor.utils import run_and_get_code
 
 import nvfp4_inductor as nv
+from helpers.hf import compiled_generate
+from helpers.hf import nvfp4_ops as _nvfp4_ops
 
 transformers = pytest.importorskip("transformers")
 
@@ -60,12 +62,7 @@ def test_generate_with_a_compile_config(arch):
     """generate(..., cache_implementation="static", compile_config=CompileConfig(backend="nvfp4"))
     compiles the decode step with NVFP4 GEMMs (the static cache stays an input it writes)."""
     model = _model(arch)
-    ids = torch.randint(0, SHAPES["vocab_size"], (1, 5))
-    config = transformers.CompileConfig(backend="nvfp4", mode="reduce-overhead")
-    config._compile_all_devices = True  # transformers compiles on accelerators only unless told
-    torch._dynamo.reset()
-    out, code = run_and_get_code(lambda: model.generate(
-        ids, max_new_tokens=4, do_sample=False, cache_implementation="static", compile_config=config))
+    out, code, _ = compiled_generate(model, torch.randint(0, SHAPES["vocab_size"], (1, 5)), 4, "reduce-overhead")
     assert out.shape == (1, 9)
     assert len(_nvfp4_calls(code)) >= 2 * 4, _nvfp4_calls(code)
 
@@ -95,11 +92,6 @@ def test_a_converted_model_saves_and_reloads(arch, tmp_path):
     assert len(_nvfp4_calls(code)) >= 2 * 4
     ok, err = _close(got.logits, want)
     assert ok, err
-
-
-def _nvfp4_ops(code: list[str]) -> list[str]:
-    return sorted(re.findall(r"torch\.ops\.nvfp4\.(\w+)\.default\(", "\n".join(
-        line for line in "\n".join(code).splitlines() if not line.strip().startswith(("#", "assert")))))
 
 
 def _launches(code: list[str]) -> list[str]:
@@ -140,20 +132,14 @@ def test_plain_torch_compile_and_nv_compile_make_the_same_kernels():
 def test_generate_under_cuda_graphs(converted):
     """generate with CompileConfig(backend="nvfp4", mode="reduce-overhead") on a GPU: the decode
     step's linears are the NVFP4 GEMM template, replayed as CUDA graphs with no skips."""
-    from torch._dynamo.utils import counters
-
     model = _model("llama").cuda()
     if converted:
         nv.convert(model, nv.Config(activations="bf16"))
     ids = torch.randint(0, SHAPES["vocab_size"], (1, 5), device="cuda")
-    torch._dynamo.reset()
-    skips = counters["inductor"]["cudagraph_skips"]
-    out, code = run_and_get_code(lambda: model.generate(
-        ids, max_new_tokens=8, do_sample=False, cache_implementation="static",
-        compile_config=transformers.CompileConfig(backend="nvfp4", mode="reduce-overhead")))
+    out, code, skips = compiled_generate(model, ids, 8, "reduce-overhead")
     assert out.shape == (1, 13)
     assert "splitk_mainloop" in "\n".join(code)
-    assert counters["inductor"]["cudagraph_skips"] == skips
+    assert skips == 0
 
 
 
