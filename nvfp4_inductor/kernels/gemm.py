@@ -119,7 +119,7 @@ def bind_linear_tiled(x, w_data, w_scale, w_global_scale, bias, n: int, activati
     not contiguous, more rows than decode sizes, no compiled launch yet)."""
     from .gemm_splitk import bind_splitk
 
-    if activation != "bf16" or x.dtype != torch.bfloat16 or not x.is_contiguous() or x.dim() == 0:
+    if activation != "bf16" or not x.is_contiguous() or x.dim() == 0:  # (bind_splitk checks the rest)
         return None
     x2 = x.reshape(-1, x.shape[-1])
     chosen = plan.plan_gemm(x2.shape[0], n, x2.shape[1], tiled=True, activation=activation, device=x.device)
