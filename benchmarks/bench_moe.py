@@ -175,15 +175,19 @@ def main() -> None:
     import triton
     from bench_quantize import copy_bandwidth_gbs, graph_us
 
+    from nvfp4_inductor.kernels import grouped
+
+    splits_for = grouped.splits_for
+
     torch.manual_seed(0)
     print(f"GPU: {torch.cuda.get_device_name()}, torch {torch.__version__}, triton {triton.__version__}")
     copy = copy_bandwidth_gbs()
     print(f"device copy: {copy:.0f} GB/s")
     print("grouped_mm / eager: the bf16 transformers experts module; W4A16 / W4A4: NVFP4Experts (W4A4 includes "
-          "quantizing x per expert group); x: speed-up over bf16 grouped_mm (>1 is faster); floor: the hit "
-          "experts' NVFP4 bytes at the copy bandwidth")
+          "quantizing x per expert group); 1 split: W4A16 with K not split; x: speed-up over bf16 grouped_mm "
+          "(>1 is faster); floor: the hit experts' NVFP4 bytes at the copy bandwidth")
     print(f"\n{'shape':>8} {'T':>5} {'hit':>4} {'grouped_mm us':>13} {'eager':>8} {'W4A16':>8} {'W4A4':>8} "
-          f"{'floor':>7} | {'eager x':>7} {'W4A16 x':>7} {'W4A4 x':>7} {'floor x':>7}")
+          f"{'1 split':>8} {'floor':>7} | {'eager x':>7} {'W4A16 x':>7} {'W4A4 x':>7} {'1 split x':>9} {'floor x':>7}")
     gen = torch.Generator(device="cuda").manual_seed(0)
     for name in args.shapes:
         e, k, h, i = SHAPES[name]
@@ -200,10 +204,16 @@ def main() -> None:
                 loop = float("nan") if args.no_eager else event_us(lambda: eager(x, index, weights))
                 t16 = graph_us(lambda: w4a16(x, index, weights), calls=10, reps=10)
                 t4 = graph_us(lambda: w4a4(x, index, weights), calls=10, reps=10)
+                grouped.splits_for = lambda *_: 1  # (read at each launch: the graph captures one split)
+                try:
+                    t16_unsplit = graph_us(lambda: w4a16(x, index, weights), calls=10, reps=10)
+                finally:
+                    grouped.splits_for = splits_for
             floor = (hit * 3 * h * i * 0.5625 + 2 * t * h * 2) / copy / 1e3
-            times = (loop, t16, t4, floor)
-            print(f"{name:>8} {t:>5} {hit:>4} {base:13.1f} " + " ".join(f"{v:8.1f}" for v in times[:3])
-                  + f" {floor:7.1f} | " + " ".join(f"{base / v:7.2f}" for v in times), flush=True)
+            times = (loop, t16, t4, t16_unsplit, floor)
+            print(f"{name:>8} {t:>5} {hit:>4} {base:13.1f} " + " ".join(f"{v:8.1f}" for v in times[:4])
+                  + f" {floor:7.1f} | " + " ".join(f"{base / v:7.2f}" for v in times[:3])
+                  + f" {base / t16_unsplit:9.2f} {base / floor:7.2f}", flush=True)
         del bf16, eager, w4a16, w4a4
         torch.cuda.empty_cache()
 

@@ -38,7 +38,7 @@ import triton.language as tl
 
 from .. import capability
 from ._common import BLOCK, round_to
-from .gemm_splitk import decode_tile
+from .gemm_splitk import decode_tile, last_split, split_counters
 
 _UNSCALE: tl.constexpr = tl.constexpr(2.0**7)  # the decode's 2^-7 (gemm_splitk's module docstring)
 
@@ -90,20 +90,25 @@ def _weight_block(w_ptr, w_scale_ptr, rows, row_ok, k0, K, USE_ASM: tl.constexpr
 def grouped_linear_kernel(
     # pointers
     x_ptr, offsets_ptr, w_ptr, w_scale_ptr, w_global_scale_ptr, x_global_scale_ptr, bias_ptr, out_ptr,
+    partial_ptr, counter_ptr,
     # sizes
-    T, N, K, E, N_OUT,
+    T, N, K, E, N_OUT, steps_per_split,
     # strides
     stride_xt, stride_ot,
     # meta-parameters
     HAS_BIAS: tl.constexpr, X_SCALED: tl.constexpr, GATED: tl.constexpr, USE_ASM: tl.constexpr,
-    DOT: tl.constexpr,
+    DOT: tl.constexpr, SPLIT: tl.constexpr,
     E_POW2: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
 ):
     """out (T, N_OUT) for the work-list tile of this program (module docstring). N: weight rows a
-    expert; N_OUT: N, or N / 2 with GATED (column n from weight rows n and N_OUT + n)."""
+    expert; N_OUT: N, or N / 2 with GATED (column n from weight rows n and N_OUT + n). Program
+    (tile, split) multiplies K-steps [split * steps_per_split, ...); with SPLIT, its fp32 products
+    go to partial (splits, T, N) and the tile's last split to finish sums them in split order and
+    runs the epilogue (the dense split-K kernel's scheme: gemm_splitk.last_split)."""
     num_n = tl.cdiv(N_OUT, BLOCK_N)
     pid_m = tl.program_id(0) // num_n
     pid_n = tl.program_id(0) % num_n
+    pid_k = tl.program_id(1)
     expert, row0, end, valid = _find_tile(offsets_ptr, E, T, pid_m, BLOCK_M, E_POW2)
     if valid:
         ts = row0 + tl.arange(0, BLOCK_M)
@@ -120,7 +125,9 @@ def grouped_linear_kernel(
         # operand out in shared memory.)
         acc = tl.zeros((BLOCK_N, BLOCK_M), tl.float32)
         acc_up = tl.zeros((BLOCK_N, BLOCK_M), tl.float32)
-        for k0 in range(0, K, BLOCK_K):
+        k_begin = pid_k * steps_per_split * BLOCK_K
+        k_end = tl.minimum(k_begin + steps_per_split * BLOCK_K, K)
+        for k0 in range(k_begin, k_end, BLOCK_K):
             ks = k0 + tl.arange(0, BLOCK_K)
             x = tl.load(x_ptr + ts.to(tl.int64)[:, None] * stride_xt + ks[None, :],
                         mask=t_ok[:, None] & (ks < K)[None, :], other=0.0).to(tl.float32)
@@ -130,22 +137,52 @@ def grouped_linear_kernel(
             if GATED:
                 w_up = _weight_block(w_e, s_e, rows + N_OUT, col_ok, k0, K, USE_ASM, DOT, BLOCK_K, BLOCK_N)
                 acc_up = tl.dot(w_up, tl.trans(x), acc_up)
-        g = tl.load(w_global_scale_ptr + expert) * _UNSCALE
-        if X_SCALED:
-            g = g * tl.load(x_global_scale_ptr + ts, mask=t_ok, other=0.0)[None, :]
-        y = acc * g
+        if SPLIT:
+            # this split's products, then the tile's last split sums all of them, in split order
+            mask = col_ok[:, None] & t_ok[None, :]
+            place = ts.to(tl.int64)[None, :] * N + cols[:, None]
+            split_stride = tl.cast(T, tl.int64) * N
+            tl.store(partial_ptr + pid_k * split_stride + place, acc, mask=mask)
+            if GATED:
+                tl.store(partial_ptr + pid_k * split_stride + place + N_OUT, acc_up, mask=mask)
+            if last_split(counter_ptr + tl.program_id(0), tl.num_programs(1)):
+                acc = tl.zeros((BLOCK_N, BLOCK_M), tl.float32)
+                acc_up = tl.zeros((BLOCK_N, BLOCK_M), tl.float32)
+                for split in range(0, tl.num_programs(1)):
+                    acc += tl.load(partial_ptr + split * split_stride + place, mask=mask, other=0.0,
+                                   cache_modifier=".cg")
+                    if GATED:
+                        acc_up += tl.load(partial_ptr + split * split_stride + place + N_OUT, mask=mask,
+                                          other=0.0, cache_modifier=".cg")
+                _epilogue(acc, acc_up, expert, ts, t_ok, cols, col_ok, N, N_OUT, w_global_scale_ptr,
+                          x_global_scale_ptr, bias_ptr, out_ptr, stride_ot, HAS_BIAS, X_SCALED, GATED)
+        else:
+            _epilogue(acc, acc_up, expert, ts, t_ok, cols, col_ok, N, N_OUT, w_global_scale_ptr,
+                      x_global_scale_ptr, bias_ptr, out_ptr, stride_ot, HAS_BIAS, X_SCALED, GATED)
+
+
+@triton.jit
+def _epilogue(acc, acc_up, expert, ts, t_ok, cols, col_ok, N, N_OUT, w_global_scale_ptr, x_global_scale_ptr,
+              bias_ptr, out_ptr, stride_ot, HAS_BIAS: tl.constexpr, X_SCALED: tl.constexpr,
+              GATED: tl.constexpr):
+    """A tile's fp32 products (BLOCK_N, BLOCK_M) (acc_up: the up rows' with GATED) -> out."""
+    e64 = expert.to(tl.int64)
+    g = tl.load(w_global_scale_ptr + expert) * _UNSCALE
+    if X_SCALED:
+        g = g * tl.load(x_global_scale_ptr + ts, mask=t_ok, other=0.0)[None, :]
+    y = acc * g
+    if HAS_BIAS:
+        y = y + tl.load(bias_ptr + e64 * N + cols, mask=col_ok, other=0.0).to(tl.float32)[:, None]
+    OUT: tl.constexpr = out_ptr.dtype.element_ty
+    if GATED:
+        up = acc_up * g
         if HAS_BIAS:
-            y = y + tl.load(bias_ptr + e64 * N + cols, mask=col_ok, other=0.0).to(tl.float32)[:, None]
-        OUT: tl.constexpr = out_ptr.dtype.element_ty
-        if GATED:
-            up = acc_up * g
-            if HAS_BIAS:
-                up = up + tl.load(bias_ptr + e64 * N + N_OUT + cols, mask=col_ok,
-                                  other=0.0).to(tl.float32)[:, None]
-            gate = round_to(y, OUT)
-            y = round_to(gate / (1.0 + tl.exp(-gate)), OUT) * round_to(up, OUT)
-        tl.store(out_ptr + ts.to(tl.int64)[None, :] * stride_ot + cols[:, None],
-                 round_to(y, OUT).to(OUT), mask=col_ok[:, None] & t_ok[None, :])
+            up = up + tl.load(bias_ptr + e64 * N + N_OUT + cols, mask=col_ok,
+                              other=0.0).to(tl.float32)[:, None]
+        gate = round_to(y, OUT)
+        y = round_to(gate / (1.0 + tl.exp(-gate)), OUT) * round_to(up, OUT)
+    tl.store(out_ptr + ts.to(tl.int64)[None, :] * stride_ot + cols[:, None],
+             round_to(y, OUT).to(OUT), mask=col_ok[:, None] & t_ok[None, :])
 
 
 def _interpreting() -> bool:
@@ -160,14 +197,31 @@ def _config(t: int, e: int) -> dict:
     return DECODE_CONFIG if t <= 16 * e else PREFILL_CONFIG
 
 
+# Decode: K split so that the programs of the tiles that can have rows (at most one per expert
+# with rows, and there are at most min(T, E) of those) fill every SM PROGRAMS_PER_SM times, each
+# split at least MIN_STEPS K-steps: the dense split-K kernel's rule (docs/gemm.md, tuning rules).
+PROGRAMS_PER_SM = 8
+MIN_STEPS = 4
+
+
+def splits_for(t: int, e: int, n_out: int, k: int, cfg: dict, num_sms: int) -> int:
+    """How many ranges K is split into (1: no split) for a launch of t rows over e experts."""
+    if cfg is PREFILL_CONFIG:
+        return 1
+    tiles = min(t, e) * triton.cdiv(n_out, cfg["BLOCK_N"])
+    steps = triton.cdiv(k, cfg["BLOCK_K"])
+    wanted = triton.cdiv(PROGRAMS_PER_SM * num_sms, tiles)
+    return max(1, min(wanted, steps // MIN_STEPS))
+
+
 def grouped_linear(x: torch.Tensor, offsets: torch.Tensor, w_data: torch.Tensor, w_scale: torch.Tensor,
                    w_global_scale: torch.Tensor, bias: torch.Tensor | None, gated: bool,
                    x_global_scale: torch.Tensor | None = None,
-                   out_dtype: torch.dtype | None = None) -> torch.Tensor:
+                   out_dtype: torch.dtype | None = None, splits: int | None = None) -> torch.Tensor:
     """x (T, K) float, offsets (E,) int32, W (E, N, K/2) uint8 + (E, N, K/16) uint8 e4m3 bits +
     (E,) fp32, bias (E, N) or None -> (T, N) in out_dtype (default x.dtype), or (T, N/2)
     silu(gate) * up with gated. x_global_scale (T,) fp32: x holds W4A4's quantized values (bf16)
-    and this each row's global scale.
+    and this each row's global scale. splits: K ranges (splits_for's choice where None).
     Arguments checked by the caller (moe.check_grouped_args)."""
     t, k = x.shape
     e, n = w_data.shape[0], w_data.shape[1]
@@ -184,17 +238,27 @@ def grouped_linear(x: torch.Tensor, offsets: torch.Tensor, w_data: torch.Tensor,
     if bias is not None:
         bias = bias.contiguous()
     cfg = _config(t, e)
-    block_m, block_n = cfg["BLOCK_M"], cfg["BLOCK_N"]
-    grid = ((triton.cdiv(t, block_m) + e) * triton.cdiv(n_out, block_n),)
+    block_m, block_n, block_k = cfg["BLOCK_M"], cfg["BLOCK_N"], cfg["BLOCK_K"]
+    if splits is None:
+        splits = splits_for(t, e, n_out, k, cfg, capability.sm_count(x.device))
+    steps = triton.cdiv(k, block_k)
+    per_split = triton.cdiv(steps, max(1, min(splits, steps)))
+    splits = triton.cdiv(steps, per_split)  # (none empty)
+    tiles = (triton.cdiv(t, block_m) + e) * triton.cdiv(n_out, block_n)
+    if splits > 1:
+        partial = torch.empty((splits, t, n), dtype=torch.float32, device=x.device)
+        counters = split_counters(x.device, tiles)
+    else:
+        partial = counters = out  # (unused)
     use_asm = capability.sm90_or_later(x.device)
-    grouped_linear_kernel[grid](
+    grouped_linear_kernel[(tiles, splits)](
         x, offsets, w_data, w_scale, w_global_scale,
         x_global_scale if x_global_scale is not None else w_global_scale,  # unused without X_SCALED
         bias if bias is not None else w_global_scale,  # unused without HAS_BIAS
-        out, t, n, k, e, n_out, x.stride(0), out.stride(0),
+        out, partial, counters, t, n, k, e, n_out, per_split, x.stride(0), out.stride(0),
         HAS_BIAS=bias is not None, X_SCALED=x_global_scale is not None, GATED=gated, USE_ASM=use_asm,
-        DOT=tl.float32 if _interpreting() else tl.bfloat16,
-        E_POW2=triton.next_power_of_2(e), BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_K=cfg["BLOCK_K"],
+        DOT=tl.float32 if _interpreting() else tl.bfloat16, SPLIT=splits > 1,
+        E_POW2=triton.next_power_of_2(e), BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_K=block_k,
         num_warps=cfg["num_warps"],
     )
     return out
