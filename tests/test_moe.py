@@ -239,11 +239,16 @@ sig = {name: kind for name, kind in zip(
      "out_ptr", "partial_ptr", "counter_ptr", "T", "N", "K", "E", "N_OUT", "steps_per_split", "stride_xt",
      "stride_ot"],
     ["*bf16", "*i32", "*u8", "*u8", "*fp32", "*fp32", "*bf16", "*bf16", "*fp32", "*i32"] + ["i32"] * 8)}
-meta = ["HAS_BIAS", "X_SCALED", "GATED", "USE_ASM", "DOT", "SPLIT", "E_POW2", "BLOCK_M", "BLOCK_N", "BLOCK_K"]
+meta = ["HAS_BIAS", "X_SCALED", "GATED", "USE_ASM", "DOT", "SPLIT", "E_POW2", "BLOCK_M", "BLOCK_N", "BLOCK_K",
+        "REG_MMA", "LAYOUT", "EVEN_K", "ACC_M"]
 sig.update(dict.fromkeys(meta, "constexpr"))
-for name, cfg, split in (("decode", grouped.DECODE_CONFIG, True), ("prefill", grouped.PREFILL_CONFIG, False)):
+MMA = dict(BLOCK_N=64, BLOCK_K=64, num_warps=2)
+for name, cfg, split, nb, layout in (
+        ("decode", grouped.DECODE_CONFIG, True, 0, 1), ("prefill", grouped.PREFILL_CONFIG, False, 0, 1),
+        ("mma8", {**MMA, "BLOCK_M": 8}, True, 1, 3), ("mma16", {**MMA, "BLOCK_M": 16}, True, 2, 1)):
     values = dict(HAS_BIAS=True, X_SCALED=True, GATED=True, USE_ASM=True, DOT=tl.bfloat16, SPLIT=split, E_POW2=128,
-                  BLOCK_M=cfg["BLOCK_M"], BLOCK_N=cfg["BLOCK_N"], BLOCK_K=cfg["BLOCK_K"])
+                  BLOCK_M=cfg["BLOCK_M"], BLOCK_N=cfg["BLOCK_N"], BLOCK_K=cfg["BLOCK_K"], REG_MMA=nb,
+                  LAYOUT=layout, EVEN_K=True, ACC_M=max(16, cfg["BLOCK_M"]))
     kernel = compile_for(grouped.grouped_linear_kernel, sig,
                          {(i,): values[n] for i, n in enumerate(sig) if n in values},
                          GPUTarget("cuda", 90, 32), num_warps=cfg["num_warps"])
@@ -254,7 +259,8 @@ for name, cfg, split in (("decode", grouped.DECODE_CONFIG, True), ("prefill", gr
 def test_cuda_kernel_compiles_for_sm90():
     """The CUDA kernel's GPU-only code (the word decode's inline PTX, bf16 dots) compiles for sm_90
     without a GPU: mma.sync at decode tiles (2 warps, K split: the last split's acquire), wgmma at
-    prefill tiles (4 warps)."""
+    prefill tiles (4 warps), and the dense decode kernel's register-fed mainloop (its inline mma.sync,
+    plain scales read as words at 8 rows, as bytes at 16)."""
     import json
     import os
     import re
@@ -273,6 +279,11 @@ def test_cuda_kernel_compiles_for_sm90():
     split_counter = r"atom\.global\.gpu\.acq_rel\.add"
     assert re.search(split_counter, ptx["decode"]) and not re.search(split_counter, ptx["prefill"])
     assert all("prmt.b32" in p and "mul.rn.bf16x2" in p for p in ptx.values())  # the word decode
+    for name in ("mma8", "mma16"):
+        assert "mma.sync.aligned.m16n8k16" in ptx[name] and "cvt.rn.f16x2.e4m3x2" in ptx[name]
+        assert "wgmma" not in ptx[name] and re.search(split_counter, ptx[name])
+    # 16-byte code loads at 8 rows (the expert's offset known to keep W's alignment)
+    assert "ld.global.v4.b32" in ptx["mma8"]
 
 
 # --- transformers experts ----------------------------------------------------------------------
@@ -419,6 +430,52 @@ def test_cuda_kernel_matches_the_reference(t, gated):
         # gated: gate and up may each round one step apart, and silu(gate) * up adds both
         torch.testing.assert_close(got.float(), want.float(), rtol=2**-6 if gated else 2**-7,
                                    atol=1e-3 * want.float().abs().max().item())
+
+
+MMA_ROUTINGS = {  # (experts' rows, blocks of 8 rows a program takes): 2 rows past the groups each
+    "one row each": ([1, 0, 2, 0, 3, 1, 0, 1], 1),
+    "one expert, two programs": ([0, 0, 16, 0, 0, 0, 0, 0], 1),
+    "16-row programs": ([0, 17, 5, 0, 9, 1, 8, 0], 2),
+    "32-row programs": ([40, 0, 3, 33, 0, 10, 14, 0], 4),
+}
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("routing", MMA_ROUTINGS)
+@pytest.mark.parametrize("k, scales_on_words", [(512, True), (320, True), (512, False)])
+@pytest.mark.parametrize("gated, bias", [(False, True), (True, False)])
+def test_cuda_register_fed_kernel_matches_the_reference(routing, k, scales_on_words, gated, bias):
+    """The decode form on the dense kernel's register-fed mainloop (plain scales read as words at
+    8 rows, as bytes at 16 and 32 rows or where they are not on 4 bytes; K a multiple of 256 or
+    not): W4A16 and W4A4 against the reference, split K against one range, fresh random inputs."""
+    from nvfp4_inductor.kernels import grouped
+
+    counts, blocks = MMA_ROUTINGS[routing]
+    gen = torch.Generator().manual_seed(k + gated * 2 + bias + blocks)
+    e, n = len(counts), 2 * 96 if gated else 160  # N: not a multiple of the 64-row tile
+    t = sum(counts) + 2
+    data, scale, g = _experts(e, n, k, gen)
+    x = (torch.randn(t, k, generator=gen) * 5).to(torch.bfloat16)
+    b = torch.randn(e, n, generator=gen) if bias else None
+    offsets = _offsets(counts)
+    scale_cuda = scale.cuda()
+    if not scales_on_words:  # the same bits one byte into a buffer
+        scale_cuda = torch.empty(scale.numel() + 1, dtype=torch.uint8, device="cuda")[1:].view(scale.shape)
+        scale_cuda.copy_(scale)
+    args = (x.cuda(), offsets.cuda(), data.cuda(), scale_cuda, g.cuda(), None if b is None else b.cuda())
+    assert grouped._mma_blocks(t, e) == blocks and grouped._mma_fits(args[0], args[2], args[3])
+    op = OPS.grouped_linear_silu_mul if gated else OPS.grouped_linear
+    for activation in ("bf16", "nvfp4"):
+        want = op(x, offsets, data, scale, g, b, activation)
+        got = moe._grouped_cuda(*args, activation, gated).cpu()
+        tol = dict(rtol=2**-6 if gated else 2**-7, atol=1e-3 * want.float().abs().max().item())
+        torch.testing.assert_close(got.float(), want.float(), **tol)
+        assert not got[sum(counts):].any()
+    one = grouped.grouped_linear(*args[:5], args[5], gated, splits=1).cpu()
+    three = grouped.grouped_linear(*args[:5], args[5], gated, splits=3).cpu()
+    want = op(x, offsets, data, scale, g, b, "bf16")
+    torch.testing.assert_close(one.float(), want.float(), **tol)
+    torch.testing.assert_close(three.float(), one.float(), **tol)
 
 
 @pytest.mark.gpu

@@ -7,15 +7,22 @@ expert e owns rows [offsets[e - 1], offsets[e]) (offsets[-1] read as 0). The cou
 device, so the launch is sized for the worst case and every program finds its work itself:
 
 1. Work list. Expert e needs ceil(count_e / BLOCK_M) token tiles; over all experts that is at most
-   ceil(T / BLOCK_M) + E (each expert adds at most one partial tile). The grid is that bound times
+   floor(T / BLOCK_M) + min(E, T) (each expert with rows adds at most one partial tile). The grid
+   is that bound times
    ceil(N / BLOCK_N). Program (m, n) loads the E offsets, takes the inclusive cumulative sum of the
    tile counts, and finds its expert as the number of experts whose sum is <= m; a program past
    the last tile returns at once. No host sync, so a launch can be captured in a CUDA graph and
    replayed with other routings.
-2. Mainloop. Per K-step the (BLOCK_N, BLOCK_K) weight block is decoded in registers to
-   e2m1 * s * 2^-7 (exact in bf16: gemm_splitk.decode_tile, the dense kernels' decode) and
-   multiplied with the (BLOCK_M, BLOCK_K) x tile by tl.dot in fp32. x enters rounded to bf16
-   (W4A16); W4A4 passes x's quantized values (e2m1 * s_x, exact) and one global scale per row.
+2. Mainloop, by the rows an expert gets on average (T / E; counts stay on the device):
+   - decode (at most 16 on CUDA, sm_90): the dense decode kernel's register-fed mainloop
+     (gemm_mma.mma_mainloop, row-major weights) on the expert's weights and 8, 16 or 32 rows of
+     x, K split so that the few experts hit still fill the SMs (the dense split-K scheme: fp32
+     partials, the tile's last split sums them in order);
+   - otherwise (and under the interpreter): per K-step the (BLOCK_N, BLOCK_K) weight block is
+     decoded in registers to e2m1 * s * 2^-7 (exact in bf16: gemm_splitk.decode_tile) and
+     multiplied with the (BLOCK_M, BLOCK_K) x tile by tl.dot in fp32;
+   x enters rounded to bf16 (W4A16); W4A4 passes x's quantized values (e2m1 * s_x, exact) and
+   one global scale per row.
 3. Epilogue: acc * 2^7 * g_e (* g_x per row) + bias_e, rounded once to the output dtype. The gated
    form (GATED) multiplies the same x tile by gate rows n and up rows I + n (Hugging Face's
    concatenated gate_up layout) and writes silu(gate) * up, each linear rounded to the output
@@ -37,7 +44,10 @@ import triton
 import triton.language as tl
 
 from .. import capability
+from ..format import BLOCK_SIZE
 from ._common import BLOCK, round_to
+from . import gemm_configs, gemm_mma
+from .gemm_mma import mma_mainloop
 from .gemm_splitk import decode_tile, last_split, split_counters
 
 _UNSCALE: tl.constexpr = tl.constexpr(2.0**7)  # the decode's 2^-7 (gemm_splitk's module docstring)
@@ -99,6 +109,8 @@ def grouped_linear_kernel(
     HAS_BIAS: tl.constexpr, X_SCALED: tl.constexpr, GATED: tl.constexpr, USE_ASM: tl.constexpr,
     DOT: tl.constexpr, SPLIT: tl.constexpr,
     E_POW2: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+    REG_MMA: tl.constexpr = 0, LAYOUT: tl.constexpr = 1, EVEN_K: tl.constexpr = False,
+    ACC_M: tl.constexpr = 16,
 ):
     """out (T, N_OUT) for the work-list tile of this program (module docstring). N: weight rows a
     expert; N_OUT: N, or N / 2 with GATED (column n from weight rows n and N_OUT + n). Program
@@ -111,32 +123,56 @@ def grouped_linear_kernel(
     pid_k = tl.program_id(1)
     expert, row0, end, valid = _find_tile(offsets_ptr, E, T, pid_m, BLOCK_M, E_POW2)
     if valid:
-        ts = row0 + tl.arange(0, BLOCK_M)
-        t_ok = ts < end
+        ts = row0 + tl.arange(0, ACC_M)
+        t_ok = (tl.arange(0, ACC_M) < BLOCK_M) & (ts < end)
         cols = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
         col_ok = cols < N_OUT
         e64 = expert.to(tl.int64)
-        w_e = w_ptr + e64 * N * (K // 2)
-        s_e = w_scale_ptr + e64 * N * (K // BLOCK)
-        rows = e64 * 0 + cols  # int64 row indices within the expert
-        # Swapped operands, as the dense kernels: the decoded weights (in registers) are the A
-        # operand, x^T the B one, so acc is (BLOCK_N, BLOCK_M). (x as A and the decoded weights as B
-        # does not compile for wgmma, 4 warps on sm_90: Triton 3.6 cannot lay the register-made B
-        # operand out in shared memory.)
-        acc = tl.zeros((BLOCK_N, BLOCK_M), tl.float32)
-        acc_up = tl.zeros((BLOCK_N, BLOCK_M), tl.float32)
-        k_begin = pid_k * steps_per_split * BLOCK_K
-        k_end = tl.minimum(k_begin + steps_per_split * BLOCK_K, K)
-        for k0 in range(k_begin, k_end, BLOCK_K):
-            ks = k0 + tl.arange(0, BLOCK_K)
-            x = tl.load(x_ptr + ts.to(tl.int64)[:, None] * stride_xt + ks[None, :],
-                        mask=t_ok[:, None] & (ks < K)[None, :], other=0.0).to(tl.float32)
-            x = round_to(x, tl.bfloat16).to(DOT)  # W4A16's x, rounded to nearest even (exact in DOT)
-            w = _weight_block(w_e, s_e, rows, col_ok, k0, K, USE_ASM, DOT, BLOCK_K, BLOCK_N)
-            acc = tl.dot(w, tl.trans(x), acc)
-            if GATED:
-                w_up = _weight_block(w_e, s_e, rows + N_OUT, col_ok, k0, K, USE_ASM, DOT, BLOCK_K, BLOCK_N)
-                acc_up = tl.dot(w_up, tl.trans(x), acc_up)
+        if REG_MMA > 0:
+            # The dense decode kernel's register-fed mainloop (gemm_mma.py, row-major LAYOUT 1 or 3)
+            # on this expert's weights and this tile's rows of x. With K % 64 == 0 every expert's
+            # codes start on 32 bytes and its scales on 4, as a dense weight's do.
+            w_e = w_ptr + tl.multiple_of(e64 * N * (K // 2), 32)
+            s_e = w_scale_ptr + tl.multiple_of(e64 * N * (K // BLOCK), 4)
+            x_t = x_ptr + row0.to(tl.int64) * stride_xt
+            m_rows = tl.minimum(end - row0, BLOCK_M)
+            if LAYOUT == 3:
+                tiles_k = tl.cdiv(K, gemm_mma.GROUP * BLOCK_K) * gemm_mma.GROUP
+            else:
+                tiles_k = tl.cdiv(K, BLOCK_K)
+            t_begin = pid_k * steps_per_split
+            t_end = tl.minimum(t_begin + steps_per_split, tiles_k)
+            acc = mma_mainloop(x_t, w_e, s_e, m_rows, K, stride_xt, pid_n, t_begin, t_end, REG_MMA, EVEN_K,
+                               0, N_OUT, K // BLOCK, LAYOUT)
+            acc_up = acc
+            if GATED:  # the up rows: a second weight stream, the same x
+                acc_up = mma_mainloop(x_t, w_e + tl.multiple_of((e64 * 0 + N_OUT) * (K // 2), 32),
+                                      s_e + tl.multiple_of((e64 * 0 + N_OUT) * (K // BLOCK), 4), m_rows,
+                                      K, stride_xt, pid_n, t_begin, t_end, REG_MMA, EVEN_K, 0, N_OUT,
+                                      K // BLOCK, LAYOUT)
+        else:
+            w_e = w_ptr + e64 * N * (K // 2)
+            s_e = w_scale_ptr + e64 * N * (K // BLOCK)
+            rows = e64 * 0 + cols  # int64 row indices within the expert
+            # Swapped operands, as the dense kernels: the decoded weights (in registers) are the A
+            # operand, x^T the B one, so acc is (BLOCK_N, BLOCK_M). (x as A and the decoded weights
+            # as B does not compile for wgmma, 4 warps on sm_90: Triton 3.6 cannot lay the
+            # register-made B operand out in shared memory.)
+            acc = tl.zeros((BLOCK_N, BLOCK_M), tl.float32)
+            acc_up = tl.zeros((BLOCK_N, BLOCK_M), tl.float32)
+            k_begin = pid_k * steps_per_split * BLOCK_K
+            k_end = tl.minimum(k_begin + steps_per_split * BLOCK_K, K)
+            for k0 in range(k_begin, k_end, BLOCK_K):
+                ks = k0 + tl.arange(0, BLOCK_K)
+                x = tl.load(x_ptr + ts.to(tl.int64)[:, None] * stride_xt + ks[None, :],
+                            mask=t_ok[:, None] & (ks < K)[None, :], other=0.0).to(tl.float32)
+                x = round_to(x, tl.bfloat16).to(DOT)  # W4A16's x, rounded to nearest even (exact in DOT)
+                w = _weight_block(w_e, s_e, rows, col_ok, k0, K, USE_ASM, DOT, BLOCK_K, BLOCK_N)
+                acc = tl.dot(w, tl.trans(x), acc)
+                if GATED:
+                    w_up = _weight_block(w_e, s_e, rows + N_OUT, col_ok, k0, K, USE_ASM, DOT, BLOCK_K,
+                                         BLOCK_N)
+                    acc_up = tl.dot(w_up, tl.trans(x), acc_up)
         if SPLIT:
             # this split's products, then the tile's last split sums all of them, in split order
             mask = col_ok[:, None] & t_ok[None, :]
@@ -146,8 +182,8 @@ def grouped_linear_kernel(
             if GATED:
                 tl.store(partial_ptr + pid_k * split_stride + place + N_OUT, acc_up, mask=mask)
             if last_split(counter_ptr + tl.program_id(0), tl.num_programs(1)):
-                acc = tl.zeros((BLOCK_N, BLOCK_M), tl.float32)
-                acc_up = tl.zeros((BLOCK_N, BLOCK_M), tl.float32)
+                acc = tl.zeros((BLOCK_N, ACC_M), tl.float32)
+                acc_up = tl.zeros((BLOCK_N, ACC_M), tl.float32)
                 for split in range(0, tl.num_programs(1)):
                     acc += tl.load(partial_ptr + split * split_stride + place, mask=mask, other=0.0,
                                    cache_modifier=".cg")
@@ -190,11 +226,30 @@ def _interpreting() -> bool:
 
 
 def _config(t: int, e: int) -> dict:
-    """Block sizes from the shapes only (the per-expert counts are on the device): decode tiles
-    where an expert gets at most 16 rows on average."""
+    """tl.dot block sizes from the shapes only (the per-expert counts are on the device): decode
+    tiles where an expert gets at most 16 rows on average."""
     if _interpreting():
         return INTERPRET_CONFIG
     return DECODE_CONFIG if t <= 16 * e else PREFILL_CONFIG
+
+
+def _mma_blocks(t: int, e: int) -> int:
+    """Blocks of 8 x rows a program of the register-fed mainloop takes (1, 2 or 4), or 0 (tl.dot):
+    about twice the rows an expert gets where the t rows spread evenly over the e experts, so
+    that an expert's rows rarely need a second program, which reads its weights again."""
+    rows = 2 * triton.cdiv(t, e)
+    return next((nb for nb in (1, 2, 4) if rows <= 8 * nb), 0)
+
+
+def _mma_fits(x: torch.Tensor, w_data: torch.Tensor, w_scale: torch.Tensor) -> bool:
+    """The register-fed mainloop's operands (gemm_splitk._mma_operands_fit, per expert): bf16 x
+    with rows on 4 bytes, K % 64 == 0 (each expert's codes then start on 32 bytes, its scales on
+    4), contiguous weights on 8 bytes, inline PTX (sm_90 and up, not the interpreter)."""
+    k = x.shape[1]
+    return (x.is_cuda and not _interpreting() and capability.sm90_or_later(x.device)
+            and x.dtype == torch.bfloat16 and k % (4 * BLOCK_SIZE) == 0 and x.stride(0) % 2 == 0
+            and x.data_ptr() % 4 == 0 and w_data.is_contiguous() and w_scale.is_contiguous()
+            and w_data.data_ptr() % 8 == 0)
 
 
 # Decode: K split so that the programs of the tiles that can have rows (at most one per expert
@@ -204,14 +259,11 @@ PROGRAMS_PER_SM = 8
 MIN_STEPS = 4
 
 
-def splits_for(t: int, e: int, n_out: int, k: int, cfg: dict, num_sms: int) -> int:
-    """How many ranges K is split into (1: no split) for a launch of t rows over e experts."""
-    if cfg is PREFILL_CONFIG:
-        return 1
-    tiles = min(t, e) * triton.cdiv(n_out, cfg["BLOCK_N"])
-    steps = triton.cdiv(k, cfg["BLOCK_K"])
+def splits_for(tiles: int, steps: int, num_sms: int, min_steps: int = MIN_STEPS) -> int:
+    """How many ranges K's `steps` steps are split into (1: no split) for `tiles` output tiles
+    that have rows."""
     wanted = triton.cdiv(PROGRAMS_PER_SM * num_sms, tiles)
-    return max(1, min(wanted, steps // MIN_STEPS))
+    return max(1, min(wanted, steps // min_steps))
 
 
 def grouped_linear(x: torch.Tensor, offsets: torch.Tensor, w_data: torch.Tensor, w_scale: torch.Tensor,
@@ -237,14 +289,29 @@ def grouped_linear(x: torch.Tensor, offsets: torch.Tensor, w_data: torch.Tensor,
         x_global_scale = x_global_scale.contiguous()
     if bias is not None:
         bias = bias.contiguous()
-    cfg = _config(t, e)
-    block_m, block_n, block_k = cfg["BLOCK_M"], cfg["BLOCK_N"], cfg["BLOCK_K"]
+    nb = _mma_blocks(t, e) if _mma_fits(x, w_data, w_scale) else 0
+    layout, unit = 1, 1  # the mma mainloop's K mapping; K-steps a split is counted in
+    if nb:  # the register-fed mainloop: 64 weight rows by 8 * nb x rows, 64-k steps, two warps
+        block_m, block_n, block_k, warps = 8 * nb, gemm_mma.TILE_N, gemm_mma.TILE_K, gemm_mma.WARPS
+        acc_m = 8 * max(nb, 2)
+        # plain scales read a word per 4 K-steps at 8 rows (the dense kernel's LAYOUT 3)
+        if nb == 1 and w_scale.data_ptr() % 4 == 0:
+            layout, unit = 3, gemm_mma.GROUP
+        min_steps = gemm_configs.REG_MMA_GROUPED_MIN_STEPS
+    else:
+        cfg = _config(t, e)
+        block_m, block_n, block_k, warps = cfg["BLOCK_M"], cfg["BLOCK_N"], cfg["BLOCK_K"], cfg["num_warps"]
+        acc_m = block_m
+        min_steps = MIN_STEPS if cfg is not PREFILL_CONFIG else None
+    # tiles with rows: each expert's rows over block_m, at most t // block_m + min(e, t) in all
+    # (each expert with rows adds at most one partial tile)
+    tiles = (t // block_m + min(e, t)) * triton.cdiv(n_out, block_n)
+    units = triton.cdiv(k, unit * block_k)  # (groups of `unit` K-steps)
     if splits is None:
-        splits = splits_for(t, e, n_out, k, cfg, capability.sm_count(x.device))
-    steps = triton.cdiv(k, block_k)
-    per_split = triton.cdiv(steps, max(1, min(splits, steps)))
-    splits = triton.cdiv(steps, per_split)  # (none empty)
-    tiles = (triton.cdiv(t, block_m) + e) * triton.cdiv(n_out, block_n)
+        splits = 1 if min_steps is None else splits_for(min(t, e) * triton.cdiv(n_out, block_n),
+                                                        units * unit, capability.sm_count(x.device), min_steps)
+    per_split = triton.cdiv(units, max(1, min(splits, units)))
+    splits = triton.cdiv(units, per_split)  # (none empty)
     if splits > 1:
         partial = torch.empty((splits, t, n), dtype=torch.float32, device=x.device)
         counters = split_counters(x.device, tiles)
@@ -255,10 +322,10 @@ def grouped_linear(x: torch.Tensor, offsets: torch.Tensor, w_data: torch.Tensor,
         x, offsets, w_data, w_scale, w_global_scale,
         x_global_scale if x_global_scale is not None else w_global_scale,  # unused without X_SCALED
         bias if bias is not None else w_global_scale,  # unused without HAS_BIAS
-        out, partial, counters, t, n, k, e, n_out, per_split, x.stride(0), out.stride(0),
+        out, partial, counters, t, n, k, e, n_out, per_split * unit, x.stride(0), out.stride(0),
         HAS_BIAS=bias is not None, X_SCALED=x_global_scale is not None, GATED=gated, USE_ASM=use_asm,
         DOT=tl.float32 if _interpreting() else tl.bfloat16, SPLIT=splits > 1,
         E_POW2=triton.next_power_of_2(e), BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_K=block_k,
-        num_warps=cfg["num_warps"],
+        REG_MMA=nb, LAYOUT=layout, EVEN_K=k % (unit * block_k) == 0, ACC_M=acc_m, num_warps=warps,
     )
     return out
