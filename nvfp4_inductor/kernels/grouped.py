@@ -116,7 +116,11 @@ def grouped_linear_kernel(
     expert; N_OUT: N, or N / 2 with GATED (column n from weight rows n and N_OUT + n). Program
     (tile, split) multiplies K-steps [split * steps_per_split, ...); with SPLIT, its fp32 products
     go to partial (splits, T, N) and the tile's last split to finish sums them in split order and
-    runs the epilogue (the dense split-K kernel's scheme: gemm_splitk.last_split)."""
+    runs the epilogue (the dense split-K kernel's scheme: gemm_splitk.last_split).
+    REG_MMA > 0: gemm_mma.mma_mainloop with REG_MMA blocks of 8 rows (BLOCK_M = 8 * REG_MMA,
+    BLOCK_N = BLOCK_K = 64, 2 warps, K % 64 == 0) in its row-major LAYOUT 1 or 3 (EVEN_K: K a
+    multiple of its step), K-steps counted in 64-k tiles; its tile is ACC_M = 8 * max(REG_MMA, 2)
+    columns wide, those past BLOCK_M unused. Else ACC_M = BLOCK_M."""
     num_n = tl.cdiv(N_OUT, BLOCK_N)
     pid_m = tl.program_id(0) // num_n
     pid_n = tl.program_id(0) % num_n
