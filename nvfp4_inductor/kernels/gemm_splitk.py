@@ -453,7 +453,7 @@ def split_counters(device, tiles: int) -> torch.Tensor:
         return reserve[0][start:start + tiles]
     if device not in _reserve:
         _reserve[device] = [_zeros_outside_graph_pools(RESERVED_COUNTERS, device), 0]
-    stream = triton.runtime.driver.active.get_current_stream(device.index) if device.type == "cuda" else 0
+    stream = _current_stream(device.index) if device.type == "cuda" else 0
     key = (device, stream)
     counters = _counters.get(key)
     if counters is None or counters.numel() < tiles:
@@ -633,7 +633,7 @@ def gemm_splitk(x, w_data, w_scale, w_global_scale, bias, out_dtype, swizzled, t
                                               for name in _splitk_kernel.arg_names[len(args):]))
         return out
     compiled, constexprs = launch
-    _run(compiled, setup.grid, triton.runtime.driver.active.get_current_stream(x.device.index), args + constexprs)
+    _run(compiled, setup.grid, _current_stream(x.device.index), args + constexprs)
     return out
 
 

@@ -8,8 +8,7 @@ device, so the launch is sized for the worst case and every program finds its wo
 
 1. Work list. Expert e needs ceil(count_e / BLOCK_M) token tiles; over all experts that is at most
    floor(T / BLOCK_M) + min(E, T) (each expert with rows adds at most one partial tile). The grid
-   is that bound times
-   ceil(N / BLOCK_N). Program (m, n) loads the E offsets, takes the inclusive cumulative sum of the
+   is that bound times ceil(N / BLOCK_N). Program (m, n) loads the E offsets, takes the inclusive cumulative sum of the
    tile counts, and finds its expert as the number of experts whose sum is <= m; a program past
    the last tile returns at once. No host sync, so a launch can be captured in a CUDA graph and
    replayed with other routings.
@@ -48,7 +47,7 @@ from ..format import BLOCK_SIZE
 from ._common import BLOCK, round_to
 from . import gemm_configs, gemm_mma
 from .gemm_mma import mma_mainloop
-from .gemm_splitk import decode_tile, last_split, split_counters
+from .gemm_splitk import _mma_operands_fit, decode_tile, last_split, split_counters, split_tiles
 
 _UNSCALE: tl.constexpr = tl.constexpr(2.0**7)  # the decode's 2^-7 (gemm_splitk's module docstring)
 
@@ -144,8 +143,7 @@ def grouped_linear_kernel(
                 tiles_k = tl.cdiv(K, gemm_mma.GROUP * BLOCK_K) * gemm_mma.GROUP
             else:
                 tiles_k = tl.cdiv(K, BLOCK_K)
-            t_begin = pid_k * steps_per_split
-            t_end = tl.minimum(t_begin + steps_per_split, tiles_k)
+            t_begin, t_end = split_tiles(pid_k, steps_per_split, tiles_k)
             acc = mma_mainloop(x_t, w_e, s_e, m_rows, K, stride_xt, pid_n, t_begin, t_end, REG_MMA, EVEN_K,
                                0, N_OUT, K // BLOCK, LAYOUT)
             acc_up = acc
@@ -164,9 +162,8 @@ def grouped_linear_kernel(
             # register-made B operand out in shared memory.)
             acc = tl.zeros((BLOCK_N, BLOCK_M), tl.float32)
             acc_up = tl.zeros((BLOCK_N, BLOCK_M), tl.float32)
-            k_begin = pid_k * steps_per_split * BLOCK_K
-            k_end = tl.minimum(k_begin + steps_per_split * BLOCK_K, K)
-            for k0 in range(k_begin, k_end, BLOCK_K):
+            t_begin, t_end = split_tiles(pid_k, steps_per_split, tl.cdiv(K, BLOCK_K))
+            for k0 in range(t_begin * BLOCK_K, t_end * BLOCK_K, BLOCK_K):
                 ks = k0 + tl.arange(0, BLOCK_K)
                 x = tl.load(x_ptr + ts.to(tl.int64)[:, None] * stride_xt + ks[None, :],
                             mask=t_ok[:, None] & (ks < K)[None, :], other=0.0).to(tl.float32)
@@ -205,7 +202,7 @@ def grouped_linear_kernel(
 def _epilogue(acc, acc_up, expert, ts, t_ok, cols, col_ok, N, N_OUT, w_global_scale_ptr, x_global_scale_ptr,
               bias_ptr, out_ptr, stride_ot, HAS_BIAS: tl.constexpr, X_SCALED: tl.constexpr,
               GATED: tl.constexpr):
-    """A tile's fp32 products (BLOCK_N, BLOCK_M) (acc_up: the up rows' with GATED) -> out."""
+    """A tile's fp32 products (BLOCK_N, ACC_M) (acc_up: the up rows' with GATED) -> out."""
     e64 = expert.to(tl.int64)
     g = tl.load(w_global_scale_ptr + expert) * _UNSCALE
     if X_SCALED:
@@ -246,14 +243,12 @@ def _mma_blocks(t: int, e: int) -> int:
 
 
 def _mma_fits(x: torch.Tensor, w_data: torch.Tensor, w_scale: torch.Tensor) -> bool:
-    """The register-fed mainloop's operands (gemm_splitk._mma_operands_fit, per expert): bf16 x
-    with rows on 4 bytes, K % 64 == 0 (each expert's codes then start on 32 bytes, its scales on
-    4), contiguous weights on 8 bytes, inline PTX (sm_90 and up, not the interpreter)."""
-    k = x.shape[1]
-    return (x.is_cuda and not _interpreting() and capability.sm90_or_later(x.device)
-            and x.dtype == torch.bfloat16 and k % (4 * BLOCK_SIZE) == 0 and x.stride(0) % 2 == 0
-            and x.data_ptr() % 4 == 0 and w_data.is_contiguous() and w_scale.is_contiguous()
-            and w_data.data_ptr() % 8 == 0)
+    """The register-fed mainloop's operands: the dense kernel's (gemm_splitk._mma_operands_fit),
+    bf16 x, K % 64 == 0 (each expert's codes then start on 32 bytes, its scales on 4), contiguous
+    weights, inline PTX (sm_90 and up, not the interpreter)."""
+    return (not _interpreting() and capability.sm90_or_later(x.device) and x.dtype == torch.bfloat16
+            and x.shape[1] % (4 * BLOCK_SIZE) == 0 and w_data.is_contiguous() and w_scale.is_contiguous()
+            and _mma_operands_fit(x, w_data, w_scale, tiled=False))
 
 
 # Decode: K split so that the programs of the tiles that can have rows (at most one per expert
