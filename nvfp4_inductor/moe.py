@@ -115,8 +115,7 @@ def _group_quantized_values(x: Tensor, offsets: Tensor) -> tuple[Tensor, Tensor]
     e = offsets.shape[0]
     rows = torch.arange(x.shape[0], dtype=torch.int32, device=x.device)
     group = torch.searchsorted(offsets, rows, right=True)  # E for rows past the last group
-    xabs = x.float().abs()
-    row_amax = torch.where(torch.isfinite(xabs), xabs, torch.zeros_like(xabs)).amax(dim=-1)
+    row_amax = reference.finite_amax(x, per_row=True)
     row_amax = torch.where(group < e, row_amax, torch.zeros_like(row_amax))
     group_amax = row_amax.new_zeros(e + 1).scatter_reduce(0, group, row_amax, "amax")
     g_rows = reference.global_scale_from_amax(group_amax)[group]

@@ -41,7 +41,7 @@ from torch.distributed.tensor.parallel import style as _torch_style
 from . import api
 from .convert import NVFP4Linear
 from .format import BLOCK_SIZE
-from .reference import global_scale_from_amax
+from .reference import finite_amax, global_scale_from_amax
 from .tiled import TILE_K, TILE_N
 
 __all__ = ["ColwiseParallel", "RowwiseParallel", "NVFP4LinearShard", "shard_from_linear", "load_sharded_checkpoint"]
@@ -225,10 +225,7 @@ class RowwiseParallel(_torch_style.RowwiseParallel):
 
 def _whole_amax(local: torch.Tensor, mesh: DeviceMesh) -> torch.Tensor:
     """amax over the finite elements of the whole weight, from each rank's share (an all-reduce)."""
-    xabs = local.detach().float().abs()
-    xabs = torch.where(torch.isfinite(xabs), xabs, torch.zeros_like(xabs))
-    amax = xabs.amax() if xabs.numel() else xabs.new_zeros(())
-    amax = amax.reshape(1).clone()
+    amax = finite_amax(local.detach()).reshape(1).clone()
     dist.all_reduce(amax, op=dist.ReduceOp.MAX, group=mesh.get_group())
     return amax.reshape(())
 

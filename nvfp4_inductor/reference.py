@@ -80,17 +80,19 @@ def global_scale_from_amax(amax: Tensor) -> Tensor:
     return torch.where(g == 0, torch.ones_like(g), g)
 
 
-def compute_global_scale(x: Tensor, per_row: bool = False) -> Tensor:
-    """(..., K) float -> fp32 global scale, shape () or (...,) with per_row; skips non-finite x."""
+def finite_amax(x: Tensor, per_row: bool = False) -> Tensor:
+    """(..., K) float -> fp32 max |x| over its finite elements (0 where there are none), shape ()
+    or (...,) with per_row."""
     xabs = x.float().abs()
     xabs = torch.where(torch.isfinite(xabs), xabs, torch.zeros_like(xabs))
     if per_row:
-        amax = xabs.amax(dim=-1)
-    elif xabs.numel() == 0:
-        amax = xabs.new_zeros(())
-    else:
-        amax = xabs.amax()
-    return global_scale_from_amax(amax)
+        return xabs.amax(dim=-1)
+    return xabs.amax() if xabs.numel() else xabs.new_zeros(())
+
+
+def compute_global_scale(x: Tensor, per_row: bool = False) -> Tensor:
+    """(..., K) float -> fp32 global scale, shape () or (...,) with per_row; skips non-finite x."""
+    return global_scale_from_amax(finite_amax(x, per_row))
 
 
 def _row_broadcast(global_scale: Tensor, lead_dims: int) -> Tensor:
