@@ -12,6 +12,7 @@ from torch._subclasses.fake_tensor import FakeTensorMode
 import nvfp4_inductor as nv
 from nvfp4_inductor import moe, reference
 from nvfp4_inductor.moe import NVFP4Experts, convert_experts
+from helpers.hf import LOGIT_TOL, MOE_ARCHITECTURES, MOE_SHAPES, moe_model
 
 transformers = pytest.importorskip("transformers")
 
@@ -288,25 +289,13 @@ def test_cuda_kernel_compiles_for_sm90():
 
 # --- transformers experts ----------------------------------------------------------------------
 
-COMMON = dict(vocab_size=320, hidden_size=64, num_hidden_layers=2, num_attention_heads=4,
-              num_key_value_heads=2, max_position_embeddings=64)
-ARCHITECTURES = {
-    "qwen3_moe": lambda impl, **kw: transformers.Qwen3MoeForCausalLM(transformers.Qwen3MoeConfig(**{
-        **COMMON, "intermediate_size": 128, "moe_intermediate_size": 32, "num_experts": 8,
-        "num_experts_per_tok": 2, "experts_implementation": impl, **kw})),
-    "mixtral": lambda impl, **kw: transformers.MixtralForCausalLM(transformers.MixtralConfig(**{
-        **COMMON, "intermediate_size": 48, "num_local_experts": 4, "num_experts_per_tok": 2,
-        "experts_implementation": impl, **kw})),
-}
+ARCHITECTURES = MOE_ARCHITECTURES
 IMPLEMENTATIONS = ["eager", "batched_mm", "grouped_mm"]
-# NVFP4's error on these random weights, relative to the largest bf16 logit (W4A16), as
-# tests/inductor/test_transformers.py
-LOGIT_TOL = 0.25
+LAYERS = 2
 
 
 def _model(arch: str, impl: str, seed: int = 0, **kw):
-    torch.manual_seed(seed)
-    return ARCHITECTURES[arch](impl, **kw).to(torch.bfloat16).eval()
+    return moe_model(arch, impl, LAYERS, seed, **kw)
 
 
 @pytest.mark.parametrize("arch", ARCHITECTURES)
@@ -316,7 +305,7 @@ def test_converted_moe_models_are_close_to_bf16_and_reload(arch, impl):
     become NVFP4Experts, the logits stay close to the bf16 model's, and a fresh model converted
     and loaded from the state dict (ModelOpt's per-expert names) gives the same logits."""
     model = _model(arch, impl)
-    ids = torch.randint(0, COMMON["vocab_size"], (2, 9), generator=torch.Generator().manual_seed(1))
+    ids = torch.randint(0, MOE_SHAPES["vocab_size"], (2, 9), generator=torch.Generator().manual_seed(1))
     with torch.no_grad():
         want = model(ids).logits
         names = convert_experts(model, nv.Config(activations="bf16"))
@@ -331,8 +320,8 @@ def test_converted_moe_models_are_close_to_bf16_and_reload(arch, impl):
     assert state[prefix + f"{gate}.weight"].dtype == torch.uint8
     assert state[prefix + f"{up}.weight_scale"].dtype == torch.float8_e4m3fn
     intermediate = model.get_submodule(names[0]).intermediate_dim
-    assert state[prefix + f"{down}.weight"].shape == (COMMON["hidden_size"], intermediate // 2)
-    assert state[prefix + f"{gate}.weight"].shape == (intermediate, COMMON["hidden_size"] // 2)
+    assert state[prefix + f"{down}.weight"].shape == (MOE_SHAPES["hidden_size"], intermediate // 2)
+    assert state[prefix + f"{gate}.weight"].shape == (intermediate, MOE_SHAPES["hidden_size"] // 2)
     assert torch.equal(state[prefix + f"{gate}.weight_scale_2"], state[prefix + f"{up}.weight_scale_2"])
     fresh = _model(arch, impl, seed=2)
     convert_experts(fresh, nv.Config(activations="bf16"))
@@ -354,7 +343,7 @@ def test_nv_convert_converts_experts_and_linears():
     assert isinstance(model.model.layers[0].self_attn.q_proj, nv.NVFP4Linear)
     assert isinstance(model.get_submodule(experts[1]), NVFP4Experts)
     fresh = _model("qwen3_moe", "grouped_mm")
-    hessians = nv.collect_hessians(fresh, [torch.randint(0, COMMON["vocab_size"], (1, 8))])
+    hessians = nv.collect_hessians(fresh, [torch.randint(0, MOE_SHAPES["vocab_size"], (1, 8))])
     report = nv.convert(fresh, nv.Config(activations="bf16", weight_method="hessian", hessians=hessians))
     assert all("hessian" in report.skipped[name] for name in experts)
     assert not isinstance(fresh.get_submodule(experts[0]), NVFP4Experts)
@@ -363,7 +352,7 @@ def test_experts_module_w4a4_and_include():
     """activations="nvfp4" experts (each expert's rows quantized with their own global scale) stay
     close to bf16; Config.include leaves the experts it rejects in bf16."""
     model = _model("qwen3_moe", "grouped_mm")
-    ids = torch.randint(0, COMMON["vocab_size"], (1, 11), generator=torch.Generator().manual_seed(2))
+    ids = torch.randint(0, MOE_SHAPES["vocab_size"], (1, 11), generator=torch.Generator().manual_seed(2))
     with torch.no_grad():
         want = model(ids).logits
         names = convert_experts(model, nv.Config(activations="nvfp4", include=lambda name, m: ".0." in name))
@@ -575,7 +564,7 @@ def test_moe_checkpoint_round_trips(tmp_path, arch, fmt):
     gate = "w1" if arch == "mixtral" else "gate_proj"
     codes = "weight" if fmt == "modelopt" else "weight_packed"
     assert f"model.layers.1.mlp.experts.3.{gate}.{codes}" in keys
-    ids = torch.randint(0, COMMON["vocab_size"], (2, 9), generator=torch.Generator().manual_seed(3))
+    ids = torch.randint(0, MOE_SHAPES["vocab_size"], (2, 9), generator=torch.Generator().manual_seed(3))
     with torch.no_grad():
         want = model(ids).logits
     experts_converted = _model(arch, "grouped_mm", seed=5)
@@ -607,7 +596,7 @@ def _write_experts(path, arch: str, edit=None):
     state = {k: v.clone() for k, v in model.state_dict().items()}
     gate, up, down = ("w1", "w3", "w2") if arch == "mixtral" else ("gate_proj", "up_proj", "down_proj")
     expected = {}
-    for layer in range(COMMON["num_hidden_layers"]):
+    for layer in range(LAYERS):
         prefix = f"model.layers.{layer}.mlp.experts"
         gate_up, w_down = state.pop(f"{prefix}.gate_up_proj"), state.pop(f"{prefix}.down_proj")
         i = gate_up.shape[1] // 2

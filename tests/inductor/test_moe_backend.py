@@ -10,40 +10,22 @@ import torch
 from torch._inductor.utils import run_and_get_code
 
 import nvfp4_inductor as nv
-from helpers.hf import compiled_generate
+from helpers.hf import MOE_ARCHITECTURES, MOE_SHAPES, close, compiled_generate, moe_model
 from helpers.hf import nvfp4_ops as _nvfp4_ops
 from nvfp4_inductor.moe import NVFP4Experts
 
 transformers = pytest.importorskip("transformers")
 
-COMMON = dict(vocab_size=320, hidden_size=64, num_hidden_layers=1, num_attention_heads=4,
-              num_key_value_heads=2, max_position_embeddings=64)
-ARCHITECTURES = {
-    "qwen3_moe": lambda impl: transformers.Qwen3MoeForCausalLM(transformers.Qwen3MoeConfig(**{
-        **COMMON, "intermediate_size": 128, "moe_intermediate_size": 32, "num_experts": 8,
-        "num_experts_per_tok": 2, "experts_implementation": impl})),
-    "mixtral": lambda impl: transformers.MixtralForCausalLM(transformers.MixtralConfig(**{
-        **COMMON, "intermediate_size": 48, "num_local_experts": 4, "num_experts_per_tok": 2,
-        "experts_implementation": impl})),
-}
-# NVFP4's error on these random weights, relative to the largest bf16 logit (W4A16), as
-# tests/inductor/test_transformers.py
-LOGIT_TOL = 0.25
+ARCHITECTURES = MOE_ARCHITECTURES
 EXPERT_WEIGHTS = ["model.layers.0.mlp.experts.gate_up_proj", "model.layers.0.mlp.experts.down_proj"]
 
 
 def _model(arch: str, impl: str = "grouped_mm", seed: int = 0):
-    torch.manual_seed(seed)
-    return ARCHITECTURES[arch](impl).to(torch.bfloat16).eval()
+    return moe_model(arch, impl, 1, seed)
 
 
 def _ids(t: int = 7, seed: int = 1):
-    return torch.randint(0, COMMON["vocab_size"], (2, t), generator=torch.Generator().manual_seed(seed))
-
-
-def _close(got, want, tol=LOGIT_TOL):
-    err = (got.float() - want.float()).abs().max().item()
-    return err <= tol * want.float().abs().max().item(), err
+    return torch.randint(0, MOE_SHAPES["vocab_size"], (2, t), generator=torch.Generator().manual_seed(seed))
 
 
 @pytest.mark.parametrize("arch", ARCHITECTURES)
@@ -60,7 +42,7 @@ def test_plain_torch_compile_runs_the_experts_in_nvfp4(arch, impl, caplog):
     assert _nvfp4_ops(code).count("grouped_linear_silu_mul") == 1, _nvfp4_ops(code)
     assert _nvfp4_ops(code).count("grouped_linear") == 1, _nvfp4_ops(code)
     assert "converted 2 expert weights" in caplog.text and all(w in caplog.text for w in EXPERT_WEIGHTS)
-    ok, err = _close(got.logits, bf16)
+    ok, err = close(got.logits, bf16)
     assert ok, err
     nv.convert(model, nv.Config(activations="bf16"))
     assert isinstance(model.model.layers[0].mlp.experts, NVFP4Experts)
@@ -80,7 +62,7 @@ def test_a_new_length_recompiles_with_dynamic_shapes():
         got, code = run_and_get_code(compiled, _ids(11, seed=2))
         want = model(_ids(11, seed=2)).logits
     assert "grouped_linear_silu_mul" in _nvfp4_ops(code)
-    ok, err = _close(got.logits, want)
+    ok, err = close(got.logits, want)
     assert ok, err
 
 
@@ -98,7 +80,7 @@ def test_eager_experts_stay_bf16_and_the_log_says_so(arch, caplog):
     experts = type(model.model.layers[0].mlp.experts).__name__
     assert f"{experts} (experts_implementation='eager')" in caplog.text
     assert "loops over the experts in Python" in caplog.text
-    ok, err = _close(got.logits, want)
+    ok, err = close(got.logits, want)
     assert ok, err
 
 

@@ -9,7 +9,7 @@ import torch
 from torch._inductor.utils import run_and_get_code
 
 import nvfp4_inductor as nv
-from helpers.hf import compiled_generate
+from helpers.hf import close, compiled_generate
 from helpers.hf import nvfp4_ops as _nvfp4_ops
 
 transformers = pytest.importorskip("transformers")
@@ -21,8 +21,6 @@ ARCHITECTURES = {
     "qwen2": lambda: transformers.Qwen2ForCausalLM(transformers.Qwen2Config(**SHAPES)),
     "mistral": lambda: transformers.MistralForCausalLM(transformers.MistralConfig(**SHAPES, sliding_window=None)),
 }
-# NVFP4's error on these random weights, relative to the largest bf16 logit (W4A16)
-LOGIT_TOL = 0.25
 
 
 def _model(arch: str, seed: int = 0):
@@ -34,11 +32,6 @@ def _nvfp4_calls(code: list[str]) -> list[str]:
     return [line.strip() for line in "\n".join(code).splitlines()
             if "torch.ops.nvfp4.linear_tiled" in line and "(" in line and not line.strip().startswith("#")
             and "assert" not in line]
-
-
-def _close(got, want):
-    err = (got.float() - want.float()).abs().max().item()
-    return err <= LOGIT_TOL * want.float().abs().max().item(), err
 
 
 @pytest.mark.parametrize("arch", ARCHITECTURES)
@@ -53,7 +46,7 @@ def test_plain_torch_compile_quantizes(arch):
         got, code = run_and_get_code(torch.compile(model, backend="nvfp4"), ids)
     # q / k / v, o, gate / up and down of both layers (the head stays bf16)
     assert len(_nvfp4_calls(code)) >= 2 * 4, _nvfp4_calls(code)
-    ok, err = _close(got.logits, want)
+    ok, err = close(got.logits, want)
     assert ok, err
 
 
@@ -90,7 +83,7 @@ def test_a_converted_model_saves_and_reloads(arch, tmp_path):
         assert torch.equal(fresh(ids).logits, want)
         got, code = run_and_get_code(torch.compile(fresh, backend="nvfp4"), ids)
     assert len(_nvfp4_calls(code)) >= 2 * 4
-    ok, err = _close(got.logits, want)
+    ok, err = close(got.logits, want)
     assert ok, err
 
 
