@@ -340,7 +340,8 @@ def tp_main(args) -> None:
         torch._dynamo.reset()
         dist.barrier()
     if rank != 0:
-        dist.destroy_process_group() if mesh is not None else None
+        if mesh is not None:
+            dist.destroy_process_group()
         return
     print(f"\n{'variant':>12} {'TP':>3} {'batch':>5} {'tokens/s':>9} {'vs bf16':>8} {'vs TP 1':>8} "
           f"{'peak GiB':>8} {'compile s':>9} {'skips':>5} {'sync':>5}")
