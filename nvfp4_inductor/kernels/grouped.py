@@ -17,9 +17,10 @@ device, so the launch is sized for the worst case and every program finds its wo
      (gemm_mma.mma_mainloop, row-major weights) on the expert's weights and 8, 16 or 32 rows of
      x, K split so that the few experts hit still fill the SMs (the dense split-K scheme: fp32
      partials, the tile's last split sums them in order);
-   - otherwise (and under the interpreter): per K-step the (BLOCK_N, BLOCK_K) weight block is
+   - otherwise, and under the interpreter: per K-step the (BLOCK_N, BLOCK_K) weight block is
      decoded in registers to e2m1 * s * 2^-7 (exact in bf16: gemm_splitk.decode_tile) and
      multiplied with the (BLOCK_M, BLOCK_K) x tile by tl.dot in fp32;
+   - prefill (at least DEQUANT_MIN_ROWS on CUDA): no kernel of ours, `_grouped_dequant`.
    x enters rounded to bf16 (W4A16); W4A4 passes x's quantized values (e2m1 * s_x, exact) and
    one global scale per row.
 3. Epilogue: acc * 2^7 * g_e (* g_x per row) + bias_e, rounded once to the output dtype. The gated
@@ -265,18 +266,65 @@ def splits_for(tiles: int, steps: int, num_sms: int, min_steps: int = MIN_STEPS)
     return max(1, min(wanted, steps // min_steps))
 
 
+# Prefill: from this many rows an expert on average (T / E), decoding each expert's weights once
+# into bf16 and one torch._grouped_mm beat decoding them again in every row tile of the kernel.
+DEQUANT_MIN_ROWS = 64
+
+
+def _dequant_runs(t: int, e: int, n: int, k: int, x: torch.Tensor) -> bool:
+    """Whether the dequantize + torch._grouped_mm form takes this launch (CUDA, sm_90 and up,
+    where the GEMM's operands are 16-byte aligned: N and K multiples of 16)."""
+    return (x.is_cuda and not _interpreting() and capability.sm90_or_later(x.device) and t >= DEQUANT_MIN_ROWS * e
+            and n % 16 == 0 and k % 16 == 0)
+
+
+def _grouped_dequant(x, offsets, w_data, w_scale, w_global_scale, bias, gated, x_global_scale, out_dtype):
+    """The grouped GEMM as every expert dequantized to bf16 (e2m1 * block scale, exact), one
+    torch._grouped_mm (bf16 products, one rounding) and an elementwise epilogue: each row's
+    expert's global scale (W4A4: times the row's), bias, silu(gate) * up, the output dtype. The
+    offsets are clamped to [0, T] and made non-decreasing first (torch._grouped_mm reads memory
+    by them); rows past the groups are zero."""
+    from .dequantize import dequantize
+
+    t, k = x.shape
+    e, n = w_data.shape[0], w_data.shape[1]
+    w = dequantize(w_data.reshape(e * n, k // 2), w_scale.reshape(e * n, k // BLOCK_SIZE), None, False,
+                   torch.bfloat16).view(e, n, k)
+    offsets = torch.cummax(offsets.clamp(0, t), 0).values
+    y = torch._grouped_mm(x.to(torch.bfloat16), w.transpose(-2, -1), offs=offsets)
+    del w
+    expert = torch.searchsorted(offsets, torch.arange(t, dtype=offsets.dtype, device=x.device), right=True)
+    inside = (expert < e)[:, None]
+    expert = expert.clamp(max=e - 1)
+    g = w_global_scale[expert]
+    if x_global_scale is not None:
+        g = g * x_global_scale
+    y = y.float() * g[:, None]
+    if bias is not None:
+        y = y + bias[expert].float()
+    if gated:
+        gate, up = y[:, : n // 2].to(out_dtype), y[:, n // 2:].to(out_dtype)
+        y = torch.nn.functional.silu(gate.float()).to(out_dtype).float() * up.float()
+    return torch.where(inside, y, 0.0).to(out_dtype)
+
+
 def grouped_linear(x: torch.Tensor, offsets: torch.Tensor, w_data: torch.Tensor, w_scale: torch.Tensor,
                    w_global_scale: torch.Tensor, bias: torch.Tensor | None, gated: bool,
                    x_global_scale: torch.Tensor | None = None,
-                   out_dtype: torch.dtype | None = None, splits: int | None = None) -> torch.Tensor:
+                   out_dtype: torch.dtype | None = None, splits: int | None = None,
+                   dequant: bool | None = None) -> torch.Tensor:
     """x (T, K) float, offsets (E,) int32, W (E, N, K/2) uint8 + (E, N, K/16) uint8 e4m3 bits +
     (E,) fp32, bias (E, N) or None -> (T, N) in out_dtype (default x.dtype), or (T, N/2)
     silu(gate) * up with gated. x_global_scale (T,) fp32: x holds W4A4's quantized values (bf16)
     and this each row's global scale. splits: K ranges (splits_for's choice where None).
+    dequant: the dequantize + torch._grouped_mm form (_dequant_runs' choice where None).
     Arguments checked by the caller (moe.check_grouped_args)."""
     t, k = x.shape
     e, n = w_data.shape[0], w_data.shape[1]
     n_out = n // 2 if gated else n
+    if t and n_out and (_dequant_runs(t, e, n, k, x) if dequant is None else dequant):
+        return _grouped_dequant(x, offsets.contiguous(), w_data, w_scale, w_global_scale.contiguous(),
+                                bias, gated, x_global_scale, out_dtype or x.dtype)
     out = torch.zeros((t, n_out), dtype=out_dtype or x.dtype, device=x.device)  # rows past offsets[E - 1]: zero
     if t == 0 or n_out == 0:
         return out
