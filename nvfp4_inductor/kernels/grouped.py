@@ -20,7 +20,9 @@ device, so the launch is sized for the worst case and every program finds its wo
    - otherwise, and under the interpreter: per K-step the (BLOCK_N, BLOCK_K) weight block is
      decoded in registers to e2m1 * s * 2^-7 (exact in bf16: gemm_splitk.decode_tile) and
      multiplied with the (BLOCK_M, BLOCK_K) x tile by tl.dot in fp32;
-   - prefill (at least DEQUANT_MIN_ROWS on CUDA): no kernel of ours, `_grouped_dequant`.
+   - prefill (at least DEQUANT_MIN_ROWS on CUDA, sm_90 and up): every expert dequantized to bf16
+     once, torch._grouped_mm, then step 3 as a kernel of its own (`_grouped_dequant`; each linear
+     rounded once more, to bf16, in between).
    x enters rounded to bf16 (W4A16); W4A4 passes x's quantized values (e2m1 * s_x, exact) and
    one global scale per row.
 3. Epilogue: acc * 2^7 * g_e (* g_x per row) + bias_e, rounded once to the output dtype. The gated
@@ -223,6 +225,36 @@ def _epilogue(acc, acc_up, expert, ts, t_ok, cols, col_ok, N, N_OUT, w_global_sc
              round_to(y, OUT).to(OUT), mask=col_ok[:, None] & t_ok[None, :])
 
 
+EPILOGUE_CONFIG = dict(BLOCK_M=32, BLOCK_N=128, num_warps=4)
+
+
+@triton.jit
+def grouped_epilogue_kernel(y_ptr, offsets_ptr, w_global_scale_ptr, x_global_scale_ptr, bias_ptr, out_ptr,
+                            T, N, E, N_OUT, stride_yt, stride_ot, HAS_BIAS: tl.constexpr,
+                            X_SCALED: tl.constexpr, GATED: tl.constexpr, E_POW2: tl.constexpr,
+                            BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
+    """The prefill form's epilogue (_grouped_dequant): y (T, N) bf16 products of x and the
+    experts' e2m1 * block scale -> out, over the kernel's work list, by its _epilogue (y * 2^-7
+    is the decode's scale, exact in fp32)."""
+    num_n = tl.cdiv(N_OUT, BLOCK_N)
+    pid_m = tl.program_id(0) // num_n
+    pid_n = tl.program_id(0) % num_n
+    expert, row0, end, valid = _find_tile(offsets_ptr, E, T, pid_m, BLOCK_M, E_POW2)
+    if valid:
+        ts = row0 + tl.arange(0, BLOCK_M)
+        t_ok = ts < end
+        cols = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+        col_ok = cols < N_OUT
+        mask = col_ok[:, None] & t_ok[None, :]
+        place = y_ptr + ts.to(tl.int64)[None, :] * stride_yt + cols[:, None]
+        acc = tl.load(place, mask=mask, other=0.0).to(tl.float32) / _UNSCALE
+        acc_up = acc
+        if GATED:
+            acc_up = tl.load(place + N_OUT, mask=mask, other=0.0).to(tl.float32) / _UNSCALE
+        _epilogue(acc, acc_up, expert, ts, t_ok, cols, col_ok, N, N_OUT, w_global_scale_ptr,
+                  x_global_scale_ptr, bias_ptr, out_ptr, stride_ot, HAS_BIAS, X_SCALED, GATED)
+
+
 def _interpreting() -> bool:
     return os.environ.get("TRITON_INTERPRET") == "1"
 
@@ -280,32 +312,31 @@ def _dequant_runs(t: int, e: int, n: int, k: int, x: torch.Tensor) -> bool:
 
 def _grouped_dequant(x, offsets, w_data, w_scale, w_global_scale, bias, gated, x_global_scale, out_dtype):
     """The grouped GEMM as every expert dequantized to bf16 (e2m1 * block scale, exact), one
-    torch._grouped_mm (bf16 products, one rounding) and an elementwise epilogue: each row's
-    expert's global scale (W4A4: times the row's), bias, silu(gate) * up, the output dtype. The
-    offsets are clamped to [0, T] and made non-decreasing first (torch._grouped_mm reads memory
-    by them); rows past the groups are zero."""
+    torch._grouped_mm (bf16 products, rounded to bf16: torch's only output type) and
+    grouped_epilogue_kernel (each row's expert's global scale, W4A4: times the row's, bias,
+    silu(gate) * up, rounded to the output dtype): each linear is rounded once more than in the
+    kernel. The offsets are clamped to [0, T] and made non-decreasing first (torch._grouped_mm
+    reads memory by them); rows past the groups are zero."""
     from .dequantize import dequantize
 
     t, k = x.shape
     e, n = w_data.shape[0], w_data.shape[1]
+    n_out = n // 2 if gated else n
     w = dequantize(w_data.reshape(e * n, k // 2), w_scale.reshape(e * n, k // BLOCK_SIZE), None, False,
                    torch.bfloat16).view(e, n, k)
     offsets = torch.cummax(offsets.clamp(0, t), 0).values
     y = torch._grouped_mm(x.to(torch.bfloat16), w.transpose(-2, -1), offs=offsets)
     del w
-    expert = torch.searchsorted(offsets, torch.arange(t, dtype=offsets.dtype, device=x.device), right=True)
-    inside = (expert < e)[:, None]
-    expert = expert.clamp(max=e - 1)
-    g = w_global_scale[expert]
-    if x_global_scale is not None:
-        g = g * x_global_scale
-    y = y.float() * g[:, None]
-    if bias is not None:
-        y = y + bias[expert].float()
-    if gated:
-        gate, up = y[:, : n // 2].to(out_dtype), y[:, n // 2:].to(out_dtype)
-        y = torch.nn.functional.silu(gate.float()).to(out_dtype).float() * up.float()
-    return torch.where(inside, y, 0.0).to(out_dtype)
+    out = torch.zeros((t, n_out), dtype=out_dtype, device=x.device)
+    cfg = EPILOGUE_CONFIG
+    tiles = (t // cfg["BLOCK_M"] + min(e, t)) * triton.cdiv(n_out, cfg["BLOCK_N"])
+    grouped_epilogue_kernel[(tiles,)](
+        y, offsets, w_global_scale, x_global_scale if x_global_scale is not None else w_global_scale,
+        bias if bias is not None else w_global_scale, out, t, n, e, n_out, y.stride(0), out.stride(0),
+        HAS_BIAS=bias is not None, X_SCALED=x_global_scale is not None, GATED=gated,
+        E_POW2=triton.next_power_of_2(e), BLOCK_M=cfg["BLOCK_M"], BLOCK_N=cfg["BLOCK_N"],
+        num_warps=cfg["num_warps"])
+    return out
 
 
 def grouped_linear(x: torch.Tensor, offsets: torch.Tensor, w_data: torch.Tensor, w_scale: torch.Tensor,
