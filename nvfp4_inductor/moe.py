@@ -27,7 +27,7 @@ such module of a model.
 import torch
 from torch import Tensor, nn
 
-from . import _checks, api, ops, reference
+from . import _checks, api, capability, ops, reference
 from .config import Config, check_activations, resolve_activation
 from .convert import apply_keeping_buffer_dtypes
 from .format import BLOCK_SIZE
@@ -108,10 +108,10 @@ def _reference_grouped(x, offsets, w_data, w_scale, w_global_scale, bias, activa
     return out
 
 
-def _group_quantized_values(x: Tensor, offsets: Tensor) -> tuple[Tensor, Tensor]:
+def _group_quantize(x: Tensor, offsets: Tensor) -> tuple[Tensor, Tensor, Tensor]:
     """W4A4's x on the device: each expert's rows quantized with its group's global scale (what
-    reference.linear does to each slice), decoded without it -> (bf16 values e2m1 * s_x, exact,
-    (T,) fp32 each row's global scale). No host sync: the group of a row comes from searchsorted."""
+    reference.linear does to each slice) -> (codes (T, K/2), scale bits (T, K/16), (T,) fp32 each
+    row's global scale). No host sync: the group of a row comes from searchsorted."""
     e = offsets.shape[0]
     rows = torch.arange(x.shape[0], dtype=torch.int32, device=x.device)
     group = torch.searchsorted(offsets, rows, right=True)  # E for rows past the last group
@@ -120,19 +120,28 @@ def _group_quantized_values(x: Tensor, offsets: Tensor) -> tuple[Tensor, Tensor]
     group_amax = row_amax.new_zeros(e + 1).scatter_reduce(0, group, row_amax, "amax")
     g_rows = reference.global_scale_from_amax(group_amax)[group]
     data, scale, _ = ops.quantize(x, g_rows, True, False)
-    values = ops.dequantize(data, scale, torch.ones_like(g_rows), False, torch.bfloat16)
-    return values, g_rows
+    return data, scale, g_rows
+
+
+def _group_quantized_values(x: Tensor, offsets: Tensor) -> tuple[Tensor, Tensor]:
+    """_group_quantize, decoded without the global scale -> (bf16 values e2m1 * s_x, exact, (T,)
+    fp32 each row's global scale)."""
+    data, scale, g_rows = _group_quantize(x, offsets)
+    return ops.dequantize(data, scale, torch.ones_like(g_rows), False, torch.bfloat16), g_rows
 
 
 def _grouped_cuda(x, offsets, w_data, w_scale, w_global_scale, bias, activation, gated):
     from .kernels.grouped import grouped_linear as grouped_triton
 
-    x_global_scale = None
+    x_global_scale = x_scale = None
     out_dtype = x.dtype
     if activation == "nvfp4" and x.shape[0]:
-        x, x_global_scale = _group_quantized_values(x, offsets)
+        if capability.block_scaled_mma(x.device):  # sm_100: x's codes to the block-scaled MMA
+            x, x_scale, x_global_scale = _group_quantize(x, offsets)
+        else:
+            x, x_global_scale = _group_quantized_values(x, offsets)
     return grouped_triton(x, offsets, w_data, w_scale, w_global_scale, bias, gated, x_global_scale,
-                          out_dtype)
+                          out_dtype, x_scale=x_scale)
 
 
 @torch.library.custom_op("nvfp4::grouped_linear", mutates_args=())

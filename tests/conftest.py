@@ -8,6 +8,8 @@ import torch
 if not torch.cuda.is_available():
     os.environ.setdefault("TRITON_INTERPRET", "1")
 
+pytest_plugins = ["helpers.dot_scaled"]  # the sm100 fixture (a CPU stand-in for tl.dot_scaled)
+
 
 def pytest_collection_modifyitems(config, items):
     if torch.cuda.is_available():

@@ -232,6 +232,40 @@ def test_triton_kernel_splits_k(kernel_device, routing, gated, bias):
     assert not any(c.any() for c in gemm_splitk._counters.values())
 
 
+@pytest.mark.skipif(torch.cuda.is_available(), reason="the interpreter's tl.dot_scaled stand-in (no GPU)")
+@pytest.mark.parametrize("routing", KERNEL_ROUTINGS)
+@pytest.mark.parametrize("gated, bias", [(False, True), (True, False)])
+def test_sm100_block_scaled_kernel_matches_the_reference(sm100, routing, gated, bias):
+    """W4A4 on "sm_100": the op's CUDA path hands x's per-group NVFP4 codes and scales and the
+    experts' to tl.dot_scaled (DOT_SCALED; the interpreter's stand-in of helpers/dot_scaled.py) at
+    fresh random inputs, K split and not: the reference's numbers up to summation order (the
+    products are exact), rows past the groups zero."""
+    from nvfp4_inductor.kernels import grouped
+
+    gen = torch.Generator().manual_seed(41 + gated * 2 + bias)
+    counts = KERNEL_ROUTINGS[routing]
+    t, n, k = sum(counts) + 3, 96 if gated else 48, 3 * grouped.INTERPRET_CONFIG["BLOCK_K"] + 16
+    data, scale, g = _experts(5, n, k, gen)
+    x = (torch.randn(t, k, generator=gen) * 5).to(torch.bfloat16)
+    b = torch.randn(5, n, generator=gen) if bias else None
+    offsets = _offsets(counts)
+    want = (OPS.grouped_linear_silu_mul if gated else OPS.grouped_linear)(x, offsets, data, scale, g, b, "nvfp4")
+    from helpers import dot_scaled
+
+    calls = dot_scaled.CALLS[0]
+    got = moe._grouped_cuda(x, offsets, data, scale, g, b, "nvfp4", gated)
+    assert dot_scaled.CALLS[0] > calls or not sum(counts)
+    assert got.dtype == want.dtype and got.shape == want.shape
+    tol = dict(rtol=2**-7 if not gated else 2**-6, atol=1e-3 * want.float().abs().max().item())
+    torch.testing.assert_close(got.float(), want.float(), **tol)
+    assert not got[sum(counts):].any()
+    codes, bits, g_rows = moe._group_quantize(x, offsets)
+    for splits in (1, 3):
+        again = grouped.grouped_linear(codes, offsets, data, scale, g, b, gated, g_rows, torch.bfloat16, splits,
+                                       x_scale=bits)
+        torch.testing.assert_close(again.float(), want.float(), **tol)
+
+
 def test_triton_kernel_fp32_output(kernel_device):
     """fp32 x: x still enters the products rounded to bf16 (W4A16), the result is not rounded,
     so it is the reference's up to fp32 summation order."""
@@ -262,39 +296,43 @@ def test_triton_kernel_reads_strided_offsets_and_global_scales(kernel_device):
 
 
 _COMPILE_SCRIPT = """
-import json, sys
+import json, re, sys
 import triton.language as tl
 from triton.backends.compiler import GPUTarget
-from helpers.compile_kernels import compile_for
+from helpers.compile_kernels import TCGEN05_BLOCK_SCALE, compile_for
 from nvfp4_inductor.kernels import grouped
 
 sig = {name: kind for name, kind in zip(
     ["x_ptr", "offsets_ptr", "w_ptr", "w_scale_ptr", "w_global_scale_ptr", "x_global_scale_ptr", "bias_ptr",
-     "out_ptr", "partial_ptr", "counter_ptr", "T", "N", "K", "E", "N_OUT", "steps_per_split", "stride_xt",
-     "stride_ot"],
-    ["*bf16", "*i32", "*u8", "*u8", "*fp32", "*fp32", "*bf16", "*bf16", "*fp32", "*i32"] + ["i32"] * 8)}
+     "out_ptr", "partial_ptr", "counter_ptr", "x_scale_ptr", "T", "N", "K", "E", "N_OUT", "steps_per_split",
+     "stride_xt", "stride_ot"],
+    ["*bf16", "*i32", "*u8", "*u8", "*fp32", "*fp32", "*bf16", "*bf16", "*fp32", "*i32", "*u8"] + ["i32"] * 8)}
 meta = ["HAS_BIAS", "X_SCALED", "GATED", "USE_ASM", "DOT", "SPLIT", "E_POW2", "BLOCK_M", "BLOCK_N", "BLOCK_K",
-        "REG_MMA", "LAYOUT", "EVEN_K", "ACC_M"]
+        "REG_MMA", "LAYOUT", "EVEN_K", "ACC_M", "DOT_SCALED"]
 sig.update(dict.fromkeys(meta, "constexpr"))
 MMA = dict(BLOCK_N=64, BLOCK_K=64, num_warps=2)
-for name, cfg, split, nb, layout in (
-        ("decode", grouped.DECODE_CONFIG, True, 0, 1), ("prefill", grouped.PREFILL_CONFIG, False, 0, 1),
-        ("mma8", {**MMA, "BLOCK_M": 8}, True, 1, 3), ("mma16", {**MMA, "BLOCK_M": 16}, True, 2, 1)):
-    values = dict(HAS_BIAS=True, X_SCALED=True, GATED=True, USE_ASM=True, DOT=tl.bfloat16, SPLIT=split, E_POW2=128,
-                  BLOCK_M=cfg["BLOCK_M"], BLOCK_N=cfg["BLOCK_N"], BLOCK_K=cfg["BLOCK_K"], REG_MMA=nb,
-                  LAYOUT=layout, EVEN_K=True, ACC_M=max(16, cfg["BLOCK_M"]))
-    kernel = compile_for(grouped.grouped_linear_kernel, sig,
+for name, cfg, split, nb, layout, sm in (
+        ("decode", grouped.DECODE_CONFIG, True, 0, 1, 90), ("prefill", grouped.PREFILL_CONFIG, False, 0, 1, 90),
+        ("mma8", {**MMA, "BLOCK_M": 8}, True, 1, 3, 90), ("mma16", {**MMA, "BLOCK_M": 16}, True, 2, 1, 90),
+        ("sm100-decode", grouped.DOT_SCALED_DECODE_CONFIG, True, 0, 1, 100),
+        ("sm100-prefill", grouped.DOT_SCALED_PREFILL_CONFIG, False, 0, 1, 100)):
+    values = dict(HAS_BIAS=True, X_SCALED=True, GATED=True, USE_ASM=sm == 90, DOT=tl.bfloat16, SPLIT=split,
+                  E_POW2=128, BLOCK_M=cfg["BLOCK_M"], BLOCK_N=cfg["BLOCK_N"], BLOCK_K=cfg["BLOCK_K"], REG_MMA=nb,
+                  LAYOUT=layout, EVEN_K=True, ACC_M=max(16, cfg["BLOCK_M"]), DOT_SCALED=sm == 100)
+    kernel = compile_for(grouped.grouped_linear_kernel, {**sig, "x_ptr": "*u8" if sm == 100 else "*bf16"},
                          {(i,): values[n] for i, n in enumerate(sig) if n in values},
-                         GPUTarget("cuda", 90, 32), num_warps=cfg["num_warps"])
-    print(json.dumps({"config": name, "ptx": kernel.asm["ptx"]}))
+                         GPUTarget("cuda", sm, 32), num_warps=cfg["num_warps"])
+    ptx = kernel.asm["ptx"]
+    print(json.dumps({"config": name, "ptx": ptx, "tcgen05": bool(re.search(TCGEN05_BLOCK_SCALE, ptx))}))
 """
 
 
-def test_cuda_kernel_compiles_for_sm90():
+def test_cuda_kernel_compiles_for_sm90_and_sm100():
     """The CUDA kernel's GPU-only code (the word decode's inline PTX, bf16 dots) compiles for sm_90
     without a GPU: mma.sync at decode tiles (2 warps, K split: the last split's acquire), wgmma at
     prefill tiles (4 warps), and the dense decode kernel's register-fed mainloop (its inline mma.sync,
-    plain scales read as words at 8 rows, as bytes at 16)."""
+    plain scales read as words at 8 rows, as bytes at 16). For sm_100, W4A4's DOT_SCALED form:
+    tcgen05's NVFP4 block-scaled MMA (one e4m3 scale per 16 elements) at decode and prefill tiles."""
     import json
     import os
     import re
@@ -308,11 +346,16 @@ def test_cuda_kernel_compiles_for_sm90():
     run = subprocess.run([sys.executable, "-c", _COMPILE_SCRIPT], env=env, capture_output=True, text=True,
                          timeout=600)
     assert run.returncode == 0, run.stderr[-3000:]
-    ptx = {r["config"]: r["ptx"] for r in map(json.loads, run.stdout.splitlines())}
+    results = [json.loads(line) for line in run.stdout.splitlines()]
+    ptx = {r["config"]: r["ptx"] for r in results}
+    tcgen05 = {r["config"] for r in results if r["tcgen05"]}
     assert "mma.sync" in ptx["decode"] and "wgmma" in ptx["prefill"]
     split_counter = r"atom\.global\.gpu\.acq_rel\.add"
     assert re.search(split_counter, ptx["decode"]) and not re.search(split_counter, ptx["prefill"])
-    assert all("prmt.b32" in p and "mul.rn.bf16x2" in p for p in ptx.values())  # the word decode
+    assert all("prmt.b32" in p and "mul.rn.bf16x2" in p for c, p in ptx.items() if not c.startswith("sm100"))
+    assert tcgen05 == {"sm100-decode", "sm100-prefill"}
+    assert not any("mul.rn.bf16x2" in ptx[name] for name in tcgen05)
+    assert re.search(split_counter, ptx["sm100-decode"]) and not re.search(split_counter, ptx["sm100-prefill"])
     for name in ("mma8", "mma16"):
         assert "mma.sync.aligned.m16n8k16" in ptx[name] and "cvt.rn.f16x2.e4m3x2" in ptx[name]
         assert "wgmma" not in ptx[name] and re.search(split_counter, ptx[name])

@@ -17,15 +17,19 @@ device, so the launch is sized for the worst case and every program finds its wo
      (gemm_mma.mma_mainloop, row-major weights) on the expert's weights and 8, 16 or 32 rows of
      x, K split so that the few experts hit still fill the SMs (the dense split-K scheme: fp32
      partials, the tile's last split sums them in order);
+   - W4A4 on sm_100, any rows (DOT_SCALED): x's per-group NVFP4 codes and scales and the
+     experts' go to tl.dot_scaled (tcgen05 block-scaled MMA, 128 x 128 weight steps), no decode;
+     compiled for sm_100 in CI and run on the CPU through a stand-in, never on hardware;
    - otherwise, and under the interpreter: per K-step the (BLOCK_N, BLOCK_K) weight block is
      decoded in registers to e2m1 * s * 2^-7 (exact in bf16: gemm_splitk.decode_tile) and
      multiplied with the (BLOCK_M, BLOCK_K) x tile by tl.dot in fp32;
    - prefill (at least DEQUANT_MIN_ROWS on CUDA, sm_90 and up): every expert dequantized to bf16
      once, torch._grouped_mm, then step 3 as a kernel of its own (`_grouped_dequant`; each linear
      rounded once more, to bf16, in between).
-   x enters rounded to bf16 (W4A16); W4A4 passes x's quantized values (e2m1 * s_x, exact) and
-   one global scale per row.
-3. Epilogue: acc * 2^7 * g_e (* g_x per row) + bias_e, rounded once to the output dtype. The gated
+   x enters rounded to bf16 (W4A16); W4A4 passes x's quantized values (e2m1 * s_x, exact; on
+   sm_100 its codes and scale bits) and one global scale per row.
+3. Epilogue: acc * 2^7 (the decode's 2^-7 back; not after tl.dot_scaled or torch._grouped_mm)
+   * g_e (* g_x per row) + bias_e, rounded once to the output dtype. The gated
    form (GATED) multiplies the same x tile by gate rows n and up rows I + n (Hugging Face's
    concatenated gate_up layout) and writes silu(gate) * up, each linear rounded to the output
    dtype first, as reference.silu_mul.
@@ -58,6 +62,9 @@ _UNSCALE: tl.constexpr = tl.constexpr(2.0**7)  # the decode's 2^-7 (gemm_splitk'
 # they get many; two warps keep the dot on mma.sync at BLOCK_M 16, as the dense split-K kernel.
 DECODE_CONFIG = dict(BLOCK_M=16, BLOCK_N=64, BLOCK_K=128, num_warps=2)
 PREFILL_CONFIG = dict(BLOCK_M=64, BLOCK_N=64, BLOCK_K=64, num_warps=4)
+# sm_100's block-scaled MMA (tcgen05 mxf4nvf4) takes 128 x 128 weight steps, as the dense kernel's.
+DOT_SCALED_DECODE_CONFIG = dict(BLOCK_M=16, BLOCK_N=128, BLOCK_K=128, num_warps=4)
+DOT_SCALED_PREFILL_CONFIG = dict(BLOCK_M=64, BLOCK_N=128, BLOCK_K=128, num_warps=4)
 # Under the interpreter a program costs per operation, not per element: few, small programs.
 INTERPRET_CONFIG = dict(BLOCK_M=16, BLOCK_N=32, BLOCK_K=64, num_warps=1)
 
@@ -99,10 +106,49 @@ def _weight_block(w_ptr, w_scale_ptr, rows, row_ok, k0, K, USE_ASM: tl.constexpr
 
 
 @triton.jit
+def _packed_block(codes_ptr, scale_ptr, rows, row_ok, k0, K, stride_row, BLOCK_K: tl.constexpr):
+    """Rows `rows` (int64) of row-major NVFP4 codes (row stride `stride_row` bytes) and their
+    plain e4m3 scale bits (K/16 a row), K-step at k0 -> (rows, BLOCK_K / 2) uint8 codes, (rows,
+    BLOCK_K / 16) uint8 bits; zeros past K and for rows not row_ok (code 0 and scale 0: zero)."""
+    cols = k0 // 2 + tl.arange(0, BLOCK_K // 2)
+    codes = tl.load(codes_ptr + rows[:, None] * stride_row + cols[None, :],
+                    mask=row_ok[:, None] & (cols < K // 2)[None, :], other=0)
+    blocks = k0 // BLOCK + tl.arange(0, BLOCK_K // BLOCK)
+    bits = tl.load(scale_ptr + rows[:, None] * (K // BLOCK) + blocks[None, :],
+                   mask=row_ok[:, None] & (blocks < K // BLOCK)[None, :], other=0)
+    return codes, bits
+
+
+@triton.jit
+def _dot_scaled_loop(x_ptr, x_scale_ptr, w_e, s_e, ts, t_ok, pid_n, K, N_OUT, stride_xt, t_begin, t_end,
+                     GATED: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
+    """sm_100, W4A4: fp32 (BLOCK_N, BLOCK_M) products of the expert's weight rows pid_n * BLOCK_N...
+    (w_e, s_e: its codes and scale bits) and x's rows ts (codes and scale bits), K-steps
+    [t_begin, t_end) of tl.dot_scaled -> (acc, acc_up: the up rows' with GATED, else acc). GATED
+    multiplies the gate rows and the up rows as one 2 * BLOCK_N-row operand (two accumulators in
+    one loop fail Triton 3.6's sm_100 warp specialization)."""
+    ROWS: tl.constexpr = 2 * BLOCK_N if GATED else BLOCK_N
+    r = tl.arange(0, ROWS)
+    cols = pid_n * BLOCK_N + r % BLOCK_N
+    rows = cols.to(tl.int64) + (r // BLOCK_N) * N_OUT  # [gate rows, up rows] with GATED
+    acc = tl.zeros((ROWS, BLOCK_M), tl.float32)
+    for k0 in range(t_begin * BLOCK_K, t_end * BLOCK_K, BLOCK_K):
+        x_t, x_bits = _packed_block(x_ptr, x_scale_ptr, ts, t_ok, k0, K, stride_xt, BLOCK_K)
+        w, w_bits = _packed_block(w_e, s_e, rows, cols < N_OUT, k0, K, K // 2, BLOCK_K)
+        acc = tl.dot_scaled(w, w_bits.to(tl.float8e4nv, bitcast=True), "e2m1", tl.trans(x_t),
+                            x_bits.to(tl.float8e4nv, bitcast=True), "e2m1", acc)
+    if GATED:
+        gate, up = tl.split(tl.permute(tl.reshape(acc, (2, BLOCK_N, BLOCK_M)), (1, 2, 0)))
+        return gate, up
+    else:
+        return acc, acc
+
+
+@triton.jit
 def grouped_linear_kernel(
     # pointers
     x_ptr, offsets_ptr, w_ptr, w_scale_ptr, w_global_scale_ptr, x_global_scale_ptr, bias_ptr, out_ptr,
-    partial_ptr, counter_ptr,
+    partial_ptr, counter_ptr, x_scale_ptr,
     # sizes
     T, N, K, E, N_OUT, steps_per_split,
     # strides
@@ -112,7 +158,7 @@ def grouped_linear_kernel(
     DOT: tl.constexpr, SPLIT: tl.constexpr,
     E_POW2: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
     REG_MMA: tl.constexpr = 0, LAYOUT: tl.constexpr = 1, EVEN_K: tl.constexpr = False,
-    ACC_M: tl.constexpr = 16,
+    ACC_M: tl.constexpr = 16, DOT_SCALED: tl.constexpr = False,
 ):
     """out (T, N_OUT) for the work-list tile of this program (module docstring). N: weight rows a
     expert; N_OUT: N, or N / 2 with GATED (column n from weight rows n and N_OUT + n). Program
@@ -122,7 +168,9 @@ def grouped_linear_kernel(
     REG_MMA > 0: gemm_mma.mma_mainloop with REG_MMA blocks of 8 rows (BLOCK_M = 8 * REG_MMA,
     BLOCK_N = BLOCK_K = 64, 2 warps, K % 64 == 0) in its row-major LAYOUT 1 or 3 (EVEN_K: K a
     multiple of its step), K-steps counted in 64-k tiles; its tile is ACC_M = 8 * max(REG_MMA, 2)
-    columns wide, those past BLOCK_M unused. Else ACC_M = BLOCK_M."""
+    columns wide, those past BLOCK_M unused. Else ACC_M = BLOCK_M. DOT_SCALED (sm_100, W4A4):
+    x_ptr holds x's e2m1 codes (T, K/2) and x_scale_ptr their e4m3 bits (T, K/16); tl.dot_scaled
+    multiplies both NVFP4 operands, the block scales applied by the tensor core."""
     num_n = tl.cdiv(N_OUT, BLOCK_N)
     pid_m = tl.program_id(0) // num_n
     pid_n = tl.program_id(0) % num_n
@@ -163,20 +211,24 @@ def grouped_linear_kernel(
             # operand, x^T the B one, so acc is (BLOCK_N, BLOCK_M). (x as A and the decoded weights
             # as B does not compile for wgmma, 4 warps on sm_90: Triton 3.6 cannot lay the
             # register-made B operand out in shared memory.)
-            acc = tl.zeros((BLOCK_N, BLOCK_M), tl.float32)
-            acc_up = tl.zeros((BLOCK_N, BLOCK_M), tl.float32)
             t_begin, t_end = split_tiles(pid_k, steps_per_split, tl.cdiv(K, BLOCK_K))
-            for k0 in range(t_begin * BLOCK_K, t_end * BLOCK_K, BLOCK_K):
-                ks = k0 + tl.arange(0, BLOCK_K)
-                x = tl.load(x_ptr + ts.to(tl.int64)[:, None] * stride_xt + ks[None, :],
-                            mask=t_ok[:, None] & (ks < K)[None, :], other=0.0).to(tl.float32)
-                x = round_to(x, tl.bfloat16).to(DOT)  # W4A16's x, rounded to nearest even (exact in DOT)
-                w = _weight_block(w_e, s_e, rows, col_ok, k0, K, USE_ASM, DOT, BLOCK_K, BLOCK_N)
-                acc = tl.dot(w, tl.trans(x), acc)
-                if GATED:
-                    w_up = _weight_block(w_e, s_e, rows + N_OUT, col_ok, k0, K, USE_ASM, DOT, BLOCK_K,
-                                         BLOCK_N)
-                    acc_up = tl.dot(w_up, tl.trans(x), acc_up)
+            if DOT_SCALED:
+                acc, acc_up = _dot_scaled_loop(x_ptr, x_scale_ptr, w_e, s_e, ts.to(tl.int64), t_ok, pid_n, K, N_OUT,
+                                               stride_xt, t_begin, t_end, GATED, BLOCK_M, BLOCK_N, BLOCK_K)
+            else:
+                acc = tl.zeros((BLOCK_N, BLOCK_M), tl.float32)
+                acc_up = tl.zeros((BLOCK_N, BLOCK_M), tl.float32)
+                for k0 in range(t_begin * BLOCK_K, t_end * BLOCK_K, BLOCK_K):
+                    ks = k0 + tl.arange(0, BLOCK_K)
+                    x = tl.load(x_ptr + ts.to(tl.int64)[:, None] * stride_xt + ks[None, :],
+                                mask=t_ok[:, None] & (ks < K)[None, :], other=0.0).to(tl.float32)
+                    x = round_to(x, tl.bfloat16).to(DOT)  # W4A16's x, rounded to nearest even (exact in DOT)
+                    w = _weight_block(w_e, s_e, rows, col_ok, k0, K, USE_ASM, DOT, BLOCK_K, BLOCK_N)
+                    acc = tl.dot(w, tl.trans(x), acc)
+                    if GATED:
+                        w_up = _weight_block(w_e, s_e, rows + N_OUT, col_ok, k0, K, USE_ASM, DOT, BLOCK_K,
+                                             BLOCK_N)
+                        acc_up = tl.dot(w_up, tl.trans(x), acc_up)
         if SPLIT:
             # this split's products, then the tile's last split sums all of them, in split order
             mask = col_ok[:, None] & t_ok[None, :]
@@ -195,19 +247,22 @@ def grouped_linear_kernel(
                         acc_up += tl.load(partial_ptr + split * split_stride + place + N_OUT, mask=mask,
                                           other=0.0, cache_modifier=".cg")
                 _epilogue(acc, acc_up, expert, ts, t_ok, cols, col_ok, N, N_OUT, w_global_scale_ptr,
-                          x_global_scale_ptr, bias_ptr, out_ptr, stride_ot, HAS_BIAS, X_SCALED, GATED)
+                          x_global_scale_ptr, bias_ptr, out_ptr, stride_ot, HAS_BIAS, X_SCALED, GATED,
+                          1.0 if DOT_SCALED else _UNSCALE)
         else:
             _epilogue(acc, acc_up, expert, ts, t_ok, cols, col_ok, N, N_OUT, w_global_scale_ptr,
-                      x_global_scale_ptr, bias_ptr, out_ptr, stride_ot, HAS_BIAS, X_SCALED, GATED)
+                      x_global_scale_ptr, bias_ptr, out_ptr, stride_ot, HAS_BIAS, X_SCALED, GATED,
+                      1.0 if DOT_SCALED else _UNSCALE)
 
 
 @triton.jit
 def _epilogue(acc, acc_up, expert, ts, t_ok, cols, col_ok, N, N_OUT, w_global_scale_ptr, x_global_scale_ptr,
               bias_ptr, out_ptr, stride_ot, HAS_BIAS: tl.constexpr, X_SCALED: tl.constexpr,
-              GATED: tl.constexpr):
-    """A tile's fp32 products (BLOCK_N, ACC_M) (acc_up: the up rows' with GATED) -> out."""
+              GATED: tl.constexpr, UNSCALE: tl.constexpr):
+    """A tile's fp32 products (BLOCK_N, ACC_M) (acc_up: the up rows' with GATED) -> out; UNSCALE:
+    what the products are multiplied by besides the global scales (2^7 after the decode's 2^-7)."""
     e64 = expert.to(tl.int64)
-    g = tl.load(w_global_scale_ptr + expert) * _UNSCALE
+    g = tl.load(w_global_scale_ptr + expert) * UNSCALE
     if X_SCALED:
         g = g * tl.load(x_global_scale_ptr + ts, mask=t_ok, other=0.0)[None, :]
     y = acc * g
@@ -234,8 +289,7 @@ def grouped_epilogue_kernel(y_ptr, offsets_ptr, w_global_scale_ptr, x_global_sca
                             X_SCALED: tl.constexpr, GATED: tl.constexpr, E_POW2: tl.constexpr,
                             BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
     """The prefill form's epilogue (_grouped_dequant): y (T, N) bf16 products of x and the
-    experts' e2m1 * block scale -> out, over the kernel's work list, by its _epilogue (y * 2^-7
-    is the decode's scale, exact in fp32)."""
+    experts' e2m1 * block scale -> out, over the kernel's work list, by its _epilogue."""
     num_n = tl.cdiv(N_OUT, BLOCK_N)
     pid_m = tl.program_id(0) // num_n
     pid_n = tl.program_id(0) % num_n
@@ -247,23 +301,25 @@ def grouped_epilogue_kernel(y_ptr, offsets_ptr, w_global_scale_ptr, x_global_sca
         col_ok = cols < N_OUT
         mask = col_ok[:, None] & t_ok[None, :]
         place = y_ptr + ts.to(tl.int64)[None, :] * stride_yt + cols[:, None]
-        acc = tl.load(place, mask=mask, other=0.0).to(tl.float32) / _UNSCALE
+        acc = tl.load(place, mask=mask, other=0.0).to(tl.float32)
         acc_up = acc
         if GATED:
-            acc_up = tl.load(place + N_OUT, mask=mask, other=0.0).to(tl.float32) / _UNSCALE
+            acc_up = tl.load(place + N_OUT, mask=mask, other=0.0).to(tl.float32)
         _epilogue(acc, acc_up, expert, ts, t_ok, cols, col_ok, N, N_OUT, w_global_scale_ptr,
-                  x_global_scale_ptr, bias_ptr, out_ptr, stride_ot, HAS_BIAS, X_SCALED, GATED)
+                  x_global_scale_ptr, bias_ptr, out_ptr, stride_ot, HAS_BIAS, X_SCALED, GATED, 1.0)
 
 
 def _interpreting() -> bool:
     return os.environ.get("TRITON_INTERPRET") == "1"
 
 
-def _config(t: int, e: int) -> dict:
-    """tl.dot block sizes from the shapes only (the per-expert counts are on the device): decode
-    tiles where an expert gets at most 16 rows on average."""
+def _config(t: int, e: int, dot_scaled: bool = False) -> dict:
+    """tl.dot (or, dot_scaled, tl.dot_scaled) block sizes from the shapes only (the per-expert
+    counts are on the device): decode tiles where an expert gets at most 16 rows on average."""
     if _interpreting():
         return INTERPRET_CONFIG
+    if dot_scaled:
+        return DOT_SCALED_DECODE_CONFIG if t <= 16 * e else DOT_SCALED_PREFILL_CONFIG
     return DECODE_CONFIG if t <= 16 * e else PREFILL_CONFIG
 
 
@@ -343,17 +399,19 @@ def grouped_linear(x: torch.Tensor, offsets: torch.Tensor, w_data: torch.Tensor,
                    w_global_scale: torch.Tensor, bias: torch.Tensor | None, gated: bool,
                    x_global_scale: torch.Tensor | None = None,
                    out_dtype: torch.dtype | None = None, splits: int | None = None,
-                   dequant: bool | None = None) -> torch.Tensor:
+                   dequant: bool | None = None, x_scale: torch.Tensor | None = None) -> torch.Tensor:
     """x (T, K) float, offsets (E,) int32, W (E, N, K/2) uint8 + (E, N, K/16) uint8 e4m3 bits +
     (E,) fp32, bias (E, N) or None -> (T, N) in out_dtype (default x.dtype), or (T, N/2)
     silu(gate) * up with gated. x_global_scale (T,) fp32: x holds W4A4's quantized values (bf16)
     and this each row's global scale. splits: K ranges (splits_for's choice where None).
     dequant: the dequantize + torch._grouped_mm form (_dequant_runs' choice where None).
+    x_scale (T, K/16) uint8 (sm_100, W4A4, with x_global_scale): x holds x's e2m1 codes (T, K/2)
+    uint8 and this their e4m3 bits, multiplied by the block-scaled MMA (DOT_SCALED).
     Arguments checked by the caller (moe.check_grouped_args)."""
-    t, k = x.shape
+    t, k = x.shape[0], x.shape[1] * (2 if x_scale is not None else 1)
     e, n = w_data.shape[0], w_data.shape[1]
     n_out = n // 2 if gated else n
-    if t and n_out and (_dequant_runs(t, e, n, k, x) if dequant is None else dequant):
+    if t and n_out and x_scale is None and (_dequant_runs(t, e, n, k, x) if dequant is None else dequant):
         return _grouped_dequant(x, offsets.contiguous(), w_data, w_scale, w_global_scale.contiguous(),
                                 bias, gated, x_global_scale, out_dtype or x.dtype)
     out = torch.zeros((t, n_out), dtype=out_dtype or x.dtype, device=x.device)  # rows past offsets[E - 1]: zero
@@ -365,9 +423,11 @@ def grouped_linear(x: torch.Tensor, offsets: torch.Tensor, w_data: torch.Tensor,
     offsets, w_global_scale = offsets.contiguous(), w_global_scale.contiguous()
     if x_global_scale is not None:
         x_global_scale = x_global_scale.contiguous()
+    if x_scale is not None:
+        x_scale = x_scale.contiguous()
     if bias is not None:
         bias = bias.contiguous()
-    nb = _mma_blocks(t, e) if _mma_fits(x, w_data, w_scale) else 0
+    nb = _mma_blocks(t, e) if x_scale is None and _mma_fits(x, w_data, w_scale) else 0
     layout, unit = 1, 1  # the mma mainloop's K mapping; K-steps a split is counted in
     if nb:  # the register-fed mainloop: 64 weight rows by 8 * nb x rows, 64-k steps, two warps
         block_m, block_n, block_k, warps = 8 * nb, gemm_mma.TILE_N, gemm_mma.TILE_K, gemm_mma.WARPS
@@ -377,10 +437,10 @@ def grouped_linear(x: torch.Tensor, offsets: torch.Tensor, w_data: torch.Tensor,
             layout, unit = 3, gemm_mma.GROUP
         min_steps = gemm_configs.REG_MMA_GROUPED_MIN_STEPS
     else:
-        cfg = _config(t, e)
+        cfg = _config(t, e, x_scale is not None)
         block_m, block_n, block_k, warps = cfg["BLOCK_M"], cfg["BLOCK_N"], cfg["BLOCK_K"], cfg["num_warps"]
         acc_m = block_m
-        min_steps = MIN_STEPS if cfg is not PREFILL_CONFIG else None
+        min_steps = MIN_STEPS if cfg not in (PREFILL_CONFIG, DOT_SCALED_PREFILL_CONFIG) else None
     # tiles with rows: each expert's rows over block_m, at most t // block_m + min(e, t) in all
     # (each expert with rows adds at most one partial tile)
     tiles = (t // block_m + min(e, t)) * triton.cdiv(n_out, block_n)
@@ -400,10 +460,12 @@ def grouped_linear(x: torch.Tensor, offsets: torch.Tensor, w_data: torch.Tensor,
         x, offsets, w_data, w_scale, w_global_scale,
         x_global_scale if x_global_scale is not None else w_global_scale,  # unused without X_SCALED
         bias if bias is not None else w_global_scale,  # unused without HAS_BIAS
-        out, partial, counters, t, n, k, e, n_out, per_split * unit, x.stride(0), out.stride(0),
+        out, partial, counters, x_scale if x_scale is not None else w_scale,  # unused without DOT_SCALED
+        t, n, k, e, n_out, per_split * unit, x.stride(0), out.stride(0),
         HAS_BIAS=bias is not None, X_SCALED=x_global_scale is not None, GATED=gated, USE_ASM=use_asm,
         DOT=tl.float32 if _interpreting() else tl.bfloat16, SPLIT=splits > 1,
         E_POW2=triton.next_power_of_2(e), BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_K=block_k,
-        REG_MMA=nb, LAYOUT=layout, EVEN_K=k % (unit * block_k) == 0, ACC_M=acc_m, num_warps=warps,
+        REG_MMA=nb, LAYOUT=layout, EVEN_K=k % (unit * block_k) == 0, ACC_M=acc_m, DOT_SCALED=x_scale is not None,
+        num_warps=warps,
     )
     return out
