@@ -22,6 +22,7 @@ linear: the median of 7 runs of 40 calls without a synchronize, a bf16 nn.Linear
 """
 
 import argparse
+import gc
 import statistics
 import time
 
@@ -108,6 +109,7 @@ def main() -> None:
     rows, base = [], {}
     for label, convert, backend in variants:
         torch._dynamo.reset()
+        gc.collect()  # the previous variant's model (transformers models hold reference cycles)
         model = build(shapes, layers, device)
         if convert is not None:
             nv.convert(model, nv.Config(activations=convert))
