@@ -440,7 +440,7 @@ def grouped_linear(x: torch.Tensor, offsets: torch.Tensor, w_data: torch.Tensor,
         cfg = _config(t, e, x_scale is not None)
         block_m, block_n, block_k, warps = cfg["BLOCK_M"], cfg["BLOCK_N"], cfg["BLOCK_K"], cfg["num_warps"]
         acc_m = block_m
-        min_steps = MIN_STEPS if cfg not in (PREFILL_CONFIG, DOT_SCALED_PREFILL_CONFIG) else None
+        min_steps = None if cfg is PREFILL_CONFIG or cfg is DOT_SCALED_PREFILL_CONFIG else MIN_STEPS
     # tiles with rows: each expert's rows over block_m, at most t // block_m + min(e, t) in all
     # (each expert with rows adds at most one partial tile)
     tiles = (t // block_m + min(e, t)) * triton.cdiv(n_out, block_n)
