@@ -3,9 +3,9 @@ NVFP4 (nvfp4_inductor.moe.NVFP4Experts, W4A16 and W4A4) vs the bf16 transformers
 with experts_implementation "grouped_mm" (torch._grouped_mm) and "eager" (a loop over experts),
 same run.
 
-    python benchmarks/bench_moe.py [--tokens 1 16] [--shapes qwen3 mixtral]
+    python benchmarks/bench_moe.py [--tokens 1 16] [--shapes qwen3 mixtral] [--no-eager]
     python benchmarks/bench_moe.py --small      # tiny shapes, any machine: runs and checks, no times
-    python benchmarks/bench_moe.py --generate   # a 4-layer Qwen3-MoE-shaped model through generate
+    python benchmarks/bench_moe.py --generate [--layers 4]   # a Qwen3-MoE-shaped model through generate
 
 Qwen3-30B-A3B experts: 128 experts, top-8, hidden 2048, expert MLP 768; Mixtral-8x7B: 8 experts,
 top-2, hidden 4096, MLP 14336. Routing: top-k of random router logits (every token k distinct
@@ -108,8 +108,8 @@ def generate_bench(layers: int = 4, new_tokens: int = 128, prompt: int = 16, run
     "grouped_mm") through generate with a static cache, its decode step compiled with
     CompileConfig(mode="reduce-overhead"): bf16 under backend="inductor", the same model under
     backend="nvfp4" (experts and linears quantized at compile time, moe_rewrite.py), and the model
-    converted by nv.convert under backend="nvfp4". Decode tokens/s (median of `runs` timed
-    generate calls after a warm-up call) and the CUDA-graph skips each compile counted."""
+    converted by nv.convert under backend="nvfp4". Tokens/s of whole generate calls, prompt
+    included (median of `runs` timed calls after a warm-up call) and the CUDA-graph skips each compile counted."""
     import time
 
     import transformers
@@ -190,7 +190,7 @@ def main() -> None:
     print(f"device copy: {copy:.0f} GB/s")
     print("grouped_mm / eager: the bf16 transformers experts module; W4A16 / W4A4: NVFP4Experts (W4A4 includes "
           "quantizing x per expert group); 1 split: W4A16 with K not split; x: speed-up over bf16 grouped_mm "
-          "(>1 is faster); floor: the hit experts' NVFP4 bytes at the copy bandwidth")
+          "(>1 is faster); floor: the hit experts' NVFP4 bytes plus x and y at the copy bandwidth")
     print(f"\n{'shape':>8} {'T':>5} {'hit':>5} {'grouped_mm us':>13} {'eager':>8} {'W4A16':>8} {'W4A4':>8} "
           f"{'1 split':>8} {'floor':>7} | {'eager x':>7} {'W4A16 x':>7} {'W4A4 x':>7} {'1 split x':>9} {'floor x':>7}")
     gen = torch.Generator(device="cuda").manual_seed(0)

@@ -16,8 +16,9 @@ is the gated form over each expert's 2I rows in Hugging Face's concatenated orde
 [0, I), up rows [I, 2I)): silu(gate) * up -> (T, I), each linear rounded to x.dtype first
 (reference.silu_mul), as `nvfp4::linear_tiled_silu_mul` defines it.
 
-On CUDA the Triton kernel of kernels/grouped.py runs them without reading the offsets back (no
-host sync: CUDA-graph safe); elsewhere the reference loop, which checks the offsets' values.
+On CUDA kernels/grouped.py runs them (its Triton kernel, or from 64 rows an expert every expert
+dequantized, torch._grouped_mm and its epilogue kernel) without reading the offsets back (no host
+sync: CUDA-graph safe); elsewhere the reference loop, which checks the offsets' values.
 
 `NVFP4Experts` replaces a transformers 5.x experts module (gate_up_proj (E, 2I, H), down_proj
 (E, H, I), forward(hidden_states, top_k_index, top_k_weights)); `convert_experts` swaps every
@@ -131,6 +132,8 @@ def _group_quantized_values(x: Tensor, offsets: Tensor) -> tuple[Tensor, Tensor]
 
 
 def _grouped_cuda(x, offsets, w_data, w_scale, w_global_scale, bias, activation, gated):
+    """The ops' CUDA path (kernels/grouped.py), output in x's dtype. W4A4 quantizes x per expert
+    group first: its codes and scale bits on GPUs with the block-scaled MMA, its values elsewhere."""
     from .kernels.grouped import grouped_linear as grouped_triton
 
     x_global_scale = x_scale = None
@@ -148,7 +151,8 @@ def _grouped_cuda(x, offsets, w_data, w_scale, w_global_scale, bias, activation,
 def grouped_linear(x: Tensor, offsets: Tensor, w_data: Tensor, w_scale: Tensor, w_global_scale: Tensor,
                    bias: Tensor | None, activation: str) -> Tensor:
     """x (T, K) sorted by expert, offsets (E,) int32 cumulative ends, W NVFP4 (E, N, K/2) + scale
-    bits (E, N, K/16) + (E,) fp32, bias (E, N) or None -> (T, N) in x.dtype."""
+    bits (E, N, K/16) + (E,) fp32, bias (E, N) or None -> (T, N) in x.dtype. activation: "bf16"
+    (W4A16) or "nvfp4" (W4A4: each expert's rows quantized with one global scale of their own)."""
     check_grouped_args(x, offsets, w_data, w_scale, w_global_scale, bias, activation, False)
     return _reference_grouped(x, offsets, w_data, w_scale, w_global_scale, bias, activation)
 

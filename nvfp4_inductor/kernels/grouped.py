@@ -1,4 +1,4 @@
-"""Grouped NVFP4 GEMM for mixture-of-experts layers (W4A16, eager): y[t] = x[t] @ W_e^T for the
+"""Grouped NVFP4 GEMM for mixture-of-experts layers (W4A16 and W4A4, eager): y[t] = x[t] @ W_e^T for the
 tokens t of each expert e, W (E, N, K/2) row-major codes + (E, N, K/16) e4m3 scales + one fp32
 global scale per expert.
 
@@ -8,24 +8,25 @@ device, so the launch is sized for the worst case and every program finds its wo
 
 1. Work list. Expert e needs ceil(count_e / BLOCK_M) token tiles; over all experts that is at most
    floor(T / BLOCK_M) + min(E, T) (each expert with rows adds at most one partial tile). The grid
-   is that bound times ceil(N / BLOCK_N). Program (m, n) loads the E offsets, takes the inclusive cumulative sum of the
+   is that bound times ceil(N_OUT / BLOCK_N), by the K splits. Program (m, n) loads the E offsets, takes the inclusive cumulative sum of the
    tile counts, and finds its expert as the number of experts whose sum is <= m; a program past
    the last tile returns at once. No host sync, so a launch can be captured in a CUDA graph and
    replayed with other routings.
 2. Mainloop, by the rows an expert gets on average (T / E; counts stay on the device):
-   - decode (at most 16 on CUDA, sm_90): the dense decode kernel's register-fed mainloop
+   - decode (at most 16 on CUDA, sm_90 and up, bf16 x, K % 64 == 0): the dense decode kernel's register-fed mainloop
      (gemm_mma.mma_mainloop, row-major weights) on the expert's weights and 8, 16 or 32 rows of
      x, K split so that the few experts hit still fill the SMs (the dense split-K scheme: fp32
      partials, the tile's last split sums them in order);
-   - W4A4 on sm_100, any rows (DOT_SCALED): x's per-group NVFP4 codes and scales and the
+   - W4A4 on GPUs with the block-scaled MMA (sm_100 and up), any rows (DOT_SCALED): x's per-group NVFP4 codes and scales and the
      experts' go to tl.dot_scaled (tcgen05 block-scaled MMA, 128 x 128 weight steps), no decode;
      compiled for sm_100 in CI and run on the CPU through a stand-in, never on hardware;
+   - prefill (at least DEQUANT_MIN_ROWS on CUDA, sm_90 and up, N and K multiples of 16; not
+     with x's codes): every expert dequantized to bf16 once, torch._grouped_mm, then step 3 as a
+     kernel of its own over a work list of its own tiles (`_grouped_dequant`; each linear rounded
+     once more, to bf16, in between);
    - otherwise, and under the interpreter: per K-step the (BLOCK_N, BLOCK_K) weight block is
      decoded in registers to e2m1 * s * 2^-7 (exact in bf16: gemm_splitk.decode_tile) and
      multiplied with the (BLOCK_M, BLOCK_K) x tile by tl.dot in fp32;
-   - prefill (at least DEQUANT_MIN_ROWS on CUDA, sm_90 and up): every expert dequantized to bf16
-     once, torch._grouped_mm, then step 3 as a kernel of its own (`_grouped_dequant`; each linear
-     rounded once more, to bf16, in between).
    x enters rounded to bf16 (W4A16); W4A4 passes x's quantized values (e2m1 * s_x, exact; on
    sm_100 its codes and scale bits) and one global scale per row.
 3. Epilogue: acc * 2^7 (the decode's 2^-7 back; not after tl.dot_scaled or torch._grouped_mm)
@@ -58,8 +59,9 @@ from .gemm_splitk import _mma_operands_fit, decode_tile, last_split, split_count
 
 _UNSCALE: tl.constexpr = tl.constexpr(2.0**7)  # the decode's 2^-7 (gemm_splitk's module docstring)
 
-# One config: BLOCK_M 16 (tl.dot's least) where most experts get a few tokens (decode), 64 where
-# they get many; two warps keep the dot on mma.sync at BLOCK_M 16, as the dense split-K kernel.
+# The tl.dot mainloop's configs: BLOCK_M 16 (tl.dot's least) where most experts get a few tokens
+# (decode where the register-fed mainloop does not fit), 64 where they get many (up to the
+# dequantize form, or where it does not apply); two warps keep the dot on mma.sync at BLOCK_M 16, as the dense split-K kernel.
 DECODE_CONFIG = dict(BLOCK_M=16, BLOCK_N=64, BLOCK_K=128, num_warps=2)
 PREFILL_CONFIG = dict(BLOCK_M=64, BLOCK_N=64, BLOCK_K=64, num_warps=4)
 # sm_100's block-scaled MMA (tcgen05 mxf4nvf4) takes 128 x 128 weight steps, as the dense kernel's.
@@ -160,7 +162,7 @@ def grouped_linear_kernel(
     REG_MMA: tl.constexpr = 0, LAYOUT: tl.constexpr = 1, EVEN_K: tl.constexpr = False,
     ACC_M: tl.constexpr = 16, DOT_SCALED: tl.constexpr = False,
 ):
-    """out (T, N_OUT) for the work-list tile of this program (module docstring). N: weight rows a
+    """out (T, N_OUT) for the work-list tile of this program (module docstring). N: weight rows an
     expert; N_OUT: N, or N / 2 with GATED (column n from weight rows n and N_OUT + n). Program
     (tile, split) multiplies K-steps [split * steps_per_split, ...); with SPLIT, its fp32 products
     go to partial (splits, T, N) and the tile's last split to finish sums them in split order and
@@ -168,7 +170,8 @@ def grouped_linear_kernel(
     REG_MMA > 0: gemm_mma.mma_mainloop with REG_MMA blocks of 8 rows (BLOCK_M = 8 * REG_MMA,
     BLOCK_N = BLOCK_K = 64, 2 warps, K % 64 == 0) in its row-major LAYOUT 1 or 3 (EVEN_K: K a
     multiple of its step), K-steps counted in 64-k tiles; its tile is ACC_M = 8 * max(REG_MMA, 2)
-    columns wide, those past BLOCK_M unused. Else ACC_M = BLOCK_M. DOT_SCALED (sm_100, W4A4):
+    columns wide, those past BLOCK_M unused. Else ACC_M = BLOCK_M. HAS_BIAS: bias (E, N);
+    X_SCALED: x_global_scale_ptr (T,), each row's global scale (W4A4). DOT_SCALED (sm_100, W4A4):
     x_ptr holds x's e2m1 codes (T, K/2) and x_scale_ptr their e4m3 bits (T, K/16); tl.dot_scaled
     multiplies both NVFP4 operands, the block scales applied by the tensor core."""
     num_n = tl.cdiv(N_OUT, BLOCK_N)
@@ -342,7 +345,8 @@ def _mma_fits(x: torch.Tensor, w_data: torch.Tensor, w_scale: torch.Tensor) -> b
 
 # Decode: K split so that the programs of the tiles that can have rows (at most one per expert
 # with rows, and there are at most min(T, E) of those) fill every SM PROGRAMS_PER_SM times, each
-# split at least MIN_STEPS K-steps: the dense split-K kernel's rule (docs/gemm.md, tuning rules).
+# split at least MIN_STEPS K-steps of the tl.dot mainloops (the register-fed one:
+# gemm_configs.REG_MMA_GROUPED_MIN_STEPS), as the dense split-K kernel does (docs/gemm.md).
 PROGRAMS_PER_SM = 8
 MIN_STEPS = 4
 
@@ -355,7 +359,8 @@ def splits_for(tiles: int, steps: int, num_sms: int, min_steps: int = MIN_STEPS)
 
 
 # Prefill: from this many rows an expert on average (T / E), decoding each expert's weights once
-# into bf16 and one torch._grouped_mm beat decoding them again in every row tile of the kernel.
+# into bf16 and one torch._grouped_mm is about even with the kernel, which decodes them again in
+# every row tile, and ahead above (docs/backend.md, the experts' kernel).
 DEQUANT_MIN_ROWS = 64
 
 
@@ -403,10 +408,11 @@ def grouped_linear(x: torch.Tensor, offsets: torch.Tensor, w_data: torch.Tensor,
     """x (T, K) float, offsets (E,) int32, W (E, N, K/2) uint8 + (E, N, K/16) uint8 e4m3 bits +
     (E,) fp32, bias (E, N) or None -> (T, N) in out_dtype (default x.dtype), or (T, N/2)
     silu(gate) * up with gated. x_global_scale (T,) fp32: x holds W4A4's quantized values (bf16)
-    and this each row's global scale. splits: K ranges (splits_for's choice where None).
-    dequant: the dequantize + torch._grouped_mm form (_dequant_runs' choice where None).
-    x_scale (T, K/16) uint8 (sm_100, W4A4, with x_global_scale): x holds x's e2m1 codes (T, K/2)
-    uint8 and this their e4m3 bits, multiplied by the block-scaled MMA (DOT_SCALED).
+    and this each row's global scale. splits: K ranges (splits_for's choice at decode where None,
+    else 1). dequant: the dequantize + torch._grouped_mm form (_dequant_runs' choice where None).
+    x_scale (T, K/16) uint8 (sm_100, W4A4, with x_global_scale and out_dtype): x holds x's e2m1
+    codes (T, K/2) uint8 and this their e4m3 bits, multiplied by the block-scaled MMA
+    (DOT_SCALED; dequant is not asked).
     Arguments checked by the caller (moe.check_grouped_args)."""
     t, k = x.shape[0], x.shape[1] * (2 if x_scale is not None else 1)
     e, n = w_data.shape[0], w_data.shape[1]
