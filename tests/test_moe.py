@@ -299,7 +299,7 @@ _COMPILE_SCRIPT = """
 import json, re, sys
 import triton.language as tl
 from triton.backends.compiler import GPUTarget
-from helpers.compile_kernels import TCGEN05_BLOCK_SCALE, compile_for
+from helpers.compile_kernels import block_scaled_mma_check, compile_for
 from nvfp4_inductor.kernels import grouped
 
 sig = {name: kind for name, kind in zip(
@@ -315,24 +315,26 @@ for name, cfg, split, nb, layout, sm in (
         ("decode", grouped.DECODE_CONFIG, True, 0, 1, 90), ("prefill", grouped.PREFILL_CONFIG, False, 0, 1, 90),
         ("mma8", {**MMA, "BLOCK_M": 8}, True, 1, 3, 90), ("mma16", {**MMA, "BLOCK_M": 16}, True, 2, 1, 90),
         ("sm100-decode", grouped.DOT_SCALED_DECODE_CONFIG, True, 0, 1, 100),
-        ("sm100-prefill", grouped.DOT_SCALED_PREFILL_CONFIG, False, 0, 1, 100)):
+        ("sm100-prefill", grouped.DOT_SCALED_PREFILL_CONFIG, False, 0, 1, 100),
+        ("sm120-decode", grouped.DOT_SCALED_DECODE_CONFIG, True, 0, 1, 120)):
     values = dict(HAS_BIAS=True, X_SCALED=True, GATED=True, USE_ASM=sm == 90, DOT=tl.bfloat16, SPLIT=split,
                   E_POW2=128, BLOCK_M=cfg["BLOCK_M"], BLOCK_N=cfg["BLOCK_N"], BLOCK_K=cfg["BLOCK_K"], REG_MMA=nb,
-                  LAYOUT=layout, EVEN_K=True, ACC_M=max(16, cfg["BLOCK_M"]), DOT_SCALED=sm == 100)
-    kernel = compile_for(grouped.grouped_linear_kernel, {**sig, "x_ptr": "*u8" if sm == 100 else "*bf16"},
+                  LAYOUT=layout, EVEN_K=True, ACC_M=max(16, cfg["BLOCK_M"]), DOT_SCALED=sm >= 100)
+    kernel = compile_for(grouped.grouped_linear_kernel, {**sig, "x_ptr": "*u8" if sm >= 100 else "*bf16"},
                          {(i,): values[n] for i, n in enumerate(sig) if n in values},
                          GPUTarget("cuda", sm, 32), num_warps=cfg["num_warps"])
     ptx = kernel.asm["ptx"]
-    print(json.dumps({"config": name, "ptx": ptx, "tcgen05": bool(re.search(TCGEN05_BLOCK_SCALE, ptx))}))
+    print(json.dumps({"config": name, "ptx": ptx, "block_scaled": bool(re.search(block_scaled_mma_check(sm), ptx))}))
 """
 
 
-def test_cuda_kernel_compiles_for_sm90_and_sm100():
+def test_cuda_kernel_compiles_for_sm90_sm100_sm120():
     """The CUDA kernel's GPU-only code (the word decode's inline PTX, bf16 dots) compiles for sm_90
     without a GPU: mma.sync at decode tiles (2 warps, K split: the last split's acquire), wgmma at
     prefill tiles (4 warps), and the dense decode kernel's register-fed mainloop (its inline mma.sync,
     plain scales read as words at 8 rows, as bytes at 16). For sm_100, W4A4's DOT_SCALED form:
-    tcgen05's NVFP4 block-scaled MMA (one e4m3 scale per 16 elements) at decode and prefill tiles."""
+    tcgen05's NVFP4 block-scaled MMA (one e4m3 scale per 16 elements) at decode and prefill tiles;
+    for sm_120 (no tcgen05), the block-scaled mma.sync."""
     import json
     import os
     import re
@@ -348,13 +350,13 @@ def test_cuda_kernel_compiles_for_sm90_and_sm100():
     assert run.returncode == 0, run.stderr[-3000:]
     results = [json.loads(line) for line in run.stdout.splitlines()]
     ptx = {r["config"]: r["ptx"] for r in results}
-    tcgen05 = {r["config"] for r in results if r["tcgen05"]}
+    block_scaled = {r["config"] for r in results if r["block_scaled"]}
     assert "mma.sync" in ptx["decode"] and "wgmma" in ptx["prefill"]
     split_counter = r"atom\.global\.gpu\.acq_rel\.add"
     assert re.search(split_counter, ptx["decode"]) and not re.search(split_counter, ptx["prefill"])
-    assert all("prmt.b32" in p and "mul.rn.bf16x2" in p for c, p in ptx.items() if not c.startswith("sm100"))
-    assert tcgen05 == {"sm100-decode", "sm100-prefill"}
-    assert not any("mul.rn.bf16x2" in ptx[name] for name in tcgen05)
+    assert all("prmt.b32" in p and "mul.rn.bf16x2" in p for c, p in ptx.items() if not c.startswith("sm1"))
+    assert block_scaled == {"sm100-decode", "sm100-prefill", "sm120-decode"}
+    assert not any("mul.rn.bf16x2" in ptx[name] for name in block_scaled)
     assert re.search(split_counter, ptx["sm100-decode"]) and not re.search(split_counter, ptx["sm100-prefill"])
     for name in ("mma8", "mma16"):
         assert "mma.sync.aligned.m16n8k16" in ptx[name] and "cvt.rn.f16x2.e4m3x2" in ptx[name]

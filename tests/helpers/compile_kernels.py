@@ -69,6 +69,13 @@ MMA_SYNC_BF16 = r"mma\.sync\.aligned\.m16n8k16\.row\.col\.f32\.bf16\.bf16\.f32"
 WORD_DECODE = r"mul\.rn\.bf16x2"  # the inline-PTX decode made it into the kernel
 # NVFP4: scale_vec::4X is one scale per 16 elements (NVFP4's block; 2X is MXFP4's 32)
 TCGEN05_BLOCK_SCALE = r"tcgen05\.mma\.cta_group::1\.kind::mxf4nvf4\.block_scale\.scale_vec::4X"
+# sm_120 (consumer Blackwell) has no tcgen05: its block-scaled MMA is a warp-level mma.sync
+MMA_SYNC_BLOCK_SCALE = r"mma\.sync\.aligned\.m16n8k64\.row\.col\.kind::mxf4nvf4\.block_scale\.scale_vec::4X"
+
+
+def block_scaled_mma_check(sm: int) -> str:
+    """The PTX of the block-scaled MMA for sm_100 and up."""
+    return MMA_SYNC_BLOCK_SCALE if sm >= 120 else TCGEN05_BLOCK_SCALE
 
 
 def compile_for(fn, signature, constexprs, target, num_warps=4, num_stages=3):
@@ -175,19 +182,20 @@ def eager_pdl_cases():
            warps, [MMA_SYNC_BF16] + wait_first, stages)
 
 
-def dot_scaled_splitk_cases():
-    """sm_100: the skinny kernel's block-scaled mainloop (tiled W, NVFP4 x) -> tcgen05 MMA."""
+def dot_scaled_splitk_cases(sm: int = 100):
+    """sm_100 and up: the skinny kernel's block-scaled mainloop (tiled W, NVFP4 x) -> tcgen05 MMA
+    (sm_120: mma.sync's block-scaled form)."""
     _, bn, bk, _, warps, stages = gemm_configs.dot_scaled_splitk_config(16, 4096, 4096, 148)
     for bm in (16, 64, 128):
         yield (f"splitk-dot-scaled-{bm}x{bn}x{bk}", sk._splitk_kernel, {**SPLITK_SIGNATURE, "x_ptr": "*u8"},
                _splitk_constexprs(TILED=True, DOT_SCALED=True, UNSCALE=1.0, USE_ASM=False,
                                   BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk),
-               warps, [TCGEN05_BLOCK_SCALE], stages)
+               warps, [block_scaled_mma_check(sm)], stages)
 
 
 def cases(sm):
     if sm >= 100:
-        yield from dot_scaled_splitk_cases()
+        yield from dot_scaled_splitk_cases(sm)
         return
     yield from splitk_cases()
     yield from reg_mma_cases()
