@@ -203,6 +203,11 @@ def test_dequantize_and_grouped_mm_form_matches_the_reference(kernel_device, rou
         again = grouped.grouped_linear(args[0], past, *args[2:], gated, x_global_scale, torch.bfloat16,
                                        dequant=True).cpu()
         assert again[: sum(counts)].equal(got[: sum(counts)])
+    if bias:  # a strided bias (every other element of a wider one) is read by its values
+        strided = torch.stack([args[5], args[5] * 1000], dim=2).reshape(5, -1)[:, ::2]
+        assert not strided.is_contiguous()
+        again = grouped.grouped_linear(*args[:5], strided, gated, x_global_scale, torch.bfloat16, dequant=True).cpu()
+        assert again.equal(got)
 
 
 @pytest.mark.parametrize("routing", KERNEL_ROUTINGS)

@@ -232,6 +232,7 @@ def grouped_linear_kernel(
                         w_up = _weight_block(w_e, s_e, rows + N_OUT, col_ok, k0, K, USE_ASM, DOT, BLOCK_K,
                                              BLOCK_N)
                         acc_up = tl.dot(w_up, tl.trans(x), acc_up)
+        UNSCALE: tl.constexpr = 1.0 if DOT_SCALED else _UNSCALE  # (the epilogue's: the decode's 2^-7 back)
         if SPLIT:
             # this split's products, then the tile's last split sums all of them, in split order
             mask = col_ok[:, None] & t_ok[None, :]
@@ -250,12 +251,10 @@ def grouped_linear_kernel(
                         acc_up += tl.load(partial_ptr + split * split_stride + place + N_OUT, mask=mask,
                                           other=0.0, cache_modifier=".cg")
                 _epilogue(acc, acc_up, expert, ts, t_ok, cols, col_ok, N, N_OUT, w_global_scale_ptr,
-                          x_global_scale_ptr, bias_ptr, out_ptr, stride_ot, HAS_BIAS, X_SCALED, GATED,
-                          1.0 if DOT_SCALED else _UNSCALE)
+                          x_global_scale_ptr, bias_ptr, out_ptr, stride_ot, HAS_BIAS, X_SCALED, GATED, UNSCALE)
         else:
             _epilogue(acc, acc_up, expert, ts, t_ok, cols, col_ok, N, N_OUT, w_global_scale_ptr,
-                      x_global_scale_ptr, bias_ptr, out_ptr, stride_ot, HAS_BIAS, X_SCALED, GATED,
-                      1.0 if DOT_SCALED else _UNSCALE)
+                      x_global_scale_ptr, bias_ptr, out_ptr, stride_ot, HAS_BIAS, X_SCALED, GATED, UNSCALE)
 
 
 @triton.jit
@@ -417,15 +416,12 @@ def grouped_linear(x: torch.Tensor, offsets: torch.Tensor, w_data: torch.Tensor,
     t, k = x.shape[0], x.shape[1] * (2 if x_scale is not None else 1)
     e, n = w_data.shape[0], w_data.shape[1]
     n_out = n // 2 if gated else n
-    if t and n_out and x_scale is None and (_dequant_runs(t, e, n, k, x) if dequant is None else dequant):
-        return _grouped_dequant(x, offsets.contiguous(), w_data, w_scale, w_global_scale.contiguous(),
-                                bias, gated, x_global_scale, out_dtype or x.dtype)
-    out = torch.zeros((t, n_out), dtype=out_dtype or x.dtype, device=x.device)  # rows past offsets[E - 1]: zero
+    out_dtype = out_dtype or x.dtype
     if t == 0 or n_out == 0:
-        return out
+        return torch.zeros((t, n_out), dtype=out_dtype, device=x.device)
     if x.stride(-1) != 1:
         x = x.contiguous()
-    # the kernel indexes these with unit strides: a strided view (offsets[::2]) would be misread
+    # the kernels index these with unit strides: a strided view (offsets[::2]) would be misread
     offsets, w_global_scale = offsets.contiguous(), w_global_scale.contiguous()
     if x_global_scale is not None:
         x_global_scale = x_global_scale.contiguous()
@@ -433,6 +429,10 @@ def grouped_linear(x: torch.Tensor, offsets: torch.Tensor, w_data: torch.Tensor,
         x_scale = x_scale.contiguous()
     if bias is not None:
         bias = bias.contiguous()
+    if x_scale is None and (_dequant_runs(t, e, n, k, x) if dequant is None else dequant):
+        return _grouped_dequant(x, offsets, w_data, w_scale, w_global_scale, bias, gated, x_global_scale,
+                                out_dtype)
+    out = torch.zeros((t, n_out), dtype=out_dtype, device=x.device)  # rows past offsets[E - 1]: zero
     nb = _mma_blocks(t, e) if x_scale is None and _mma_fits(x, w_data, w_scale) else 0
     layout, unit = 1, 1  # the mma mainloop's K mapping; K-steps a split is counted in
     if nb:  # the register-fed mainloop: 64 weight rows by 8 * nb x rows, 64-k steps, two warps
