@@ -16,10 +16,12 @@ import triton
 from bench_quantize import copy_bandwidth_gbs, stream_us
 
 import nvfp4_inductor as nv
+from nvfp4_inductor.kernels import plan
 from nvfp4_inductor.kernels.gemm import scaled_mm_tiled
+from nvfp4_inductor.kernels.gemm_splitk import gemm_splitk
 
 SHAPES = [(4096, 4096), (4096, 14336), (14336, 4096), (8192, 28672)]  # (K, N)
-MS = [1, 16, 64, 256, 4096]
+MS = [1, 16, 32, 64, 128, 256, 512, 4096]
 
 
 def weight_copies(k: int, n: int, l2: int):
@@ -46,12 +48,14 @@ def main() -> None:
     print(f"device copy: {copy:.0f} GB/s")
     print("W4A16 / W4A4: nvfp4_inductor.linear on row-major weights; tiled16 / tiled4: nvfp4::linear_tiled,"
           " the eager form of what backend='nvfp4' compiles (weights in the tiled layout); both take"
-          " plan.plan_gemm's kernel (split-K at decode sizes, else dequantize + cuBLASLt); deq16: tiled"
-          " W4A16 through dequantize + cuBLASLt at every M. x: speed-up over bf16 cuBLAS (>1 is"
-          " faster); floor: NVFP4 bytes at the copy bandwidth.")
+          " plan.plan_gemm's kernel (split-K at decode sizes, the wgmma mainloop at 33-128 rows on sm_90,"
+          " else dequantize + cuBLASLt); deq16: tiled W4A16 through dequantize + cuBLASLt at every M;"
+          " dot16: tiled W4A16 through the split-K kernel's tl.dot mainloop (M <= 64; what 33-64 rows"
+          " take without wgmma). x: speed-up over bf16 cuBLAS (>1 is faster); floor: NVFP4 bytes at the"
+          " copy bandwidth.")
     print(f"\n{'K':>6} {'N':>6} {'M':>5} {'bf16 us':>8} {'W4A16':>7} {'W4A4':>7} {'tiled16':>8} {'tiled4':>7}"
-          f" {'deq16':>7} {'floor':>6} | {'W4A16 x':>7} {'W4A4 x':>6} {'tiled16 x':>9} {'tiled4 x':>8}"
-          f" {'deq16 x':>7} {'floor x':>7}")
+          f" {'deq16':>7} {'dot16':>7} {'floor':>6} | {'W4A16 x':>7} {'W4A4 x':>6} {'tiled16 x':>9}"
+          f" {'tiled4 x':>8} {'deq16 x':>7} {'dot16 x':>7} {'floor x':>7}")
     ops = torch.ops.nvfp4
     for k, n in SHAPES:
         w_bf16, w_fp4, w_tiled = weight_copies(k, n, l2)
@@ -63,8 +67,11 @@ def main() -> None:
             t16 = stream_us(lambda w: ops.linear_tiled(x, *w, None, n, "bf16"), w_tiled)
             t4 = stream_us(lambda w: ops.linear_tiled(x, *w, None, n, "nvfp4"), w_tiled)
             deq16 = stream_us(lambda w: scaled_mm_tiled(x, *w[:2], w[2], None, n, torch.bfloat16), w_tiled)
+            dot16 = (stream_us(lambda w: gemm_splitk(x, *w[:3], None, torch.bfloat16, False, tiled_n=n,
+                                                     mainloop="dot"), w_tiled)
+                     if m <= plan.SPLITK_MAX_M_TILED else math.nan)
             floor = (n * k * 0.5625 + 2 * m * k + 2 * m * n) / copy / 1e3
-            times = (w4a16, w4a4, t16, t4, deq16, floor)
+            times = (w4a16, w4a4, t16, t4, deq16, dot16, floor)
             print(f"{k:>6} {n:>6} {m:>5} {bf16:8.1f} " + " ".join(f"{t:7.1f}" for t in times) + " | "
                   + " ".join(f"{bf16 / t:7.2f}" for t in times), flush=True)
         del w_bf16, w_fp4, w_tiled

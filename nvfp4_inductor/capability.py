@@ -13,6 +13,13 @@ def sm90_or_later(device: torch.device) -> bool:
 
 
 @functools.cache
+def wgmma(device: torch.device) -> bool:
+    """Hopper (sm_90): warpgroup MMA, which sm_100 and sm_120 do not have (Triton lowers tl.dot
+    there to other instructions, for which nothing here is tuned)."""
+    return device.type == "cuda" and torch.cuda.get_device_capability(device)[0] == 9
+
+
+@functools.cache
 def block_scaled_mma(device: torch.device) -> bool:
     """Whether a device multiplies NVFP4 natively (sm_100 and up: tcgen05 block-scaled MMA)."""
     return device.type == "cuda" and torch.cuda.get_device_capability(device)[0] >= 10

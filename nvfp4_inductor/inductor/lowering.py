@@ -272,7 +272,7 @@ def lower_linear_tiled(x, w_data, w_scale, w_global_scale, bias, n, activation, 
             num_warps=c.num_warps, call_sizes=[m, n], HALF_N=c.block_n // 2,
             SPLIT=c.split, TILES_PER_SPLIT=c.tiles_per_split, N=n, BLOCK_M=c.block_m,
             BLOCK_N=c.block_n, BLOCK_K=c.block_k, EVEN_K=k % c.block_k == 0, USE_ASM=use_asm,
-            REG_MMA=c.reg_mma, PDL=min(pdl, 2 if c.reg_mma else 1),
+            REG_MMA=c.reg_mma, WGMMA=c.wgmma, PDL=min(pdl, 2 if c.reg_mma else 1),
             OPERAND="tl.bfloat16" if use_asm else "tl.float32", DOT_SCALED=dot_scaled,
             UNSCALE=1.0 if dot_scaled else 2.0**7, **extra)
     if extern:

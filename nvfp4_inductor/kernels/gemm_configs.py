@@ -17,6 +17,22 @@ WIDE_N = 16384
 TILED_CONFIG = (64, 64, 8, 2, 4)
 TILED_CONFIG_WIDE_N = (64, 64, 16, 2, 4)
 
+# The wgmma mainloop (sm_90, tiled W, plan.WGMMA_MIN_M..WGMMA_MAX_M rows): (BLOCK_M, BLOCK_K, warps,
+# stages); a K-step is two whole tiles. The best of 64 / 128 rows, one or two tiles a step, 4 or 8
+# warps, 3 or 4 stages on every benchmark shape at 64 and 128 rows.
+WGMMA_CONFIG = (64, 2 * TILE_K, 4, 3)
+
+
+def wgmma_config(m: int, n: int, k: int, num_sms: int) -> tuple[int, int, int, int, int, int]:
+    """-> (BLOCK_M, BLOCK_N, BLOCK_K, num_splits, num_warps, num_stages) of the wgmma mainloop:
+    blocks of BLOCK_M rows; K cut in two where the output tiles are fewer than the SMs and all
+    rows fit one block (the split sum's condition); otherwise not split (that measured faster)."""
+    block_m, block_k, warps, stages = WGMMA_CONFIG
+    tiles = -(-n // TILE_N) * -(-m // block_m)
+    splits = 2 if m <= block_m and tiles < num_sms and -(-k // block_k) >= 2 else 1
+    return block_m, TILE_N, block_k, splits, warps, stages
+
+
 # The register-fed mainloop (gemm_mma.py): a warp per 32 rows of the 64 x 64 tile, so 2 warps; it
 # prefetches in registers itself (no Triton pipelining: num_stages 1). 16 programs per SM at
 # M <= 8, 8 at M = 9..16 (more registers a thread), 6 above.
@@ -145,6 +161,7 @@ class TemplateConfig(NamedTuple):
     block_n: int = TILE_N
     block_k: int = TILE_K
     reg_mma: int = 0  # 1, 2 or 4: the register-fed mainloop for x rows up to 8 * reg_mma (gemm_mma.py)
+    wgmma: bool = False  # the wgmma mainloop (gemm_splitk.wgmma_mainloop)
 
 
 # Above the decode sizes, one program per (BLOCK_M, BLOCK_N) output tile: (BLOCK_M, warps, stages),
@@ -155,8 +172,14 @@ TEMPLATE_WIDE_CONFIGS = [(128, 4, 3), (64, 4, 4), (128, 8, 3), (256, 8, 3)]
 
 def template_configs(m: int, n: int, k: int, num_sms: int, kernel: str, mainloop: str) -> list[TemplateConfig]:
     """The template's configs for an (M, K) x (N, K)^T product, default pick first, for the plan's
-    kernel ("splitk" or "tile") and mainloop ("mma", "dot" or "dot_scaled"). With the register-fed
-    mainloop first, the tl.dot mainloop's configs follow for max-autotune, splitting K alike."""
+    kernel ("splitk" or "tile") and mainloop ("mma", "dot", "wgmma" or "dot_scaled"). With the
+    register-fed mainloop first, the tl.dot mainloop's configs follow for max-autotune, splitting K
+    alike; the wgmma mainloop's alternatives differ in their stages."""
+    if mainloop == "wgmma":
+        block_m, block_n, block_k, splits, warps, stages = wgmma_config(m, n, k, num_sms)
+        splits, per_split = split_ranges(k, block_k, splits)
+        return [TemplateConfig(block_m, splits, per_split, warps, s, block_n, block_k, wgmma=True)
+                for s in (stages, stages + 1)]
     if mainloop == "mma":
         block_m, block_n, block_k, splits, warps, stages = splitk_config(m, n, k, num_sms, reg_mma=True)
         splits, per_split = split_ranges(k, block_k, splits)

@@ -199,6 +199,52 @@ def splitk_mainloop(
 
 
 @triton.jit
+def wgmma_mainloop(x_ptr, w_ptr, w_scale_ptr, M, K, stride_xm, pid_n, step_begin, step_end,
+                   USE_ASM: tl.constexpr, OPERAND: tl.constexpr, EVEN: tl.constexpr,
+                   BLOCK_M: tl.constexpr, BLOCK_K: tl.constexpr):
+    """Serving batch sizes on sm_90 (tiled W, M up to a few hundred): fp32 (TILE_N, BLOCK_M) =
+    2^-7 * (W . x^T) over the K-steps [step_begin, step_end) of BLOCK_K, block scales applied,
+    global scale not (splitk_mainloop's contract). x's (BLOCK_M, BLOCK_K) tile is the MMA's first
+    operand (BLOCK_M >= 64: wgmma on 4 warps), the decoded weight step its second; a step is
+    BLOCK_K / TILE_K whole tiles of the tiled layout, one contiguous run of codes and one of scale
+    bytes, loaded in storage order and rearranged in registers (rows by place, as splitk_mainloop
+    reads them, cost more: docs/gemm.md). EVEN: K % BLOCK_K == 0 (else the last step's missing
+    tiles and x's columns past K load as zeros)."""
+    R: tl.constexpr = BLOCK_K // _TILE_K
+    CODES: tl.constexpr = _TILE_N * _TILE_K // 2  # code bytes a tile
+    SCALES: tl.constexpr = _TILE_N * _TILE_K // BLOCK  # scale bytes a tile
+    tiles_k = tl.cdiv(K, _TILE_K)
+    codes = tl.arange(0, R * CODES)
+    scales = tl.arange(0, R * SCALES)
+    w_row = w_ptr + pid_n.to(tl.int64) * tiles_k * CODES  # the pid_n-th row of tiles
+    s_row = w_scale_ptr + pid_n.to(tl.int64) * tiles_k * SCALES
+    ms = tl.arange(0, BLOCK_M)
+    m_ok = ms < M
+    x_rows = x_ptr + ms.to(tl.int64)[:, None] * stride_xm
+    acc = tl.zeros((BLOCK_M, _TILE_N), tl.float32)
+    for t in range(step_begin, step_end):
+        ks = t * BLOCK_K + tl.arange(0, BLOCK_K)
+        if EVEN:
+            packed = tl.load(w_row + t * (R * CODES) + codes)
+            s_bits = tl.load(s_row + t * (R * SCALES) + scales)
+            x = tl.load(x_rows + ks[None, :], mask=m_ok[:, None], other=0.0)
+        else:  # past the row's last tile lies the next row of tiles: masked
+            packed = tl.load(w_row + t * (R * CODES) + codes, mask=t * R + codes // CODES < tiles_k, other=0)
+            s_bits = tl.load(s_row + t * (R * SCALES) + scales, mask=t * R + scales // SCALES < tiles_k,
+                             other=0)
+            x = tl.load(x_rows + ks[None, :], mask=m_ok[:, None] & (ks < K)[None, :], other=0.0)
+        # codes (tile b, row r, byte c) -> (r, block 4b + c // 8, c % 8); scale byte
+        # 128u + 16g + 4c + j of tile b (tiled.scale_index: row 32u + 8j + g, block c) -> (row, 4b + c)
+        packed = tl.reshape(tl.permute(tl.reshape(packed, (R, _TILE_N, _TILE_K // 2)), (1, 0, 2)),
+                            (_TILE_N, BLOCK_K // BLOCK, BLOCK // 2))
+        s_bits = tl.reshape(tl.permute(tl.reshape(s_bits, (R, 2, 8, 4, 4)), (1, 4, 2, 0, 3)),
+                            (_TILE_N, BLOCK_K // BLOCK))
+        w = decode_tile(packed, s_bits, USE_ASM, OPERAND, _TILE_N, BLOCK_K)
+        acc = tl.dot(x.to(OPERAND), tl.trans(w), acc)
+    return tl.trans(acc)
+
+
+@triton.jit
 def load_tile_group(w_ptr, w_scale_ptr, N, K, pid_n, t, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
     """The (BLOCK_N, BLOCK_K) weight block (pid_n, t) from the tiled layout, a group of
     (BLOCK_N / TILE_N) x (BLOCK_K / TILE_K) tiles -> packed codes (BLOCK_N, BLOCK_K / 2) and scale
@@ -350,10 +396,11 @@ def _splitk_kernel(
     TILED: tl.constexpr, DOT_SCALED: tl.constexpr, REG_MMA: tl.constexpr, UNSCALE: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
     SUM_ROWS: tl.constexpr, SUM_SPLITS: tl.constexpr, GROUPED: tl.constexpr = False,
-    PDL: tl.constexpr = False,
+    PDL: tl.constexpr = False, WGMMA: tl.constexpr = False,
 ):
     pid_n = tl.program_id(0)
     pid_k = tl.program_id(1)
+    m0 = tl.program_id(2) * BLOCK_M  # (blocks of rows: WGMMA without split K; else one block)
     if GROUPED:  # row-major W with plain scales, K % 64 == 0: K-tiles counted by whole groups
         tiles = tl.cdiv(K, _GROUP * BLOCK_K) * _GROUP
     else:
@@ -364,6 +411,9 @@ def _splitk_kernel(
     if DOT_SCALED:  # sm_100, W tiled and x NVFP4: the tensor core applies the block scales
         acc = dot_scaled_mainloop(x_ptr, x_scale_ptr, w_ptr, w_scale_ptr, M, N, K, stride_xm, pid_n,
                                   tile_begin, tile_end, BLOCK_M, BLOCK_N, BLOCK_K)
+    elif WGMMA:  # sm_90, tiled W, serving batch sizes: x's tile as wgmma's first operand
+        acc = wgmma_mainloop(x_ptr + m0.to(tl.int64) * stride_xm, w_ptr, w_scale_ptr, M - m0, K, stride_xm,
+                             pid_n, tile_begin, tile_end, USE_ASM, OPERAND, EVEN, BLOCK_M, BLOCK_K)
     elif REG_MMA > 0:  # sm_90+, M <= 8 * REG_MMA <= 32: mma.sync on registers (gemm_mma.py)
         acc = mma_mainloop(x_ptr, w_ptr, w_scale_ptr, M, K, stride_xm, pid_n, tile_begin, tile_end,
                            REG_MMA, EVEN, 1 if PDL else 0, N, w_scale_cols,
@@ -372,7 +422,7 @@ def _splitk_kernel(
         acc = splitk_mainloop(x_ptr, w_ptr, w_scale_ptr, M, N, K, stride_xm, w_scale_cols, pid_n,
                               tile_begin, tile_end, SWIZZLED, USE_ASM, OPERAND, EVEN, TILED,
                               BLOCK_M, BLOCK_N, BLOCK_K)
-    ms = tl.arange(0, BLOCK_M)
+    ms = m0 + tl.arange(0, BLOCK_M)
     cols_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
     if SPLIT:
         # partials (num_splits, M, N) fp32; the last split of the tile to finish sums them
@@ -476,7 +526,7 @@ def _mma_operands_fit(x, w_data, w_scale, tiled: bool) -> bool:
 
 # Direct launches of compiled split-K kernels, by set-up and the arguments' dtypes and alignments.
 _launches: dict = {}
-_KERNEL_DEFAULTS = {"GROUPED": False, "PDL": False}
+_KERNEL_DEFAULTS = {"GROUPED": False, "PDL": False, "WGMMA": False}
 
 
 def _direct_launch_runs(compiled) -> bool:
@@ -494,7 +544,8 @@ def _hook(hook):
 
 
 class _Setup(NamedTuple):
-    grid: tuple[int, int]  # (N tiles, K splits)
+    grid: tuple[int, int, int]  # (N tiles, K splits, blocks of M rows)
+    tiles: int  # output tiles along N (the split sum's counters)
     splits: int
     tiles_per_split: int
     dot_scaled: bool
@@ -521,10 +572,13 @@ def _launch_setup(m: int, n: int, k: int, tiled: bool, swizzled: bool, x_format:
                          f"of x, x rows at even element offsets, weight rows on 8-byte boundaries (tiled "
                          f"weights: codes on 8 bytes, scales on 4) and fewer than {plan.MMA_MAX_CODE_BYTES} "
                          f"tiled code bytes (int32 word offsets)")
-    elif mainloop not in ("mma", "dot", "dot_scaled") or (mainloop == "dot_scaled") != (x_format == "nvfp4"):
+    elif mainloop not in ("mma", "dot", "dot_scaled", "wgmma") or (mainloop == "dot_scaled") != (x_format == "nvfp4"):
         raise ValueError(f"mainloop {mainloop!r} does not multiply an x of format {x_format!r}")
+    elif mainloop == "wgmma" and not tiled:
+        raise ValueError("the wgmma mainloop reads tiled weights")
     reg_mma = mainloop == "mma"
     dot_scaled = mainloop == "dot_scaled"
+    wgmma = mainloop == "wgmma"
     use_asm = device.type == "cuda"
     # row-major W, plain scales, K % 64 == 0, M <= 8: the register-fed mainloop reads a scale word
     # per 4 K-tiles (splits of whole groups of 4); measured slower at M = 16 (docs/decisions.md).
@@ -532,15 +586,20 @@ def _launch_setup(m: int, n: int, k: int, tiled: bool, swizzled: bool, x_format:
                    and scale_word_aligned)
     num_sms = capability.sm_count(device)
     min_steps = None if reg_mma else gemm_configs.MIN_STEPS_PER_SPLIT  # (reg_mma: its own rule)
-    config = (gemm_configs.dot_scaled_splitk_config(m, n, k, num_sms, min_steps) if dot_scaled
-              else gemm_configs.splitk_config(m, n, k, num_sms, tiled=tiled, min_steps=min_steps,
-                                              reg_mma=reg_mma, grouped=grouped))
+    if wgmma:
+        config = gemm_configs.wgmma_config(m, n, k, num_sms)
+    elif dot_scaled:
+        config = gemm_configs.dot_scaled_splitk_config(m, n, k, num_sms, min_steps)
+    else:
+        config = gemm_configs.splitk_config(m, n, k, num_sms, tiled=tiled, min_steps=min_steps,
+                                            reg_mma=reg_mma, grouped=grouped)
     block_m, block_n, block_k, splits, warps, stages = config
     reg_block_m = 8 * max(2, gemm_configs.reg_mma_blocks(m))
     if reg_mma and (block_m, block_n, block_k, warps) != (reg_block_m, TILE_N, TILE_K, gemm_mma.WARPS):
         raise ValueError(f"the register-fed mainloop runs {reg_block_m} x {TILE_N} x {TILE_K} tiles on "
                          f"{gemm_mma.WARPS} warps at M = {m}; got {config}")
-    tile_group = (2 * TILE_N, 2 * TILE_K) if dot_scaled else (TILE_N, TILE_K)
+    tile_group = ((2 * TILE_N, 2 * TILE_K) if dot_scaled else (TILE_N, gemm_configs.WGMMA_CONFIG[1]) if wgmma
+                  else (TILE_N, TILE_K))
     if tiled and (block_n, block_k) != tile_group:
         raise ValueError(f"tiled weights need BLOCK_N, BLOCK_K = {tile_group}; got {block_n}, {block_k}")
     if grouped:
@@ -558,10 +617,15 @@ def _launch_setup(m: int, n: int, k: int, tiled: bool, swizzled: bool, x_format:
         REG_MMA=gemm_configs.reg_mma_blocks(m) if reg_mma else 0,
         UNSCALE=1.0 if dot_scaled else 2.0**7, GROUPED=grouped,
         BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_K=block_k, SUM_ROWS=sum_rows, SUM_SPLITS=sum_splits,
-        PDL=pdl, launch_pdl=pdl,
+        PDL=pdl, launch_pdl=pdl, WGMMA=wgmma,
         num_warps=warps, num_stages=stages,
     )
-    return _Setup((triton.cdiv(n, block_n), splits), splits, tiles_per_split, dot_scaled, meta)
+    m_blocks, tiles = triton.cdiv(m, block_m), triton.cdiv(n, block_n)
+    if m_blocks > 1 and not (wgmma and splits == 1):
+        raise ValueError(f"only the wgmma mainloop without split K takes blocks of rows: {m} rows, "
+                         f"BLOCK_M = {block_m}, {splits} splits")
+    grid = (tiles, splits, m_blocks)
+    return _Setup(grid, tiles, splits, tiles_per_split, dot_scaled, meta)
 
 
 def _setup_for(x, w_data, w_scale, swizzled, tiled_n, x_format, mainloop):
@@ -586,17 +650,16 @@ def _launch_key(setup, x, flags, args):
 def gemm_splitk(x, w_data, w_scale, w_global_scale, bias, out_dtype, swizzled, tiled_n=None, x_scale=None,
                 mainloop=None):
     """x (M, K) (bf16 on the GPU: the word decode multiplies in bf16; under the interpreter in fp32),
-    M <= 64; W NVFP4 (N, K/2) + uint8 scale bits + g (() or (N,)) -> (M, N) out_dtype.
+    M <= 64 (plan.WGMMA_MAX_M with the wgmma mainloop); W NVFP4 (N, K/2) + uint8 scale bits + g
+    (() or (N,)) -> (M, N) out_dtype.
     tiled_n: W is in the tiled layout of nvfp4_inductor.tiled, with N = tiled_n rows. x_scale
     (sm_100, tiled W only): x is NVFP4 itself, codes (M, K/2) + these plain scale bits (M, K/16),
     for the block-scaled MMA; w_global_scale must then hold both global scales (W's times x's).
-    Elsewhere W4A4 passes x's quantized values. mainloop: "mma", "dot" or "dot_scaled" (plan.splitk_mainloop's
-    choice where None; a given one is checked against what it needs)."""
+    Elsewhere W4A4 passes x's quantized values. mainloop: "mma", "dot", "dot_scaled" or "wgmma" (tiled W)
+    (plan.splitk_mainloop's choice where None; a given one is checked against what it needs)."""
     m = x.shape[0]
     n = w_data.shape[0] if tiled_n is None else tiled_n
     tiled = tiled_n is not None
-    if m > plan.SPLITK_MAX_M_TILED:
-        raise ValueError(f"the split-K NVFP4 GEMM takes at most {plan.SPLITK_MAX_M_TILED} rows; got {m}")
     out = torch.empty((m, n), dtype=out_dtype, device=x.device)
     if m == 0 or n == 0:
         return out
@@ -609,9 +672,12 @@ def gemm_splitk(x, w_data, w_scale, w_global_scale, bias, out_dtype, swizzled, t
         raise ValueError("an NVFP4 x (x_scale) needs tiled weights on sm_100 or newer; elsewhere pass "
                          "x's quantized values (nvfp4.quantize_values)")
     setup, m, n, k, scale_cols_pad = _setup_for(x, w_data, w_scale, swizzled, tiled_n, x_format, mainloop)
+    max_m = plan.WGMMA_MAX_M if setup.meta["WGMMA"] else plan.SPLITK_MAX_M_TILED
+    if m > max_m:
+        raise ValueError(f"the split-K NVFP4 GEMM takes at most {max_m} rows with this mainloop; got {m}")
     if setup.splits > 1:
         partial = torch.empty((setup.splits, m, n), dtype=torch.float32, device=x.device)
-        counters = split_counters(x.device, setup.grid[0])
+        counters = split_counters(x.device, setup.tiles)
     else:
         partial = counters = out
     args = (x, x_scale if setup.dot_scaled else x, w_data, w_scale, w_global_scale,
@@ -641,7 +707,7 @@ def _run(compiled, grid, stream, args):
     """Launch a compiled kernel as Triton's own launcher does, with its launch hooks (if any)."""
     enter, leave = _hook(knobs.runtime.launch_enter_hook), _hook(knobs.runtime.launch_exit_hook)
     metadata = None if enter is None else compiled.launch_metadata(grid, stream, *args)
-    compiled.run(*grid, 1, stream, compiled.function, compiled.packed_metadata, metadata, enter, leave, *args)
+    compiled.run(*grid, stream, compiled.function, compiled.packed_metadata, metadata, enter, leave, *args)
 
 
 class BoundLaunch:
@@ -700,7 +766,7 @@ def bind_splitk(x, w_data, w_scale, w_global_scale, bias, out_dtype, tiled_n: in
             and w_global_scale.is_contiguous() and (bias is None or bias.is_contiguous())):
         return None
     m, n = x.shape[0], tiled_n
-    if not 0 < m <= plan.SPLITK_MAX_M_TILED or n == 0:
+    if not 0 < m <= plan.WGMMA_MAX_M or n == 0:
         return None
     setup, m, n, k, scale_cols_pad = _setup_for(x, w_data, w_scale, False, tiled_n, "bf16", None)
     if setup.dot_scaled:
@@ -718,6 +784,6 @@ def bind_splitk(x, w_data, w_scale, w_global_scale, bias, out_dtype, tiled_n: in
     bound.compiled, constexprs = launch
     bound.grid, bound.device, bound.out_shape, bound.out_dtype = setup.grid, x.device, tuple(out_shape), out_dtype
     bound.partial_numel = setup.splits * m * n if setup.splits > 1 else 0
-    bound.tiles, bound.weights = setup.grid[0], weights
+    bound.tiles, bound.weights = setup.tiles, weights
     bound.tail = (m, n, k, scale_cols_pad, setup.tiles_per_split, x.stride(0), n, *constexprs)
     return bound

@@ -5,14 +5,19 @@
 
 kernel      "splitk"          the split-K GEMM for decode sizes: K split so that every SM streams
                               weights, the last split of each output tile sums the partials and
-                              runs the epilogue (eager: gemm_splitk; compiled: the template)
+                              runs the epilogue (eager: gemm_splitk; compiled: the template); on
+                              sm_90 with tiled W also serving batch sizes (mainloop "wgmma")
             "tile"            compiled only, above the decode sizes: the template with one program
                               per output tile, K not split
             "dequant_cublas"  W decoded to bf16 (e2m1 * block scale: exact), then one cuBLASLt GEMM
                               that reads the global scale on the device as alpha and adds the bias
 mainloop    "mma"             the register-fed mainloop (gemm_mma.py: mma.sync on operands decoded
                               in registers; CUDA only, inline PTX)
-            "dot"             the tl.dot mainloop (sm_90 wgmma; also what the Triton interpreter runs)
+            "dot"             the tl.dot mainloop (sm_90 mma.sync on 2 warps; also what the Triton
+                              interpreter runs)
+            "wgmma"           sm_90, tiled W, serving batch sizes (WGMMA_MIN_M..WGMMA_MAX_M rows):
+                              x's tile as wgmma's first operand, whole weight tiles decoded as the
+                              second; K split only where the output tiles are fewer than the SMs
             "dot_scaled"      sm_100 block-scaled MMA (tl.dot_scaled -> tcgen05.mma ... block_scale)
             ""                no mainloop of ours (dequant_cublas)
 x_format    "bf16"            x, or for W4A4 its quantized values (e2m1 * block scale, exact in bf16),
@@ -43,6 +48,11 @@ MMA_MAX_M = 32
 MMA_MAX_M_TILED = 16
 # The register-fed mainloop addresses tiled codes with int32 offsets in uint32 words.
 MMA_MAX_CODE_BYTES = 2**33
+# sm_90 with tiled weights: from WGMMA_MIN_M to WGMMA_MAX_M rows the wgmma mainloop (blocks of 64
+# rows, K split only where M <= 64) replaces the tl.dot mainloop and dequantize + cuBLAS: it
+# measured faster on every benchmark shape at 64 and 128 rows, slower at 256.
+WGMMA_MIN_M = 33
+WGMMA_MAX_M = 128
 # Compiled, above SPLITK_MAX_M_TILED: the template (one program per output tile) is the default
 # pick up to this many rows where it has at least a program per SM; dequantize + cuBLAS otherwise.
 TEMPLATE_MAX_M = 256
@@ -51,7 +61,7 @@ TEMPLATE_TILE_M = 128  # BLOCK_M of the template's default configuration above t
 
 class GemmPlan(NamedTuple):
     kernel: str  # "splitk", "tile" or "dequant_cublas"
-    mainloop: str  # "mma", "dot", "dot_scaled", or "" (dequant_cublas)
+    mainloop: str  # "mma", "dot", "wgmma", "dot_scaled", or "" (dequant_cublas)
     x_format: str  # "bf16" or "nvfp4"
 
 
@@ -78,7 +88,8 @@ def plan_gemm(m: int, n: int, k: int, *, tiled: bool, activation: str, device: t
     rows (row-major) or codes (tiled) on 8, as the register-fed mainloop's word loads need (the
     caller knows: pointers eagerly, layouts when compiling); code_bytes: W's code bytes."""
     x_fmt = x_format(activation, device, tiled)
-    if m <= (SPLITK_MAX_M_TILED if tiled else SPLITK_MAX_M):
+    if m <= (SPLITK_MAX_M_TILED if tiled else SPLITK_MAX_M) or wgmma_runs(m, tiled=tiled, x_format=x_fmt,
+                                                                         device=device):
         kernel = "splitk"
     elif compiled and template_is_default(m, n, capability.sm_count(device),
                                           2 * TILE_N if x_fmt == "nvfp4" else TILE_N):
@@ -101,10 +112,12 @@ def tile_mainloop(x_format: str) -> str:
 def splitk_mainloop(m: int, *, tiled: bool, x_format: str, device: torch.device,
                     mma_operands_fit: bool = True, code_bytes: int = 0) -> str:
     """The split-K GEMM's mainloop for M rows (plan_gemm's arguments): the block-scaled MMA for an
-    NVFP4 x, else the register-fed mainloop where it runs (CUDA, few rows, operands it can load as
-    words), else tl.dot."""
+    NVFP4 x, else the wgmma mainloop where it serves (wgmma_runs), else the register-fed mainloop
+    where it runs (CUDA, few rows, operands it can load as words), else tl.dot."""
     if x_format == "nvfp4":
         return "dot_scaled"
+    if wgmma_runs(m, tiled=tiled, x_format=x_format, device=device):
+        return "wgmma"
     fits = mma_runs(m, tiled=tiled, device=device, mma_operands_fit=mma_operands_fit, code_bytes=code_bytes)
     return "mma" if fits and (not tiled or m <= MMA_MAX_M_TILED) else "dot"
 
@@ -114,3 +127,8 @@ def mma_runs(m: int, *, tiled: bool, device: torch.device, mma_operands_fit: boo
     """Whether the register-fed mainloop can run at all (whether it is chosen: splitk_mainloop)."""
     return (device.type == "cuda" and mma_operands_fit and m <= MMA_MAX_M
             and (not tiled or code_bytes < MMA_MAX_CODE_BYTES))
+
+
+def wgmma_runs(m: int, *, tiled: bool, x_format: str, device: torch.device) -> bool:
+    """Whether the wgmma mainloop serves M rows (sm_90, tiled W, a bf16 operand x)."""
+    return tiled and x_format == "bf16" and WGMMA_MIN_M <= m <= WGMMA_MAX_M and capability.wgmma(device)

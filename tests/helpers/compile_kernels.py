@@ -63,7 +63,7 @@ SPLITK_SIGNATURE = {
     **{name: "constexpr" for name in ("SWIZZLED", "W_GLOBAL_SCALE_PER_ROW", "HAS_BIAS", "SPLIT", "USE_ASM",
                                       "OPERAND", "EVEN", "TILED", "DOT_SCALED", "REG_MMA", "UNSCALE",
                                       "BLOCK_M", "BLOCK_N", "BLOCK_K", "SUM_ROWS", "SUM_SPLITS",
-                                      "GROUPED")},
+                                      "GROUPED", "WGMMA")},
 }
 MMA_SYNC_BF16 = r"mma\.sync\.aligned\.m16n8k16\.row\.col\.f32\.bf16\.bf16\.f32"
 WORD_DECODE = r"mul\.rn\.bf16x2"  # the inline-PTX decode made it into the kernel
@@ -90,7 +90,7 @@ def _splitk_constexprs(**overrides):
     return {"SWIZZLED": False, "W_GLOBAL_SCALE_PER_ROW": False, "HAS_BIAS": True, "SPLIT": True, "USE_ASM": True,
             "OPERAND": triton.language.bfloat16, "EVEN": True, "TILED": False,
             "DOT_SCALED": False, "REG_MMA": 0, "UNSCALE": 128.0, "SUM_ROWS": 1, "SUM_SPLITS": 16,
-            "GROUPED": False, **overrides}
+            "GROUPED": False, "WGMMA": False, **overrides}
 
 
 def splitk_cases():
@@ -110,6 +110,25 @@ def splitk_cases():
         yield (f"splitk-tiled-{bm}x{bn}x{bk}", sk._splitk_kernel, SPLITK_SIGNATURE,
                _splitk_constexprs(TILED=True, BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk),
                warps, [WORD_DECODE, MMA_SYNC_BF16], stages)
+
+
+
+WGMMA_BF16 = r"wgmma\.mma_async\.sync\.aligned\.m64n64k16\.f32\.bf16\.bf16"
+ASYNC_16B = r"cp\.async\.cg\.shared\.global \[[^\]]+\], \[[^\]]+\], 0x10"  # 16-byte copies to shared memory
+
+
+def wgmma_cases():
+    """The wgmma mainloop (sm_90, tiled W, serving batch sizes): x's tile and the decoded weight
+    step multiply by wgmma on 4 warps; the software pipeline copies x and the codes to shared
+    memory in 16-byte pieces; split and not, with and without K masks, on programmatic dependent
+    launch (no load before its wait)."""
+    bm, bk, warps, stages = gemm_configs.WGMMA_CONFIG
+    signature = {**SPLITK_SIGNATURE, "PDL": "constexpr"}
+    for split, even in itertools.product((False, True), (False, True)):
+        yield (f"splitk-wgmma-{bm}x64x{bk}-split{int(split)}-even{int(even)}", sk._splitk_kernel, signature,
+               {**_splitk_constexprs(TILED=True, WGMMA=True, SPLIT=split, EVEN=even, BLOCK_M=bm, BLOCK_N=64,
+                                     BLOCK_K=bk, SUM_ROWS=bm, SUM_SPLITS=2), "PDL": True},
+               warps, [WGMMA_BF16, WORD_DECODE, ASYNC_16B, PDL_WAIT_FIRST[0]], stages)
 
 
 # the grouped row-major mainloop: x's two 16-byte loads and the four rows' codes, before the loop
@@ -198,6 +217,7 @@ def cases(sm):
         yield from dot_scaled_splitk_cases(sm)
         return
     yield from splitk_cases()
+    yield from wgmma_cases()
     yield from reg_mma_cases()
     yield from pdl_cases()
     yield from eager_pdl_cases()

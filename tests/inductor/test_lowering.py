@@ -14,6 +14,7 @@ from torch import nn
 from torch._inductor.utils import run_and_get_code
 
 import nvfp4_inductor as nv
+from nvfp4_inductor import capability
 from nvfp4_inductor.inductor import norm_fusion
 from nvfp4_inductor.kernels import gemm_configs, plan
 from nvfp4_inductor.inductor import lowering as linear_lowering
@@ -647,6 +648,33 @@ def test_gate_up_template_applies_silu_mul(template_inductor, activations, m, ml
     assert err < (2**-6 if activations == "bf16" else 0.08), err
 
 
+@pytest.mark.parametrize("m", [40, 100])
+def test_serving_rows_take_the_wgmma_mainloop(template_inductor, monkeypatch, m):
+    """Where the device has wgmma (sm_90; asked as such on the CPU, whose interpreter runs the
+    same mainloop in fp32), 33..128 rows run the template with the wgmma mainloop: K split in two
+    at 40 rows (3 output tiles), two blocks of rows at 100; the epilogue fused, and at 40 rows the
+    merged gate / up GEMM's silu * mul too; outputs as the eager ops'. (At 100 rows gate and up
+    stay apart and Inductor fuses SiLU through libdevice, which the interpreter lacks.)"""
+    monkeypatch.setattr(capability, "wgmma", lambda device: True)
+    code = _run(template_inductor, m, 320, 192)
+    assert re.search(r"acc = wgmma_mainloop\(", code) and "WGMMA : tl.constexpr = True" in code
+    launches = _launches(code)
+    assert len(launches) == 1 and "triton_tem_fused" in launches[0], launches
+    assert ("workspace_" in code) == (m <= 64)  # the split's partials
+    if m > 64:
+        return
+    torch.manual_seed(m)
+    model = GatedMLP(320, 192).to(device=template_inductor, dtype=torch.bfloat16).eval()
+    x = torch.randn(m, 320, device=template_inductor, dtype=torch.bfloat16)
+    y, code = run_and_get_code(nv.compile(model, nv.Config(activations="bf16")), x)
+    with torch.no_grad():
+        h = nn.functional.silu(_linear_eager(model.gate, x, "bf16")) * _linear_eager(model.up, x, "bf16")
+        expected = _linear_eager(model.down, h, "bf16")
+    assert _rel_err(y, expected) < 2**-6
+    source = "\n".join(code)
+    assert "silu_mul_halves(" in source and len(re.findall(r"acc = wgmma_mainloop\(", source)) == 2
+
+
 class TransposedInput(nn.Module):
     """A linear whose x is a column-major view: given so, or transposed in the graph."""
 
@@ -830,7 +858,7 @@ def test_gelu_epilogue_fuses_on_the_gpu(triton_inductor):
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("m", [plan.SPLITK_MAX_M_TILED + 36, plan.TEMPLATE_MAX_M + 44])
+@pytest.mark.parametrize("m", [plan.WGMMA_MAX_M + 36, plan.TEMPLATE_MAX_M + 44])
 def test_large_m_or_few_programs_pick_the_extern_choice(triton_inductor, m):
     """The extern choice: one cuBLASLt GEMM that reads g (W4A4: g * g_x) on the device and adds
     the bias, then ReLU + residual; no fp32 product (and no literal alpha: a frozen g is a named

@@ -1,6 +1,6 @@
 """Every Triton kernel variant compiles without a GPU, and its PTX has what the design relies on:
 for sm_90 (Hopper, run on the device too) 16-byte loads, no shared-memory round trip in the
-quantize element path, mma.sync from registers in the decode GEMMs; for sm_100 (Blackwell, no
+quantize element path, mma.sync from registers in the decode GEMMs, wgmma in the serving-batch one; for sm_100 (Blackwell, no
 machine here) tcgen05 block-scaled MMA (kind::mxf4nvf4, scale_vec::4X: one scale per 16
 elements) in every shipped tile of the split-K GEMM's block-scaled mainloop, and for sm_120
 (consumer Blackwell, no tcgen05) the same MMA as a warp-level mma.sync. A compile error
@@ -37,7 +37,7 @@ def test_every_kernel_variant_compiles(compiled):
     sm, results = compiled
     # every family of kernels is there (a case generator going empty is noticed)
     families = (["splitk-dot-scaled-"] if sm >= 100 else
-                ["splitk-", "splitk-tiled-", "splitk-reg-mma-", "splitk-reg-mma-rows-", "mma-mainloop-pdl",
+                ["splitk-", "splitk-tiled-", "splitk-wgmma-", "splitk-reg-mma-", "splitk-reg-mma-rows-", "mma-mainloop-pdl",
                  "quantize-", "quantize-values-", "rms-norm-quantize-values-", "amax-partials-", "row-g-",
                  "dequantize-", "dequantize-tiles-", "dequantize-bf16-tiled"])
     missing = [f for f in families if not any(r["case"].startswith(f) for r in results)]

@@ -178,6 +178,46 @@ def test_splitk_on_tiled_weights_matches_reference(kernel_device, m, n, k, monke
 
 
 
+@pytest.mark.parametrize("m, n, k, splits", [
+    (40, 64, 256, 2),    # one tile of N: K cut in two, the split sum runs
+    (64, 130, 192, 2),   # N not a tile multiple; the last K-step holds one tile (masked)
+    (100, 80, 320, 1),   # two blocks of rows, an uneven last step
+    (128, 64, 128, 1),   # two full blocks, one even step
+])
+def test_wgmma_mainloop_matches_reference(kernel_device, m, n, k, splits):
+    """The wgmma mainloop (two whole tiles a K-step, x's tile the first operand) on fresh random
+    tiled weights, with a bias and per-row global scales, against the reference; the split
+    (which the rule takes from the SMs: the interpreter has 8) and the blocks of rows as listed."""
+    gen = torch.Generator().manual_seed(m + n + k)
+    x = (torch.randn(m, k, generator=gen) * 10).to(_operand(kernel_device))
+    w = nv.quantize(torch.randn(n, k, generator=gen))
+    data_t, scale_t = nv_tiled.tile(w.data, w.scale.view(torch.uint8))
+    g = torch.rand(n, generator=gen) + 0.5
+    bias = torch.randn(n, generator=gen)
+    x, data_t, scale_t = (t.to(kernel_device) for t in (x, data_t, scale_t))
+    y = gemm_splitk.gemm_splitk(x, data_t, scale_t, g.to(kernel_device), bias.to(kernel_device), torch.float32,
+                                False, tiled_n=n, mainloop="wgmma")
+    setup = gemm_splitk._setup_for(x, data_t, scale_t, False, n, "bf16", "wgmma")[0]
+    assert setup.grid == (-(-n // 64), splits, -(-m // gemm_configs.WGMMA_CONFIG[0])), setup.grid
+    want = x.double().cpu() @ (w.dequantize(torch.float32) / w.global_scale).double().T * g.double() + bias.double()
+    assert _rel(y, want) <= (2e-3 if kernel_device == "cuda" else 1e-5)
+
+
+def test_wgmma_mainloop_refuses_what_it_does_not_serve(kernel_device):
+    """More rows than plan.WGMMA_MAX_M, row-major weights: refused with the reason."""
+    w = nv.quantize(torch.randn(64, 128))
+    data_t, scale_t = nv_tiled.tile(w.data, w.scale.view(torch.uint8))
+    x = torch.randn(plan.WGMMA_MAX_M + 1, 128).to(_operand(kernel_device)).to(kernel_device)
+    args = (data_t.to(kernel_device), scale_t.to(kernel_device), w.global_scale.to(kernel_device), None,
+            torch.float32, False)
+    with pytest.raises(ValueError, match=f"at most {plan.WGMMA_MAX_M} rows"):
+        gemm_splitk.gemm_splitk(x, *args, tiled_n=64, mainloop="wgmma")
+    row_major = (w.data.to(kernel_device), w.scale.view(torch.uint8).to(kernel_device),
+                 w.global_scale.to(kernel_device), None, torch.float32, False)
+    with pytest.raises(ValueError, match="reads tiled weights"):
+        gemm_splitk.gemm_splitk(x[:40], *row_major, mainloop="wgmma")
+
+
 @pytest.mark.gpu
 @pytest.mark.parametrize("m", [1, 16, 40])
 def test_repeated_launches_take_the_cached_kernel(m):

@@ -107,3 +107,42 @@ def test_register_fed_grouped_config(m, n, k, splits):
     (REG_MMA_GROUPED_PER_SM programs per SM, at least REG_MMA_GROUPED_MIN_STEPS K-steps a split)."""
     config = gemm_configs.splitk_config(m, n, k, 132, reg_mma=True, grouped=True)
     assert config == (16, 64, 64, splits, gemm_mma.WARPS, 1)
+
+
+def test_plan_takes_the_wgmma_mainloop_on_sm90(monkeypatch):
+    """On sm_90 with tiled weights, from plan.WGMMA_MIN_M to plan.WGMMA_MAX_M rows (W4A16, and W4A4
+    on x's quantized values): the split-K kernel with the wgmma mainloop, eager and compiled.
+    Not on row-major weights, not where the device has no wgmma (sm_100: asked as such)."""
+    monkeypatch.setattr(capability, "sm_count", lambda device: 132)
+    cuda = torch.device("cuda")
+    for has_wgmma in (True, False):
+        monkeypatch.setattr(capability, "wgmma", lambda device: has_wgmma)
+        monkeypatch.setattr(capability, "block_scaled_mma", lambda device: False)
+        for m in (plan.WGMMA_MIN_M - 1, plan.WGMMA_MIN_M, 64, 65, plan.WGMMA_MAX_M, plan.WGMMA_MAX_M + 1):
+            for activation in ("bf16", "nvfp4"):
+                for compiled in (False, True):
+                    chosen = plan.plan_gemm(m, 4096, 4096, tiled=True, activation=activation, device=cuda,
+                                            compiled=compiled)
+                    serves = has_wgmma and plan.WGMMA_MIN_M <= m <= plan.WGMMA_MAX_M
+                    assert (chosen.mainloop == "wgmma") == serves, (m, activation, compiled, chosen)
+                    if serves:
+                        assert chosen == ("splitk", "wgmma", "bf16")
+            assert plan.plan_gemm(m, 4096, 4096, tiled=False, activation="bf16", device=cuda).mainloop != "wgmma"
+
+
+@pytest.mark.parametrize("m, n, k, splits", [
+    (64, 4096, 4096, 2),     # 64 output tiles on 132 SMs: K in two
+    (64, 14336, 4096, 1),    # 224 tiles
+    (40, 4096, 14336, 2),
+    (128, 4096, 4096, 1),    # two blocks of rows: never split (the split sum holds all rows)
+    (64, 64, 128, 1),        # one K-step
+])
+def test_wgmma_config(m, n, k, splits):
+    """The wgmma mainloop's config: its fixed tile, K cut in two only where the output tiles are
+    fewer than the SMs and all rows fit one block; the template's configs split alike."""
+    block_m, block_n, block_k, got, warps, stages = gemm_configs.wgmma_config(m, n, k, 132)
+    assert (block_m, block_k, warps, stages) == gemm_configs.WGMMA_CONFIG and block_n == 64
+    assert got == splits
+    configs = gemm_configs.template_configs(m, n, k, 132, "splitk", "wgmma")
+    assert all(c.wgmma and c.split == splits and (c.block_m, c.block_k) == (64, 128) for c in configs)
+    assert all(c.split == 1 or c.block_m >= m for c in configs)
