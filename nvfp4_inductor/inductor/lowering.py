@@ -75,6 +75,8 @@ def load_template(name: str) -> str:
 
 @SymbolicGridFn
 def _grid(m, n, meta, *, cdiv):
+    if meta.get("WGMMA"):  # blocks of rows first (the template's docstring)
+        return (cdiv(m, meta["BLOCK_M"]), meta["SPLIT"], cdiv(n, meta["BLOCK_N"]))
     return (cdiv(n, meta["BLOCK_N"]), meta["SPLIT"], cdiv(m, meta["BLOCK_M"]))
 
 

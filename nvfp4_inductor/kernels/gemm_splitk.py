@@ -398,9 +398,13 @@ def _splitk_kernel(
     SUM_ROWS: tl.constexpr, SUM_SPLITS: tl.constexpr, GROUPED: tl.constexpr = False,
     PDL: tl.constexpr = False, WGMMA: tl.constexpr = False,
 ):
-    pid_n = tl.program_id(0)
     pid_k = tl.program_id(1)
-    m0 = tl.program_id(2) * BLOCK_M  # (blocks of rows: WGMMA without split K; else one block)
+    if WGMMA:  # blocks of rows first: a weight tile's programs run together (one read from HBM)
+        pid_n = tl.program_id(2)
+        m0 = tl.program_id(0) * BLOCK_M
+    else:  # all rows in one program
+        pid_n = tl.program_id(0)
+        m0 = 0
     if GROUPED:  # row-major W with plain scales, K % 64 == 0: K-tiles counted by whole groups
         tiles = tl.cdiv(K, _GROUP * BLOCK_K) * _GROUP
     else:
@@ -544,7 +548,7 @@ def _hook(hook):
 
 
 class _Setup(NamedTuple):
-    grid: tuple[int, int, int]  # (N tiles, K splits, blocks of M rows)
+    grid: tuple[int, int, int]  # (N tiles, K splits, 1); wgmma: (blocks of M rows, K splits, N tiles)
     tiles: int  # output tiles along N (the split sum's counters)
     splits: int
     tiles_per_split: int
@@ -624,7 +628,7 @@ def _launch_setup(m: int, n: int, k: int, tiled: bool, swizzled: bool, x_format:
     if m_blocks > 1 and not (wgmma and splits == 1):
         raise ValueError(f"only the wgmma mainloop without split K takes blocks of rows: {m} rows, "
                          f"BLOCK_M = {block_m}, {splits} splits")
-    grid = (tiles, splits, m_blocks)
+    grid = (m_blocks, splits, tiles) if wgmma else (tiles, splits, 1)
     return _Setup(grid, tiles, splits, tiles_per_split, dot_scaled, meta)
 
 

@@ -198,7 +198,7 @@ def test_wgmma_mainloop_matches_reference(kernel_device, m, n, k, splits):
     y = gemm_splitk.gemm_splitk(x, data_t, scale_t, g.to(kernel_device), bias.to(kernel_device), torch.float32,
                                 False, tiled_n=n, mainloop="wgmma")
     setup = gemm_splitk._setup_for(x, data_t, scale_t, False, n, "bf16", "wgmma")[0]
-    assert setup.grid == (-(-n // 64), splits, -(-m // gemm_configs.WGMMA_CONFIG[0])), setup.grid
+    assert setup.grid == (-(-m // gemm_configs.WGMMA_CONFIG[0]), splits, -(-n // 64)), setup.grid
     want = x.double().cpu() @ (w.dequantize(torch.float32) / w.global_scale).double().T * g.double() + bias.double()
     assert _rel(y, want) <= (2e-3 if kernel_device == "cuda" else 1e-5)
 
