@@ -202,7 +202,7 @@ def splitk_mainloop(
 def wgmma_mainloop(x_ptr, w_ptr, w_scale_ptr, M, K, stride_xm, pid_n, step_begin, step_end,
                    USE_ASM: tl.constexpr, OPERAND: tl.constexpr, EVEN: tl.constexpr,
                    BLOCK_M: tl.constexpr, BLOCK_K: tl.constexpr):
-    """Serving batch sizes on sm_90 (tiled W, M up to a few hundred): fp32 (TILE_N, BLOCK_M) =
+    """Serving batch sizes on sm_90 (tiled W, plan.WGMMA_MIN_M..WGMMA_MAX_M rows): fp32 (TILE_N, BLOCK_M) =
     2^-7 * (W . x^T) over the K-steps [step_begin, step_end) of BLOCK_K, block scales applied,
     global scale not (splitk_mainloop's contract). x's (BLOCK_M, BLOCK_K) tile is the MMA's first
     operand (BLOCK_M >= 64: wgmma on 4 warps), the decoded weight step its second; a step is
