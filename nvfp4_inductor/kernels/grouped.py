@@ -370,6 +370,13 @@ def _dequant_runs(t: int, e: int, n: int, k: int, x: torch.Tensor) -> bool:
             and n % 16 == 0 and k % 16 == 0)
 
 
+def _work_tiles(t: int, e: int, n_out: int, block_m: int, block_n: int) -> int:
+    """The programs a work-list launch needs (module docstring, 1.): each expert's rows over
+    block_m, at most t // block_m + min(e, t) row tiles in all (each expert with rows adds at most
+    one partial tile), times the column tiles."""
+    return (t // block_m + min(e, t)) * triton.cdiv(n_out, block_n)
+
+
 def _grouped_dequant(x, offsets, w_data, w_scale, w_global_scale, bias, gated, x_global_scale, out_dtype):
     """The grouped GEMM as every expert dequantized to bf16 (e2m1 * block scale, exact), one
     torch._grouped_mm (bf16 products, rounded to bf16: torch's only output type) and
@@ -389,7 +396,7 @@ def _grouped_dequant(x, offsets, w_data, w_scale, w_global_scale, bias, gated, x
     del w
     out = torch.zeros((t, n_out), dtype=out_dtype, device=x.device)
     cfg = EPILOGUE_CONFIG
-    tiles = (t // cfg["BLOCK_M"] + min(e, t)) * triton.cdiv(n_out, cfg["BLOCK_N"])
+    tiles = _work_tiles(t, e, n_out, cfg["BLOCK_M"], cfg["BLOCK_N"])
     grouped_epilogue_kernel[(tiles,)](
         y, offsets, w_global_scale, x_global_scale if x_global_scale is not None else w_global_scale,
         bias if bias is not None else w_global_scale, out, t, n, e, n_out, y.stride(0), out.stride(0),
@@ -447,9 +454,7 @@ def grouped_linear(x: torch.Tensor, offsets: torch.Tensor, w_data: torch.Tensor,
         block_m, block_n, block_k, warps = cfg["BLOCK_M"], cfg["BLOCK_N"], cfg["BLOCK_K"], cfg["num_warps"]
         acc_m = block_m
         min_steps = None if cfg is PREFILL_CONFIG or cfg is DOT_SCALED_PREFILL_CONFIG else MIN_STEPS
-    # tiles with rows: each expert's rows over block_m, at most t // block_m + min(e, t) in all
-    # (each expert with rows adds at most one partial tile)
-    tiles = (t // block_m + min(e, t)) * triton.cdiv(n_out, block_n)
+    tiles = _work_tiles(t, e, n_out, block_m, block_n)
     units = triton.cdiv(k, unit * block_k)  # (groups of `unit` K-steps)
     if splits is None:
         splits = 1 if min_steps is None else splits_for(min(t, e) * triton.cdiv(n_out, block_n),
