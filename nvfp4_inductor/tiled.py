@@ -91,3 +91,54 @@ def untile(data_tiled: Tensor, scale_tiled: Tensor, n: int, k: int) -> tuple[Ten
                 .permute(0, 2, 1, 3).reshape(n_pad, k_pad // per))
         out.append(full[:n, : k // per].clone(memory_format=torch.contiguous_format))  # (never a view of the input)
     return out[0], out[1]
+
+
+# Mixture-of-experts weights (E, N, K): each expert tiled on its own, one after another, so that
+# expert e's tiles are rows [e * tile_rows, (e + 1) * tile_rows) of tiles of one (E * N_pad, K)
+# tiled weight. A gated gate_up (2I rows: gate [0, I), up [I, 2I)) is stored as
+# interleave_halves of its halves, each first padded with zero rows to a multiple of GLU_GROUP,
+# so that every tile holds 32 gate rows and the same 32 up rows (the kernels' SiLU * up epilogue).
+
+def expert_rows(n: int, gated: bool) -> int:
+    """An expert's rows as stored (N_pad: a multiple of TILE_N) for N logical rows (2I, gated)."""
+    if gated:
+        return 2 * (-(-(n // 2) // GLU_GROUP) * GLU_GROUP)
+    return -(-n // TILE_N) * TILE_N
+
+
+def stored_rows(part: Tensor, gated: bool) -> Tensor:
+    """(E, N, C) per-row values of each expert (codes, scale bits, a bias) in the logical row
+    order -> (E, N_pad, C) in the stored order (zero rows as padding)."""
+    e, n = part.shape[0], part.shape[1]
+    rows = expert_rows(n, gated)
+    if not gated:
+        padded = part.new_zeros((e, rows, part.shape[2]))
+        padded[:, :n] = part
+        return padded
+    half = rows // 2
+    gate, up = (part.new_zeros((e, half, part.shape[2])) for _ in range(2))
+    gate[:, : n // 2], up[:, : n // 2] = part[:, : n // 2], part[:, n // 2:]
+    return torch.stack([t.view(e, half // GLU_GROUP, GLU_GROUP, -1) for t in (gate, up)], 2).view(e, rows, -1)
+
+
+def tile_experts(data: Tensor, scale: Tensor, gated: bool) -> tuple[Tensor, Tensor]:
+    """uint8 (E, N, K/2) codes, plain (E, N, K/16) scale bits (N = 2I gate-then-up rows with
+    gated) -> (E, N_pad * K_pad / 2) tiled codes, (E, N_pad * K_pad / 16) tiled scale bits."""
+    e = data.shape[0]
+    codes, scales = tile(*(stored_rows(part, gated).flatten(0, 1) for part in (data, scale)))
+    return codes.view(e, -1), scales.view(e, -1)
+
+
+def untile_experts(codes: Tensor, scales: Tensor, n: int, k: int, gated: bool) -> tuple[Tensor, Tensor]:
+    """The inverse of tile_experts: -> uint8 (E, N, K/2) codes, plain (E, N, K/16) scale bits."""
+    e, rows = codes.shape[0], expert_rows(n, gated)
+    out = []
+    for part in untile(codes.reshape(-1), scales.reshape(-1), e * rows, k):
+        part = part.view(e, rows, -1)
+        if gated:
+            halves = part.view(e, rows // (2 * GLU_GROUP), 2, GLU_GROUP, -1)
+            part = torch.cat([halves[:, :, j].reshape(e, rows // 2, -1)[:, : n // 2] for j in (0, 1)], 1)
+        else:
+            part = part[:, :n]
+        out.append(part.contiguous())
+    return out[0], out[1]
