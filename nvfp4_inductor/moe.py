@@ -1,24 +1,28 @@
 """Mixture-of-experts layers in NVFP4: the grouped ops, an experts module and its conversion.
 
-`nvfp4::grouped_linear` is the expert GEMM of an MoE layer: tokens sorted by expert, `offsets`
-(E,) int32 the cumulative ends of the experts' groups (the `torch._grouped_mm` convention: expert
-e owns rows [offsets[e - 1], offsets[e]), offsets[-1] read as 0; rows from offsets[E - 1] on
-belong to no expert and come out zero), expert weights (E, N, K) in NVFP4 with one global scale
-per expert (as ModelOpt's MoE exports carry them):
+`nvfp4::grouped_linear_tiled` is the expert GEMM of an MoE layer: tokens sorted by expert,
+`offsets` (E,) int32 the cumulative ends of the experts' groups (the `torch._grouped_mm`
+convention: expert e owns rows [offsets[e - 1], offsets[e]), offsets[-1] read as 0; rows from
+offsets[E - 1] on belong to no expert and come out zero), expert weights (E, N, K) in NVFP4 with
+one global scale per expert (as ModelOpt's MoE exports carry them), their codes and scales laid
+out by `tiled.tile_experts` (each expert in the dense GEMM's tiled layout, one after another):
 
-    x (T, K) float, W codes (E, N, K/2) uint8, block scales (E, N, K/16) e4m3 bits as uint8,
-    global scales (E,) fp32, bias (E, N) or None -> (T, N) in x.dtype
+    x (T, K) float, W tiled codes (E, N_pad * K_pad / 2) uint8, tiled e4m3 scale bits
+    (E, N_pad * K_pad / 16) uint8, global scales (E,) fp32, bias (E, N) or None, N
+    -> (T, N) in x.dtype
 
 It computes exactly a loop of the dense reference linear, `reference.linear`, over each expert's
 slice of x (W4A16: x rounded to bf16; W4A4: each expert's group of rows quantized with its own
-per-tensor global scale, as the dense reference quantizes x). `nvfp4::grouped_linear_silu_mul`
-is the gated form over each expert's 2I rows in Hugging Face's concatenated order (gate rows
-[0, I), up rows [I, 2I)): silu(gate) * up -> (T, I), each linear rounded to x.dtype first
-(reference.silu_mul), as `nvfp4::linear_tiled_silu_mul` defines it.
+per-tensor global scale, as the dense reference quantizes x). `nvfp4::grouped_linear_tiled_silu_mul`
+is the gated form over each expert's N = 2I rows in Hugging Face's concatenated order (gate rows
+[0, I), up rows [I, 2I)), tiled with the halves interleaved (`tile_experts(..., gated=True)`):
+silu(gate) * up -> (T, I), each linear rounded to x.dtype first (reference.silu_mul), as
+`nvfp4::linear_tiled_silu_mul` defines it.
 
-On CUDA kernels/grouped.py runs them (its Triton kernel, or from 64 rows an expert every expert
-dequantized, torch._grouped_mm and its epilogue kernel) without reading the offsets back (no host
-sync: CUDA-graph safe); elsewhere the reference loop, which checks the offsets' values.
+On CUDA kernels/grouped.py runs them (its Triton kernel, or above the rows an expert its
+mainloops serve, every expert dequantized, torch._grouped_mm and its epilogue kernel) without
+reading the offsets back (no host sync: CUDA-graph safe); elsewhere the reference loop, which
+checks the offsets' values.
 
 `NVFP4Experts` replaces a transformers 5.x experts module (gate_up_proj (E, 2I, H), down_proj
 (E, H, I), forward(hidden_states, top_k_index, top_k_weights)); `convert_experts` swaps every
@@ -28,19 +32,20 @@ such module of a model.
 import torch
 from torch import Tensor, nn
 
-from . import _checks, api, capability, ops, reference
+from . import _checks, api, capability, ops, reference, tiled
 from .config import Config, check_activations, resolve_activation
 from .convert import apply_keeping_buffer_dtypes
 from .format import BLOCK_SIZE
 
-__all__ = ["grouped_linear", "grouped_linear_silu_mul", "quantize_experts", "NVFP4Experts", "convert_experts"]
+__all__ = ["grouped_linear_tiled", "grouped_linear_tiled_silu_mul", "quantize_experts_tiled", "NVFP4Experts",
+           "convert_experts"]
 
 _E4M3 = torch.float8_e4m3fn
 
 
 # --- the ops -----------------------------------------------------------------------------------
 
-def check_grouped_args(x, offsets, w_data, w_scale, w_global_scale, bias, activation, gated: bool) -> None:
+def check_grouped_args(x, offsets, w_data, w_scale, w_global_scale, bias, n, activation, gated: bool) -> None:
     """Metadata checks (no values read: fake tensors, CUDA-graph capture) of the grouped ops."""
     if activation not in _checks.ACTIVATIONS:
         raise ValueError(f"activation must be one of {_checks.ACTIVATIONS}; got {activation!r}")
@@ -49,17 +54,19 @@ def check_grouped_args(x, offsets, w_data, w_scale, w_global_scale, bias, activa
         raise ValueError(f"x must be 2-D (tokens sorted by expert, K); got shape {tuple(x.shape)}")
     _checks.check_tensor("w_data", w_data, (torch.uint8,))
     _checks.check_tensor("w_scale (e4m3 bits)", w_scale, (torch.uint8,))
-    if w_data.dim() != 3:
-        raise ValueError(f"w_data must be 3-D (E, N, K/2) expert codes; got shape {tuple(w_data.shape)}")
-    e, n, k = w_data.shape[0], w_data.shape[1], w_data.shape[2] * 2
-    if e == 0:
-        raise ValueError("w_data has no experts (E = 0)")
-    if x.shape[1] != k:
-        raise ValueError(f"x.shape[-1] = {x.shape[1]} does not match the experts' K = {k} "
-                         f"(w_data.shape[-1] * 2)")
-    if tuple(w_scale.shape) != (e, n, k // BLOCK_SIZE):
-        raise ValueError(f"w_scale must have shape {(e, n, k // BLOCK_SIZE)} (E, N, K/16) for w_data of "
-                         f"shape {tuple(w_data.shape)}; got {tuple(w_scale.shape)}")
+    if w_data.dim() != 2 or w_data.shape[0] == 0:
+        raise ValueError(f"w_data must be 2-D (E, tiled codes) with E > 0, as tiled.tile_experts makes it; "
+                         f"got shape {tuple(w_data.shape)}")
+    if n <= 0 or (gated and n % 2):
+        raise ValueError(f"n (the logical rows an expert) must be positive{' and even (gate rows, then as many up rows)' if gated else ''}; got {n}")
+    e, k = w_data.shape[0], x.shape[1]
+    if k % BLOCK_SIZE:
+        raise ValueError(f"x.shape[-1] = {k} must be a multiple of {BLOCK_SIZE}")
+    (codes,), (scales,) = tiled.tiled_shapes(tiled.expert_rows(n, gated), k)
+    if tuple(w_data.shape) != (e, codes) or tuple(w_scale.shape) != (e, scales):
+        raise ValueError(f"tiled experts of {n} rows{' (gated)' if gated else ''} and K = {k} must have codes "
+                         f"{(e, codes)} and scale bits {(e, scales)} (tiled.tile_experts); got "
+                         f"{tuple(w_data.shape)} and {tuple(w_scale.shape)}")
     for name, t in (("w_data", w_data), ("w_scale", w_scale)):
         if not t.is_contiguous():
             raise ValueError(f"{name} must be contiguous (packed NVFP4 layout)")
@@ -75,8 +82,6 @@ def check_grouped_args(x, offsets, w_data, w_scale, w_global_scale, bias, activa
         _checks.check_tensor("bias", bias, _checks.FLOAT_DTYPES)
         if tuple(bias.shape) != (e, n):
             raise ValueError(f"bias must have shape {(e, n)} (E, N); got {tuple(bias.shape)}")
-    if gated and n % 2:
-        raise ValueError(f"the gated form needs an even N (gate rows, then as many up rows); got N = {n}")
     for name, t in (("offsets", offsets), ("w_data", w_data), ("w_scale", w_scale),
                     ("w_global_scale", w_global_scale), ("bias", bias)):
         if t is not None:
@@ -95,10 +100,12 @@ def _check_offset_values(offsets: Tensor, t: int) -> list[int]:
     return ends
 
 
-def _reference_grouped(x, offsets, w_data, w_scale, w_global_scale, bias, activation) -> Tensor:
-    """The loop of dense reference linears, one per expert's rows; rows past the last group zero."""
+def _reference_grouped(x, offsets, w_data, w_scale, w_global_scale, bias, n, activation, gated) -> Tensor:
+    """The loop of dense reference linears, one per expert's rows, on the experts' codes and scales
+    in the logical row order; rows past the last group zero."""
     ends = _check_offset_values(offsets, x.shape[0])
-    out = x.new_zeros((x.shape[0], w_data.shape[1]))
+    w_data, w_scale = tiled.untile_experts(w_data, w_scale, n, x.shape[1], gated)
+    out = x.new_zeros((x.shape[0], n))
     start = 0
     for e, end in enumerate(ends):
         if end > start:
@@ -131,7 +138,7 @@ def _group_quantized_values(x: Tensor, offsets: Tensor) -> tuple[Tensor, Tensor]
     return ops.dequantize(data, scale, torch.ones_like(g_rows), False, torch.bfloat16), g_rows
 
 
-def _grouped_cuda(x, offsets, w_data, w_scale, w_global_scale, bias, activation, gated):
+def _grouped_cuda(x, offsets, w_data, w_scale, w_global_scale, bias, n, activation, gated):
     """The ops' CUDA path (kernels/grouped.py), output in x's dtype. W4A4 quantizes x per expert
     group first: its codes and scale bits on GPUs with the block-scaled MMA, its values elsewhere."""
     from .kernels.grouped import grouped_linear as grouped_triton
@@ -143,55 +150,56 @@ def _grouped_cuda(x, offsets, w_data, w_scale, w_global_scale, bias, activation,
             x, x_scale, x_global_scale = _group_quantize(x, offsets)
         else:
             x, x_global_scale = _group_quantized_values(x, offsets)
-    return grouped_triton(x, offsets, w_data, w_scale, w_global_scale, bias, gated, x_global_scale,
+    return grouped_triton(x, offsets, w_data, w_scale, w_global_scale, bias, n, gated, x_global_scale,
                           out_dtype, x_scale=x_scale)
 
 
-@torch.library.custom_op("nvfp4::grouped_linear", mutates_args=())
-def grouped_linear(x: Tensor, offsets: Tensor, w_data: Tensor, w_scale: Tensor, w_global_scale: Tensor,
-                   bias: Tensor | None, activation: str) -> Tensor:
-    """x (T, K) sorted by expert, offsets (E,) int32 cumulative ends, W NVFP4 (E, N, K/2) + scale
-    bits (E, N, K/16) + (E,) fp32, bias (E, N) or None -> (T, N) in x.dtype. activation: "bf16"
-    (W4A16) or "nvfp4" (W4A4: each expert's rows quantized with one global scale of their own)."""
-    check_grouped_args(x, offsets, w_data, w_scale, w_global_scale, bias, activation, False)
-    return _reference_grouped(x, offsets, w_data, w_scale, w_global_scale, bias, activation)
+@torch.library.custom_op("nvfp4::grouped_linear_tiled", mutates_args=())
+def grouped_linear_tiled(x: Tensor, offsets: Tensor, w_data: Tensor, w_scale: Tensor, w_global_scale: Tensor,
+                         bias: Tensor | None, n: int, activation: str) -> Tensor:
+    """x (T, K) sorted by expert, offsets (E,) int32 cumulative ends, W NVFP4 of n rows an expert
+    tiled by tiled.tile_experts (codes (E, ...) + scale bits (E, ...)) + (E,) fp32, bias (E, n) or
+    None -> (T, n) in x.dtype. activation: "bf16" (W4A16) or "nvfp4" (W4A4: each expert's rows
+    quantized with one global scale of their own)."""
+    check_grouped_args(x, offsets, w_data, w_scale, w_global_scale, bias, n, activation, False)
+    return _reference_grouped(x, offsets, w_data, w_scale, w_global_scale, bias, n, activation, False)
 
 
-@grouped_linear.register_fake
-def _(x, offsets, w_data, w_scale, w_global_scale, bias, activation):
-    check_grouped_args(x, offsets, w_data, w_scale, w_global_scale, bias, activation, False)
-    return x.new_empty((x.shape[0], w_data.shape[1]))
+@grouped_linear_tiled.register_fake
+def _(x, offsets, w_data, w_scale, w_global_scale, bias, n, activation):
+    check_grouped_args(x, offsets, w_data, w_scale, w_global_scale, bias, n, activation, False)
+    return x.new_empty((x.shape[0], n))
 
 
-@grouped_linear.register_kernel("cuda")
+@grouped_linear_tiled.register_kernel("cuda")
 @ops._on_input_device
-def _(x, offsets, w_data, w_scale, w_global_scale, bias, activation):
-    check_grouped_args(x, offsets, w_data, w_scale, w_global_scale, bias, activation, False)
-    return _grouped_cuda(x, offsets, w_data, w_scale, w_global_scale, bias, activation, False)
+def _(x, offsets, w_data, w_scale, w_global_scale, bias, n, activation):
+    check_grouped_args(x, offsets, w_data, w_scale, w_global_scale, bias, n, activation, False)
+    return _grouped_cuda(x, offsets, w_data, w_scale, w_global_scale, bias, n, activation, False)
 
 
-@torch.library.custom_op("nvfp4::grouped_linear_silu_mul", mutates_args=())
-def grouped_linear_silu_mul(x: Tensor, offsets: Tensor, w_data: Tensor, w_scale: Tensor,
-                            w_global_scale: Tensor, bias: Tensor | None, activation: str) -> Tensor:
-    """grouped_linear over each expert's 2I rows (gate rows [0, I), up rows [I, 2I): Hugging
-    Face's gate_up_proj) -> (T, I) silu(gate) * up in x.dtype, each linear rounded to x.dtype."""
-    check_grouped_args(x, offsets, w_data, w_scale, w_global_scale, bias, activation, True)
-    y = _reference_grouped(x, offsets, w_data, w_scale, w_global_scale, bias, activation)
-    i = w_data.shape[1] // 2
-    return reference.silu_mul(y[:, :i], y[:, i:])
+@torch.library.custom_op("nvfp4::grouped_linear_tiled_silu_mul", mutates_args=())
+def grouped_linear_tiled_silu_mul(x: Tensor, offsets: Tensor, w_data: Tensor, w_scale: Tensor,
+                                  w_global_scale: Tensor, bias: Tensor | None, n: int, activation: str) -> Tensor:
+    """grouped_linear_tiled over each expert's n = 2I rows (gate rows [0, I), up rows [I, 2I):
+    Hugging Face's gate_up_proj), tiled with gated=True -> (T, I) silu(gate) * up in x.dtype, each
+    linear rounded to x.dtype."""
+    check_grouped_args(x, offsets, w_data, w_scale, w_global_scale, bias, n, activation, True)
+    y = _reference_grouped(x, offsets, w_data, w_scale, w_global_scale, bias, n, activation, True)
+    return reference.silu_mul(y[:, : n // 2], y[:, n // 2:])
 
 
-@grouped_linear_silu_mul.register_fake
-def _(x, offsets, w_data, w_scale, w_global_scale, bias, activation):
-    check_grouped_args(x, offsets, w_data, w_scale, w_global_scale, bias, activation, True)
-    return x.new_empty((x.shape[0], w_data.shape[1] // 2))
+@grouped_linear_tiled_silu_mul.register_fake
+def _(x, offsets, w_data, w_scale, w_global_scale, bias, n, activation):
+    check_grouped_args(x, offsets, w_data, w_scale, w_global_scale, bias, n, activation, True)
+    return x.new_empty((x.shape[0], n // 2))
 
 
-@grouped_linear_silu_mul.register_kernel("cuda")
+@grouped_linear_tiled_silu_mul.register_kernel("cuda")
 @ops._on_input_device
-def _(x, offsets, w_data, w_scale, w_global_scale, bias, activation):
-    check_grouped_args(x, offsets, w_data, w_scale, w_global_scale, bias, activation, True)
-    return _grouped_cuda(x, offsets, w_data, w_scale, w_global_scale, bias, activation, True)
+def _(x, offsets, w_data, w_scale, w_global_scale, bias, n, activation):
+    check_grouped_args(x, offsets, w_data, w_scale, w_global_scale, bias, n, activation, True)
+    return _grouped_cuda(x, offsets, w_data, w_scale, w_global_scale, bias, n, activation, True)
 
 
 # --- the experts module ------------------------------------------------------------------------
@@ -213,40 +221,45 @@ def _quantize_experts(w: Tensor, method: str) -> tuple[Tensor, Tensor, Tensor]:
             torch.stack([p.global_scale for p in parts]))
 
 
-@torch.library.custom_op("nvfp4::quantize_experts", mutates_args=())
-def quantize_experts(w: Tensor, method: str) -> tuple[Tensor, Tensor, Tensor]:
-    """(E, N, K) float expert weights -> (codes (E, N, K/2) uint8, e4m3 scale bits (E, N, K/16)
-    uint8, (E,) fp32 global scales), as NVFP4Experts.from_experts quantizes them: what
-    backend="nvfp4" folds at compile time for an unconverted model's experts (moe_rewrite.py)."""
-    _check_expert_weights(w)
+@torch.library.custom_op("nvfp4::quantize_experts_tiled", mutates_args=())
+def quantize_experts_tiled(w: Tensor, method: str, gated: bool) -> tuple[Tensor, Tensor, Tensor]:
+    """(E, N, K) float expert weights -> (tiled codes (E, ...) uint8, tiled e4m3 scale bits (E, ...)
+    uint8, (E,) fp32 global scales): NVFP4Experts.from_experts' quantization, laid out by
+    tiled.tile_experts (gated: N = 2I gate-then-up rows, interleaved). What backend="nvfp4" folds
+    at compile time for an unconverted model's experts (moe_rewrite.py)."""
+    _check_expert_weights(w, gated)
     data, scale, g = _quantize_experts(w.contiguous(), method)
-    return data, scale.view(torch.uint8), g
+    codes, scales = tiled.tile_experts(data, scale.view(torch.uint8), gated)
+    return codes, scales, g
 
 
-def _check_expert_weights(w: Tensor) -> None:
-    """quantize_experts' shape check, in the op and its fake alike (a 2-D w would otherwise be
-    quantized as E = N experts of one row each)."""
-    if w.dim() != 3 or w.shape[0] == 0 or w.shape[-1] % BLOCK_SIZE:
-        raise ValueError(f"expert weights must be (E, N, K) with E > 0 and K a multiple of {BLOCK_SIZE}; "
-                         f"got {tuple(w.shape)}")
+def _check_expert_weights(w: Tensor, gated: bool) -> None:
+    """quantize_experts_tiled's shape check, in the op and its fake alike (a 2-D w would otherwise
+    be quantized as E = N experts of one row each)."""
+    if w.dim() != 3 or w.shape[0] == 0 or w.shape[-1] % BLOCK_SIZE or (gated and w.shape[1] % 2):
+        raise ValueError(f"expert weights must be (E, N, K) with E > 0, K a multiple of {BLOCK_SIZE}"
+                         f"{' and N even (gate rows, then up rows)' if gated else ''}; got {tuple(w.shape)}")
 
 
-@quantize_experts.register_fake
-def _(w, method):
-    _check_expert_weights(w)
+@quantize_experts_tiled.register_fake
+def _(w, method, gated):
+    _check_expert_weights(w, gated)
     e, n, k = w.shape
-    return (w.new_empty((e, n, k // 2), dtype=torch.uint8), w.new_empty((e, n, k // BLOCK_SIZE), dtype=torch.uint8),
+    (codes,), (scales,) = tiled.tiled_shapes(tiled.expert_rows(n, gated), k)
+    return (w.new_empty((e, codes), dtype=torch.uint8), w.new_empty((e, scales), dtype=torch.uint8),
             w.new_empty((e,), dtype=torch.float32))
 
 
 class NVFP4Experts(nn.Module):
     """A transformers experts module with its weights in NVFP4: forward(hidden_states (T, H),
     top_k_index (T, k), top_k_weights (T, k)) -> (T, H), as the module it replaces, whatever its
-    experts_implementation. gate_up (E, 2I, H) runs as nvfp4::grouped_linear_silu_mul, down
-    (E, H, I) as nvfp4::grouped_linear; each expert's gate and up share one global scale.
+    experts_implementation. gate_up (E, 2I, H) runs as nvfp4::grouped_linear_tiled_silu_mul, down
+    (E, H, I) as nvfp4::grouped_linear_tiled; each expert's gate and up share one global scale.
 
-    Buffers: gate_up_weight uint8 (E, 2I, H/2), gate_up_weight_scale e4m3 (E, 2I, H/16),
-    gate_up_weight_scale_2 fp32 (E,), and down_* likewise. The state dict holds them per expert
+    The constructor takes each weight's codes (E, N, K/2) uint8, e4m3 scales (E, N, K/16) and
+    global scales (E,) fp32. Buffers: gate_up_weight uint8 and gate_up_weight_scale e4m3, the
+    codes and scales laid out by tiled.tile_experts (gated), gate_up_weight_scale_2 fp32 (E,), and
+    down_* likewise (not gated). The state dict holds them per expert
     under ModelOpt's names: "{e}.{gate}.weight" (I, H/2), ".weight_scale" (I, H/16),
     ".weight_scale_2" () (the same value for gate and up), "{e}.{up}.*", "{e}.{down}.*", with
     (gate, up, down) = checkpoint_names ("gate_proj", "up_proj", "down_proj"; Mixtral "w1", "w3",
@@ -273,10 +286,11 @@ class NVFP4Experts(nn.Module):
         self.num_experts, self.hidden_dim, self.intermediate_dim = e, h_half * 2, two_i // 2
         self.activations = activations
         self.checkpoint_names = tuple(checkpoint_names)
-        for name, parts in zip(_WEIGHTS, (gate_up, down)):
-            for part, t in zip(_PARTS, parts):
-                # not persistent: the state dict holds them per expert (_save_to_state_dict)
-                self.register_buffer(f"{name}_{part}", t.contiguous(), persistent=False)
+        for name, (data, scale, g) in zip(_WEIGHTS, (gate_up, down)):
+            codes, scales = tiled.tile_experts(data, scale.view(torch.uint8), name == "gate_up")
+            # not persistent: the state dict holds them per expert (_save_to_state_dict)
+            for part, t in zip(_PARTS, (codes, scales.view(_E4M3), g.contiguous())):
+                self.register_buffer(f"{name}_{part}", t, persistent=False)
 
     @classmethod
     def from_experts(cls, experts: nn.Module, activations: str = "auto", method: str = "rtn") -> "NVFP4Experts":
@@ -298,6 +312,17 @@ class NVFP4Experts(nn.Module):
         return (getattr(self, f"{name}_weight"), getattr(self, f"{name}_weight_scale").view(torch.uint8),
                 getattr(self, f"{name}_weight_scale_2"))
 
+    def _shape(self, name: str) -> tuple[int, int]:
+        """(N, K) of the gate_up or down weight of an expert."""
+        h, i = self.hidden_dim, self.intermediate_dim
+        return (2 * i, h) if name == "gate_up" else (h, i)
+
+    def _row_major(self, name: str) -> tuple[Tensor, Tensor]:
+        """A weight's codes (E, N, K/2) uint8 and e4m3 scales (E, N, K/16) in the logical order."""
+        data, scale, _ = self._nvfp4(name)
+        data, scale = tiled.untile_experts(data, scale, *self._shape(name), name == "gate_up")
+        return data, scale.view(_E4M3)
+
     def forward(self, hidden_states: Tensor, top_k_index: Tensor, top_k_weights: Tensor) -> Tensor:
         """hidden_states (T, H), top_k_index (T, k) expert ids, top_k_weights (T, k) -> (T, H) in
         hidden_states' dtype: sum over k of weight * expert(x). Sorting and offsets stay on the
@@ -310,8 +335,10 @@ class NVFP4Experts(nn.Module):
         experts = torch.arange(self.num_experts, dtype=ids_sorted.dtype, device=ids_sorted.device)
         offsets = torch.searchsorted(ids_sorted, experts, right=True, out_int32=True)
         activation = resolve_activation(self.activations, hidden_states)
-        gated = torch.ops.nvfp4.grouped_linear_silu_mul(x, offsets, *self._nvfp4("gate_up"), None, activation)
-        y = torch.ops.nvfp4.grouped_linear(gated, offsets, *self._nvfp4("down"), None, activation)
+        gated = torch.ops.nvfp4.grouped_linear_tiled_silu_mul(x, offsets, *self._nvfp4("gate_up"), None,
+                                                              2 * self.intermediate_dim, activation)
+        y = torch.ops.nvfp4.grouped_linear_tiled(gated, offsets, *self._nvfp4("down"), None, self.hidden_dim,
+                                                 activation)
         weighted = y * top_k_weights.reshape(-1)[perm].unsqueeze(-1)
         unsorted = torch.empty_like(weighted)
         unsorted[perm] = weighted
@@ -338,16 +365,27 @@ class NVFP4Experts(nn.Module):
 
     def _save_to_state_dict(self, destination, prefix, keep_vars):
         super()._save_to_state_dict(destination, prefix, keep_vars)
+        parts = self._logical_parts()
         for key, buffer, e, rows in self._checkpoint_keys():
-            t = getattr(self, buffer)[e]
+            t = parts[buffer][e]
             # copies, not views of the fused buffers: safetensors refuses tensors sharing storage
             destination[prefix + key] = (t if buffer.endswith("scale_2") else t[rows]).clone()
+
+    def _logical_parts(self) -> dict:
+        """buffer name -> the buffer in the logical row order (the codes and scales untiled)."""
+        parts = {}
+        for name in _WEIGHTS:
+            data, scale = self._row_major(name)
+            parts.update({f"{name}_weight": data, f"{name}_weight_scale": scale,
+                          f"{name}_weight_scale_2": getattr(self, f"{name}_weight_scale_2")})
+        return parts
 
     def _load_from_state_dict(self, state_dict, prefix, local_metadata, strict, missing_keys,
                               unexpected_keys, error_msgs):
         from .convert import _checked_bits, _checked_global_scale
 
         expected = self._checkpoint_keys()
+        parts = self._logical_parts()
         loaded = {}
         for key, buffer, e, rows in expected:
             full = prefix + key
@@ -355,7 +393,7 @@ class NVFP4Experts(nn.Module):
                 missing_keys.append(full)
                 continue
             value = state_dict[full]
-            target = getattr(self, buffer)[e]
+            target = parts[buffer][e]
             try:
                 if buffer.endswith("scale_2"):
                     value = _checked_global_scale(full, value).reshape(())
@@ -385,8 +423,13 @@ class NVFP4Experts(nn.Module):
                 value = loaded.get((buffer, e, tag))
                 if value is None:
                     continue
-                target = getattr(self, buffer)[e]
+                target = parts[buffer][e]
                 (target if buffer.endswith("scale_2") else target[rows]).copy_(value)
+            for name in _WEIGHTS:  # the codes and scales laid out again
+                codes, scales = tiled.tile_experts(parts[f"{name}_weight"],
+                                                   parts[f"{name}_weight_scale"].view(torch.uint8), name == "gate_up")
+                getattr(self, f"{name}_weight").copy_(codes)
+                getattr(self, f"{name}_weight_scale").view(torch.uint8).copy_(scales)
         if strict:
             known = {prefix + key for key, *_ in expected}
             unexpected_keys += [key for key in state_dict if key.startswith(prefix) and key not in known]

@@ -10,7 +10,7 @@ import torch
 from torch._subclasses.fake_tensor import FakeTensorMode
 
 import nvfp4_inductor as nv
-from nvfp4_inductor import moe, reference
+from nvfp4_inductor import moe, reference, tiled
 from nvfp4_inductor.moe import NVFP4Experts, convert_experts
 from helpers.hf import LOGIT_TOL, MOE_ARCHITECTURES, MOE_SHAPES, moe_model
 
@@ -28,6 +28,18 @@ def _experts(e: int, n: int, k: int, gen: torch.Generator, device="cpu"):
 
 def _offsets(counts, device="cpu") -> torch.Tensor:
     return torch.tensor(counts).cumsum(0).to(torch.int32).to(device)
+
+
+def _op(x, offsets, data, scale, g, bias, activation, gated=False):
+    """The grouped op (gated: its SiLU * up form) on row-major experts, tiled here."""
+    op = OPS.grouped_linear_tiled_silu_mul if gated else OPS.grouped_linear_tiled
+    return op(x, offsets, *tiled.tile_experts(data, scale, gated), g, bias, data.shape[1], activation)
+
+
+def _kernel_args(device, x, offsets, data, scale, g, b, gated):
+    """The kernels' arguments on device: (x, offsets, tiled codes, tiled scale bits, g, b, N)."""
+    codes, bits = tiled.tile_experts(data, scale, gated)
+    return [a.to(device) if a is not None else None for a in (x, offsets, codes, bits, g, b)] + [data.shape[1]]
 
 
 def _dense_loop(x, offsets, data, scale, g, bias, activation):
@@ -62,7 +74,7 @@ def test_grouped_linear_is_a_loop_of_dense_linears(routing, activation, bias):
     x = (torch.randn(t, 80, generator=gen) * 3).to(torch.bfloat16)
     b = torch.randn(5, 48, generator=gen).to(torch.bfloat16) if bias else None
     offsets = _offsets(counts)
-    got = OPS.grouped_linear(x, offsets, data, scale, g, b, activation)
+    got = _op(x, offsets, data, scale, g, b, activation)
     assert got.dtype == torch.bfloat16 and got.shape == (t, 48)
     assert torch.equal(got, _dense_loop(x, offsets, data, scale, g, b, activation))
     assert not got[sum(counts):].any()
@@ -70,14 +82,14 @@ def test_grouped_linear_is_a_loop_of_dense_linears(routing, activation, bias):
 
 @pytest.mark.parametrize("activation", ["bf16", "nvfp4"])
 def test_gated_variant_is_silu_of_gate_times_up(activation):
-    """grouped_linear_silu_mul: per expert, gate rows [0, I) and up rows [I, 2I) as two dense
+    """grouped_linear_tiled_silu_mul: per expert, gate rows [0, I) and up rows [I, 2I) as two dense
     linears sharing the expert's global scale, each rounded to x.dtype, then reference.silu_mul."""
     gen = torch.Generator().manual_seed(3)
     e, i, k = 4, 32, 64
     data, scale, g = _experts(e, 2 * i, k, gen)
     x = torch.randn(23, k, generator=gen).to(torch.bfloat16)
     offsets = _offsets([5, 0, 11, 7])
-    got = OPS.grouped_linear_silu_mul(x, offsets, data, scale, g, None, activation)
+    got = _op(x, offsets, data, scale, g, None, activation, gated=True)
     gate = _dense_loop(x, offsets, data[:, :i].contiguous(), scale[:, :i].contiguous(), g, None, activation)
     up = _dense_loop(x, offsets, data[:, i:].contiguous(), scale[:, i:].contiguous(), g, None, activation)
     assert torch.equal(got, reference.silu_mul(gate, up))
@@ -88,24 +100,28 @@ def test_no_tokens_at_all():
     gen = torch.Generator().manual_seed(4)
     data, scale, g = _experts(3, 32, 32, gen)
     x = torch.randn(0, 32, generator=gen).to(torch.bfloat16)
-    assert OPS.grouped_linear(x, _offsets([0, 0, 0]), data, scale, g, None, "bf16").shape == (0, 32)
+    assert _op(x, _offsets([0, 0, 0]), data, scale, g, None, "bf16").shape == (0, 32)
     x = torch.randn(5, 32, generator=gen).to(torch.bfloat16)
-    assert not OPS.grouped_linear_silu_mul(x, _offsets([0, 0, 0]), data, scale, g, None, "bf16").any()
+    assert not _op(x, _offsets([0, 0, 0]), data, scale, g, None, "bf16", gated=True).any()
 
 
 def test_bad_inputs_are_refused():
     gen = torch.Generator().manual_seed(5)
     data, scale, g = _experts(3, 32, 64, gen)
+    codes, bits = tiled.tile_experts(data, scale, False)
     x = torch.randn(9, 64, generator=gen).to(torch.bfloat16)
     offsets = _offsets([3, 3, 3])
     cases = [
         (dict(offsets=offsets.long()), TypeError, "offsets must have dtype int32"),
         (dict(offsets=offsets[:2]), ValueError, r"offsets must have shape \(3,\)"),
-        (dict(x=x[:, :48]), ValueError, "does not match the experts' K = 64"),
+        (dict(x=torch.cat([x, x], 1)), ValueError, r"K = 128 must have codes \(3, 4096\)"),
         (dict(x=x[:, :40]), ValueError, "multiple of 16"),
         (dict(x=x[None]), ValueError, "x must be 2-D"),
-        (dict(data=data[0]), ValueError, "w_data must be 3-D"),
-        (dict(scale=scale[:, :16]), ValueError, "w_scale must have shape"),
+        (dict(data=codes[0]), ValueError, "w_data must be 2-D"),
+        (dict(data=data.view(3, -1).contiguous()), ValueError, "tiled experts of 32 rows"),  # row-major codes
+        (dict(scale=bits[:, :16]), ValueError, "scale bits"),
+        (dict(n=100), ValueError, "tiled experts of 100 rows"),
+        (dict(n=0), ValueError, "must be positive"),
         (dict(g=g[:2]), ValueError, "one per expert"),
         (dict(g=g.double()), TypeError, "w_global_scale must have dtype float32"),
         (dict(bias=torch.zeros(32)), ValueError, r"bias must have shape \(3, 32\)"),
@@ -115,13 +131,15 @@ def test_bad_inputs_are_refused():
         (dict(offsets=torch.tensor([3, 3, 10], dtype=torch.int32)), ValueError, r"within \[0, T = 9\]"),
     ]
     for change, error, match in cases:
-        args = dict(x=x, offsets=offsets, data=data, scale=scale, g=g, bias=None, activation="bf16")
+        args = dict(x=x, offsets=offsets, data=codes, scale=bits, g=g, bias=None, n=32, activation="bf16")
         args.update(change)
         with pytest.raises(error, match=match):
-            OPS.grouped_linear(*args.values())
-    with pytest.raises(ValueError, match="even N"):
-        OPS.grouped_linear_silu_mul(x, offsets, data[:, :31].contiguous(), scale[:, :31].contiguous(), g,
-                                    None, "bf16")
+            OPS.grouped_linear_tiled(*args.values())
+    odd, odd_bits = tiled.tile_experts(data[:, :31].contiguous(), scale[:, :31].contiguous(), False)
+    with pytest.raises(ValueError, match="positive and even"):
+        OPS.grouped_linear_tiled_silu_mul(x, offsets, odd, odd_bits, g, None, 31, "bf16")
+    with pytest.raises(ValueError, match="N even"):
+        OPS.quantize_experts_tiled(torch.randn(2, 31, 32), "rtn", True)
 
 
 def test_fake_kernels_give_the_shapes():
@@ -129,14 +147,21 @@ def test_fake_kernels_give_the_shapes():
     data, scale, g = _experts(4, 64, 32, gen)
     x = torch.randn(11, 32, generator=gen).to(torch.bfloat16)
     offsets = _offsets([2, 3, 0, 6])
+    plain, gated = tiled.tile_experts(data, scale, False), tiled.tile_experts(data, scale, True)
     with FakeTensorMode() as mode:
-        fake = [mode.from_tensor(t) for t in (x, offsets, data, scale, g)]
-        y = OPS.grouped_linear(*fake, None, "nvfp4")
-        z = OPS.grouped_linear_silu_mul(*fake, None, "bf16")
+        fake_x, fake_offsets, fake_g = (mode.from_tensor(t) for t in (x, offsets, g))
+        fake_plain, fake_gated = ([mode.from_tensor(t) for t in pair] for pair in (plain, gated))
+        y = OPS.grouped_linear_tiled(fake_x, fake_offsets, *fake_plain, fake_g, None, 64, "nvfp4")
+        z = OPS.grouped_linear_tiled_silu_mul(fake_x, fake_offsets, *fake_gated, fake_g, None, 64, "bf16")
         assert (y.shape, y.dtype, z.shape, z.dtype) == ((11, 64), torch.bfloat16, (11, 32), torch.bfloat16)
-        with pytest.raises(ValueError, match="w_scale must have shape"):
-            OPS.grouped_linear(fake[0], fake[1], fake[2], fake[3][:, :8], fake[4], None, "bf16")
-    torch.library.opcheck(OPS.grouped_linear, (x, offsets, data, scale, g, None, "bf16"),
+        with pytest.raises(ValueError, match="scale bits"):
+            OPS.grouped_linear_tiled(fake_x, fake_offsets, fake_plain[0], fake_plain[1][:, :8], fake_g, None, 64,
+                                     "bf16")
+        q = OPS.quantize_experts_tiled(mode.from_tensor(torch.randn(4, 40, 32)), "rtn", True)
+        assert [tuple(t.shape) for t in q] == [(4, 64 * 64 // 2), (4, 64 * 64 // 16), (4,)]
+    torch.library.opcheck(OPS.grouped_linear_tiled, (x, offsets, *plain, g, None, 64, "bf16"),
+                          test_utils=("test_schema", "test_faketensor"))
+    torch.library.opcheck(OPS.quantize_experts_tiled, (torch.randn(4, 40, 32), "rtn", True),
                           test_utils=("test_schema", "test_faketensor"))
 
 
@@ -163,10 +188,9 @@ def test_triton_kernel_matches_the_reference(kernel_device, routing, gated, acti
     x = (torch.randn(t, k, generator=gen) * 5).to(torch.bfloat16)
     b = torch.randn(5, n, generator=gen) if bias else None
     offsets = _offsets(counts)
-    op = OPS.grouped_linear_silu_mul if gated else OPS.grouped_linear
-    want = op(x, offsets, data, scale, g, b, activation)
-    args = [a.to(kernel_device) if a is not None else None for a in (x, offsets, data, scale, g, b)]
-    got = moe._grouped_cuda(*args, activation, gated).cpu()
+    want = _op(x, offsets, data, scale, g, b, activation, gated)
+    got = moe._grouped_cuda(*_kernel_args(kernel_device, x, offsets, data, scale, g, b, gated), activation,
+                            gated).cpu()
     assert got.dtype == want.dtype and got.shape == want.shape
     torch.testing.assert_close(got.float(), want.float(), rtol=2**-7, atol=1e-3 * want.float().abs().max().item())
     assert not got[sum(counts):].any()
@@ -188,8 +212,8 @@ def test_dequantize_and_grouped_mm_form_matches_the_reference(kernel_device, rou
     x = (torch.randn(t, k, generator=gen) * 5).to(torch.bfloat16)
     b = torch.randn(5, n, generator=gen) if bias else None
     offsets = _offsets(counts)
-    want = (OPS.grouped_linear_silu_mul if gated else OPS.grouped_linear)(x, offsets, data, scale, g, b, activation)
-    args = [a.to(kernel_device) if a is not None else None for a in (x, offsets, data, scale, g, b)]
+    want = _op(x, offsets, data, scale, g, b, activation, gated)
+    args = _kernel_args(kernel_device, x, offsets, data, scale, g, b, gated)
     x_global_scale = None
     if activation == "nvfp4":
         args[0], x_global_scale = moe._group_quantized_values(args[0], args[1])
@@ -206,7 +230,8 @@ def test_dequantize_and_grouped_mm_form_matches_the_reference(kernel_device, rou
     if bias:  # a strided bias (every other element of a wider one) is read by its values
         strided = torch.stack([args[5], args[5] * 1000], dim=2).reshape(5, -1)[:, ::2]
         assert not strided.is_contiguous()
-        again = grouped.grouped_linear(*args[:5], strided, gated, x_global_scale, torch.bfloat16, dequant=True).cpu()
+        again = grouped.grouped_linear(*args[:5], strided, args[6], gated, x_global_scale, torch.bfloat16,
+                                       dequant=True).cpu()
         assert again.equal(got)
 
 
@@ -225,8 +250,8 @@ def test_triton_kernel_splits_k(kernel_device, routing, gated, bias):
     x = (torch.randn(t, k, generator=gen) * 5).to(torch.bfloat16)
     b = torch.randn(5, n, generator=gen) if bias else None
     offsets = _offsets(counts)
-    want = (OPS.grouped_linear_silu_mul if gated else OPS.grouped_linear)(x, offsets, data, scale, g, b, "bf16")
-    args = [a.to(kernel_device) if a is not None else None for a in (x, offsets, data, scale, g, b)]
+    want = _op(x, offsets, data, scale, g, b, "bf16", gated)
+    args = _kernel_args(kernel_device, x, offsets, data, scale, g, b, gated)
     unsplit = grouped.grouped_linear(*args, gated, splits=1).cpu()
     for splits in (2, 3):
         got = grouped.grouped_linear(*args, gated, splits=splits).cpu()
@@ -254,20 +279,21 @@ def test_sm100_block_scaled_kernel_matches_the_reference(sm100, routing, gated, 
     x = (torch.randn(t, k, generator=gen) * 5).to(torch.bfloat16)
     b = torch.randn(5, n, generator=gen) if bias else None
     offsets = _offsets(counts)
-    want = (OPS.grouped_linear_silu_mul if gated else OPS.grouped_linear)(x, offsets, data, scale, g, b, "nvfp4")
+    want = _op(x, offsets, data, scale, g, b, "nvfp4", gated)
     from helpers import dot_scaled
 
     calls = dot_scaled.CALLS[0]
-    got = moe._grouped_cuda(x, offsets, data, scale, g, b, "nvfp4", gated)
+    args = _kernel_args("cpu", x, offsets, data, scale, g, b, gated)
+    got = moe._grouped_cuda(*args, "nvfp4", gated)
     assert dot_scaled.CALLS[0] > calls or not sum(counts)
     assert got.dtype == want.dtype and got.shape == want.shape
     tol = dict(rtol=2**-7 if not gated else 2**-6, atol=1e-3 * want.float().abs().max().item())
     torch.testing.assert_close(got.float(), want.float(), **tol)
     assert not got[sum(counts):].any()
-    codes, bits, g_rows = moe._group_quantize(x, offsets)
+    x_codes, x_bits, g_rows = moe._group_quantize(x, offsets)
     for splits in (1, 3):
-        again = grouped.grouped_linear(codes, offsets, data, scale, g, b, gated, g_rows, torch.bfloat16, splits,
-                                       x_scale=bits)
+        again = grouped.grouped_linear(x_codes, offsets, *args[2:], gated, g_rows, torch.bfloat16, splits,
+                                       x_scale=x_bits)
         torch.testing.assert_close(again.float(), want.float(), **tol)
 
 
@@ -278,9 +304,9 @@ def test_triton_kernel_fp32_output(kernel_device):
     data, scale, g = _experts(3, 40, 96, gen)
     x = torch.randn(21, 96, generator=gen) * 100
     offsets = _offsets([4, 16, 1])
-    want = OPS.grouped_linear(x, offsets, data, scale, g, None, "bf16")
-    args = [a.to(kernel_device) for a in (x, offsets, data, scale, g)]
-    got = moe._grouped_cuda(*args[:5], None, "bf16", False).cpu()
+    want = _op(x, offsets, data, scale, g, None, "bf16")
+    got = moe._grouped_cuda(*_kernel_args(kernel_device, x, offsets, data, scale, g, None, False), "bf16",
+                            False).cpu()
     assert ((got - want).norm() / want.norm()).item() <= 1e-6
 
 
@@ -290,13 +316,14 @@ def test_triton_kernel_reads_strided_offsets_and_global_scales(kernel_device):
     gen = torch.Generator().manual_seed(13)
     data, scale, g = _experts(3, 32, 64, gen)
     x = torch.randn(12, 64, generator=gen).to(torch.bfloat16)
-    want = OPS.grouped_linear(x, _offsets([3, 2, 7]), data, scale, g, None, "bf16")
+    want = _op(x, _offsets([3, 2, 7]), data, scale, g, None, "bf16")
+    codes, bits = tiled.tile_experts(data, scale, False)
     # made on the device, then sliced: a copy to the device would be contiguous
     offsets = torch.tensor([3, 99, 5, 99, 12, 99], dtype=torch.int32, device=kernel_device)[::2]
     g_strided = torch.stack([g, g * 1000], dim=1).reshape(-1).to(kernel_device)[::2]
     assert not offsets.is_contiguous() and not g_strided.is_contiguous()
-    got = moe._grouped_cuda(x.to(kernel_device), offsets, data.to(kernel_device), scale.to(kernel_device),
-                            g_strided, None, "bf16", False).cpu()
+    got = moe._grouped_cuda(x.to(kernel_device), offsets, codes.to(kernel_device), bits.to(kernel_device),
+                            g_strided, None, 32, "bf16", False).cpu()
     torch.testing.assert_close(got.float(), want.float(), rtol=2**-7, atol=1e-3 * want.float().abs().max().item())
 
 
@@ -305,29 +332,32 @@ import json, re, sys
 import triton.language as tl
 from triton.backends.compiler import GPUTarget
 from helpers.compile_kernels import block_scaled_mma_check, compile_for
-from nvfp4_inductor.kernels import grouped
+from nvfp4_inductor.kernels import gemm_configs, grouped
 
 sig = {name: kind for name, kind in zip(
     ["x_ptr", "offsets_ptr", "w_ptr", "w_scale_ptr", "w_global_scale_ptr", "x_global_scale_ptr", "bias_ptr",
-     "out_ptr", "partial_ptr", "counter_ptr", "x_scale_ptr", "T", "N", "K", "E", "N_OUT", "steps_per_split",
-     "stride_xt", "stride_ot"],
-    ["*bf16", "*i32", "*u8", "*u8", "*fp32", "*fp32", "*bf16", "*bf16", "*fp32", "*i32", "*u8"] + ["i32"] * 8)}
+     "out_ptr", "partial_ptr", "counter_ptr", "x_scale_ptr", "T", "NP", "K", "E", "N_OUT", "M_TILES",
+     "steps_per_split", "stride_xt", "stride_ot"],
+    ["*bf16", "*i32", "*u8", "*u8", "*fp32", "*fp32", "*bf16", "*bf16", "*fp32", "*i32", "*u8"] + ["i32"] * 9)}
 meta = ["HAS_BIAS", "X_SCALED", "GATED", "USE_ASM", "DOT", "SPLIT", "E_POW2", "BLOCK_M", "BLOCK_N", "BLOCK_K",
-        "REG_MMA", "LAYOUT", "EVEN_K", "ACC_M", "DOT_SCALED"]
+        "REG_MMA", "WGMMA", "EVEN_K", "ACC_M", "DOT_SCALED"]
 sig.update(dict.fromkeys(meta, "constexpr"))
 MMA = dict(BLOCK_N=64, BLOCK_K=64, num_warps=2)
-for name, cfg, split, nb, layout, sm in (
-        ("decode", grouped.DECODE_CONFIG, True, 0, 1, 90), ("prefill", grouped.PREFILL_CONFIG, False, 0, 1, 90),
-        ("mma8", {**MMA, "BLOCK_M": 8}, True, 1, 3, 90), ("mma16", {**MMA, "BLOCK_M": 16}, True, 2, 1, 90),
-        ("sm100-decode", grouped.DOT_SCALED_DECODE_CONFIG, True, 0, 1, 100),
-        ("sm100-prefill", grouped.DOT_SCALED_PREFILL_CONFIG, False, 0, 1, 100),
-        ("sm120-decode", grouped.DOT_SCALED_DECODE_CONFIG, True, 0, 1, 120)):
+block_m, block_k, warps, stages = gemm_configs.WGMMA_CONFIG
+WGMMA = dict(BLOCK_M=block_m, BLOCK_N=64, BLOCK_K=block_k, num_warps=warps, num_stages=stages)
+for name, cfg, split, nb, wgmma, sm in (
+        ("decode", grouped.DECODE_CONFIG, True, 0, False, 90), ("prefill", grouped.PREFILL_CONFIG, False, 0, False, 90),
+        ("mma8", {**MMA, "BLOCK_M": 8}, True, 1, False, 90), ("mma16", {**MMA, "BLOCK_M": 16}, True, 2, False, 90),
+        ("wgmma", WGMMA, False, 0, True, 90),
+        ("sm100-decode", grouped.DOT_SCALED_DECODE_CONFIG, True, 0, False, 100),
+        ("sm100-prefill", grouped.DOT_SCALED_PREFILL_CONFIG, False, 0, False, 100),
+        ("sm120-decode", grouped.DOT_SCALED_DECODE_CONFIG, True, 0, False, 120)):
     values = dict(HAS_BIAS=True, X_SCALED=True, GATED=True, USE_ASM=sm == 90, DOT=tl.bfloat16, SPLIT=split,
                   E_POW2=128, BLOCK_M=cfg["BLOCK_M"], BLOCK_N=cfg["BLOCK_N"], BLOCK_K=cfg["BLOCK_K"], REG_MMA=nb,
-                  LAYOUT=layout, EVEN_K=True, ACC_M=max(16, cfg["BLOCK_M"]), DOT_SCALED=sm >= 100)
+                  WGMMA=wgmma, EVEN_K=True, ACC_M=max(16, cfg["BLOCK_M"]), DOT_SCALED=sm >= 100)
     kernel = compile_for(grouped.grouped_linear_kernel, {**sig, "x_ptr": "*u8" if sm >= 100 else "*bf16"},
                          {(i,): values[n] for i, n in enumerate(sig) if n in values},
-                         GPUTarget("cuda", sm, 32), num_warps=cfg["num_warps"])
+                         GPUTarget("cuda", sm, 32), num_warps=cfg["num_warps"], num_stages=cfg.get("num_stages", 3))
     ptx = kernel.asm["ptx"]
     print(json.dumps({"config": name, "ptx": ptx, "block_scaled": bool(re.search(block_scaled_mma_check(sm), ptx))}))
 """
@@ -336,10 +366,10 @@ for name, cfg, split, nb, layout, sm in (
 def test_cuda_kernel_compiles_for_sm90_sm100_sm120():
     """The CUDA kernel's GPU-only code (the word decode's inline PTX, bf16 dots) compiles for sm_90
     without a GPU: mma.sync at decode tiles (2 warps, K split: the last split's acquire), wgmma at
-    prefill tiles (4 warps), and the dense decode kernel's register-fed mainloop (its inline mma.sync,
-    plain scales read as words at 8 rows, as bytes at 16). For sm_100, W4A4's DOT_SCALED form:
-    tcgen05's NVFP4 block-scaled MMA (one e4m3 scale per 16 elements) at decode and prefill tiles;
-    for sm_120 (no tcgen05), the block-scaled mma.sync."""
+    prefill tiles (4 warps) and in the wgmma mainloop (x's tile first), and the dense decode
+    kernel's register-fed mainloop (its inline mma.sync on the tiled layout). For sm_100, W4A4's
+    DOT_SCALED form: tcgen05's NVFP4 block-scaled MMA (one e4m3 scale per 16 elements) at decode
+    and prefill tiles; for sm_120 (no tcgen05), the block-scaled mma.sync."""
     import json
     import os
     import re
@@ -366,8 +396,10 @@ def test_cuda_kernel_compiles_for_sm90_sm100_sm120():
     for name in ("mma8", "mma16"):
         assert "mma.sync.aligned.m16n8k16" in ptx[name] and "cvt.rn.f16x2.e4m3x2" in ptx[name]
         assert "wgmma" not in ptx[name] and re.search(split_counter, ptx[name])
-    # 16-byte code loads at 8 rows (the expert's offset known to keep W's alignment)
-    assert "ld.global.v4.b32" in ptx["mma8"]
+    # x's tile as wgmma's first operand; the weight tiles copied to shared memory in 16-byte pieces
+    assert re.search(r"wgmma\.mma_async\.sync\.aligned\.m64n64k16\.f32\.bf16\.bf16", ptx["wgmma"])
+    assert re.search(r"cp\.async\.cg\.shared\.global \[[^\]]+\], \[[^\]]+\], 0x10", ptx["wgmma"])
+    assert not re.search(split_counter, ptx["wgmma"])
 
 
 # --- transformers experts ----------------------------------------------------------------------
@@ -460,7 +492,7 @@ def test_experts_it_cannot_convert_are_refused():
 
 def test_from_experts_and_quantize_experts_refuse_what_they_cannot_hold():
     """NVFP4Experts.from_experts on experts whose activation is not SiLU (it would be replaced by
-    SiLU silently), and nvfp4::quantize_experts on weights that are not (E, N, K): a ValueError."""
+    SiLU silently), and nvfp4::quantize_experts_tiled on weights that are not (E, N, K): a ValueError."""
     experts = _model("mixtral", "eager", hidden_act="gelu").model.layers[0].mlp.experts
     with pytest.raises(ValueError, match="from_experts: cannot convert MixtralExperts: its activation .* not SiLU"):
         NVFP4Experts.from_experts(experts)
@@ -469,7 +501,7 @@ def test_from_experts_and_quantize_experts_refuse_what_they_cannot_hold():
     w = torch.randn(32, 64, generator=torch.Generator().manual_seed(14))
     for bad in (w, w[None][:0]):  # 2-D; E = 0
         with pytest.raises(ValueError, match=r"expert weights must be \(E, N, K\)"):
-            OPS.quantize_experts(bad, "rtn")
+            OPS.quantize_experts_tiled(bad, "rtn", False)
 
 
 def test_module_casts_keep_the_nvfp4_buffers():
@@ -484,11 +516,12 @@ def test_module_casts_keep_the_nvfp4_buffers():
 # --- GPU ---------------------------------------------------------------------------------------
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("t", [1, 16, 64, 515, 1100])
+@pytest.mark.parametrize("t", [1, 16, 64, 515, 1100, 2100])
 @pytest.mark.parametrize("gated", [False, True])
 def test_cuda_kernel_matches_the_reference(t, gated):
     """The CUDA op (word decode, bf16 tensor-core dots) against the CPU reference at Qwen3-MoE-like
-    expert shapes, random routings of t tokens with top-8 over 128 experts."""
+    expert shapes, random routings of t tokens with top-8 over 128 experts: every form by the rows
+    an expert gets (register-fed, wgmma on sm_90, dequantize + torch._grouped_mm)."""
     from nvfp4_inductor.kernels import grouped
 
     gen = torch.Generator().manual_seed(t + gated)
@@ -497,13 +530,12 @@ def test_cuda_kernel_matches_the_reference(t, gated):
     ids = torch.randint(0, e, (t * 8,), generator=gen).sort().values
     offsets = torch.searchsorted(ids, torch.arange(e), right=True).to(torch.int32)
     x = torch.randn(t * 8, k, generator=gen).to(torch.bfloat16)
-    op = OPS.grouped_linear_silu_mul if gated else OPS.grouped_linear
     for activation in ("bf16", "nvfp4"):
-        want = op(x, offsets, data, scale, g, None, activation)
-        got = op(*(a.cuda() for a in (x, offsets, data, scale, g)), None, activation).cpu()
-        # gated: gate and up may each round one step apart, and silu(gate) * up adds both; at
-        # t = 1100 (the dequantize + torch._grouped_mm form) each linear is rounded once more
-        rtol = (2**-5 if t * 8 >= grouped.DEQUANT_MIN_ROWS * e else 2**-6) if gated else 2**-7
+        want = _op(x, offsets, data, scale, g, None, activation, gated)
+        got = _op(*(a.cuda() for a in (x, offsets, data, scale, g)), None, activation, gated).cpu()
+        # gated: gate and up may each round one step apart, and silu(gate) * up adds both; in the
+        # dequantize + torch._grouped_mm form each linear is rounded once more
+        rtol = (2**-5 if grouped._dequant_runs(t * 8, e, k, x.cuda()) else 2**-6) if gated else 2**-7
         torch.testing.assert_close(got.float(), want.float(), rtol=rtol, atol=1e-3 * want.float().abs().max().item())
 
 
@@ -517,12 +549,11 @@ MMA_ROUTINGS = {  # (experts' rows, blocks of 8 rows a program takes): 2 rows pa
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("routing", MMA_ROUTINGS)
-@pytest.mark.parametrize("k, scales_on_words", [(512, True), (320, True), (512, False)])
+@pytest.mark.parametrize("k", [512, 336])
 @pytest.mark.parametrize("gated, bias", [(False, True), (True, False)])
-def test_cuda_register_fed_kernel_matches_the_reference(routing, k, scales_on_words, gated, bias):
-    """The decode form on the dense kernel's register-fed mainloop (plain scales read as words at
-    8 rows, as bytes at 16 and 32 rows or where they are not on 4 bytes; K a multiple of 256 or
-    not): W4A16 and W4A4 against the reference, split K against one range, fresh random inputs."""
+def test_cuda_register_fed_kernel_matches_the_reference(routing, k, gated, bias):
+    """The decode form on the dense kernel's register-fed mainloop (K a multiple of the 64-k tile
+    or not): W4A16 and W4A4 against the reference, split K against one range, fresh random inputs."""
     from nvfp4_inductor.kernels import grouped
 
     counts, blocks = MMA_ROUTINGS[routing]
@@ -533,24 +564,56 @@ def test_cuda_register_fed_kernel_matches_the_reference(routing, k, scales_on_wo
     x = (torch.randn(t, k, generator=gen) * 5).to(torch.bfloat16)
     b = torch.randn(e, n, generator=gen) if bias else None
     offsets = _offsets(counts)
-    scale_cuda = scale.cuda()
-    if not scales_on_words:  # the same bits one byte into a buffer
-        scale_cuda = torch.empty(scale.numel() + 1, dtype=torch.uint8, device="cuda")[1:].view(scale.shape)
-        scale_cuda.copy_(scale)
-    args = (x.cuda(), offsets.cuda(), data.cuda(), scale_cuda, g.cuda(), None if b is None else b.cuda())
+    args = _kernel_args("cuda", x, offsets, data, scale, g, b, gated)
     assert grouped._mma_blocks(t, e) == blocks and grouped._mma_fits(args[0], args[2], args[3])
-    op = OPS.grouped_linear_silu_mul if gated else OPS.grouped_linear
     for activation in ("bf16", "nvfp4"):
-        want = op(x, offsets, data, scale, g, b, activation)
+        want = _op(x, offsets, data, scale, g, b, activation, gated)
         got = moe._grouped_cuda(*args, activation, gated).cpu()
         tol = dict(rtol=2**-6 if gated else 2**-7, atol=1e-3 * want.float().abs().max().item())
         torch.testing.assert_close(got.float(), want.float(), **tol)
         assert not got[sum(counts):].any()
-    one = grouped.grouped_linear(*args[:5], args[5], gated, splits=1).cpu()
-    three = grouped.grouped_linear(*args[:5], args[5], gated, splits=3).cpu()
-    want = op(x, offsets, data, scale, g, b, "bf16")
+    one = grouped.grouped_linear(*args, gated, splits=1).cpu()
+    three = grouped.grouped_linear(*args, gated, splits=3).cpu()
+    want = _op(x, offsets, data, scale, g, b, "bf16", gated)
     torch.testing.assert_close(one.float(), want.float(), **tol)
     torch.testing.assert_close(three.float(), one.float(), **tol)
+
+
+WGMMA_ROUTINGS = {  # 17..128 rows an expert on average: 2 rows past the groups each
+    "uneven": [70, 0, 130, 33],       # two and three 64-row blocks, an expert with none
+    "one expert": [0, 0, 0, 300],
+    "few rows": [9, 30, 20, 12],
+}
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not (torch.cuda.is_available() and torch.cuda.get_device_capability()[0] == 9),
+                    reason="the wgmma mainloop runs on sm_90")
+@pytest.mark.parametrize("routing", WGMMA_ROUTINGS)
+@pytest.mark.parametrize("k", [512, 336])
+@pytest.mark.parametrize("gated, bias", [(False, True), (True, False), (True, True)])
+def test_cuda_wgmma_kernel_matches_the_reference(routing, k, gated, bias):
+    """The serving-batch form on the dense GEMM's wgmma mainloop (blocks of 64 rows of x, two
+    tiles a K-step; K a multiple of the step or not), W4A16 and W4A4, against the reference at
+    fresh random inputs; rows past the groups zero."""
+    from nvfp4_inductor.kernels import grouped
+
+    counts = WGMMA_ROUTINGS[routing]
+    gen = torch.Generator().manual_seed(k + gated * 2 + bias + len(routing))
+    e, n = len(counts), 2 * 80 if gated else 200  # I = 80: halves padded to the 32-row group
+    t = sum(counts) + 2
+    data, scale, g = _experts(e, n, k, gen)
+    x = (torch.randn(t, k, generator=gen) * 5).to(torch.bfloat16)
+    b = torch.randn(e, n, generator=gen) if bias else None
+    offsets = _offsets(counts)
+    args = _kernel_args("cuda", x, offsets, data, scale, g, b, gated)
+    assert not grouped._mma_blocks(t, e) and grouped._wgmma_fits(t, e, args[0])
+    for activation in ("bf16", "nvfp4"):
+        want = _op(x, offsets, data, scale, g, b, activation, gated)
+        got = moe._grouped_cuda(*args, activation, gated).cpu()
+        tol = dict(rtol=2**-6 if gated else 2**-7, atol=1e-3 * want.float().abs().max().item())
+        torch.testing.assert_close(got.float(), want.float(), **tol)
+        assert not got[sum(counts):].any()
 
 
 @pytest.mark.gpu
@@ -561,23 +624,24 @@ def test_split_kernel_under_a_cuda_graph():
 
     gen = torch.Generator().manual_seed(5)
     e, n, k = 16, 2 * 128, 1024
-    data, scale, g = (a.cuda() for a in _experts(e, n, k, gen))
+    data, scale, g = _experts(e, n, k, gen)
+    codes, bits, g_cuda = (a.cuda() for a in (*tiled.tile_experts(data, scale, True), g))
     x = torch.zeros(8, k, dtype=torch.bfloat16, device="cuda")
     offsets = torch.zeros(e, dtype=torch.int32, device="cuda")
     stream = torch.cuda.Stream()
     stream.wait_stream(torch.cuda.current_stream())
     with torch.cuda.stream(stream):
-        grouped.grouped_linear(x, offsets, data, scale, g, None, True, splits=4)  # (compiled outside the capture)
+        grouped.grouped_linear(x, offsets, codes, bits, g_cuda, None, n, True, splits=4)  # (compiled outside the capture)
     torch.cuda.current_stream().wait_stream(stream)
     graph = torch.cuda.CUDAGraph()
     with torch.cuda.graph(graph):
-        out = grouped.grouped_linear(x, offsets, data, scale, g, None, True, splits=4)
+        out = grouped.grouped_linear(x, offsets, codes, bits, g_cuda, None, n, True, splits=4)
     for seed in range(3):
         ids = torch.randint(0, e, (8,), generator=gen).sort().values
         x.copy_(torch.randn(8, k, generator=gen).to(torch.bfloat16))
         offsets.copy_(torch.searchsorted(ids, torch.arange(e), right=True).to(torch.int32))
         graph.replay()
-        want = OPS.grouped_linear_silu_mul(x.cpu(), offsets.cpu(), data.cpu(), scale.cpu(), g.cpu(), None, "bf16")
+        want = _op(x.cpu(), offsets.cpu(), data, scale, g, None, "bf16", gated=True)
         torch.testing.assert_close(out.cpu().float(), want.float(), rtol=2**-6,
                                    atol=1e-3 * want.float().abs().max().item())
 
@@ -712,10 +776,11 @@ def test_moe_checkpoint_written_by_hand_loads_bit_for_bit(tmp_path):
     assert report.converted == [f"model.layers.{i}.mlp.experts" for i in range(2)]
     for (prefix, e), (q_gate_up, q_down) in expected.items():
         experts = model.get_submodule(prefix)
-        assert torch.equal(experts.gate_up_weight[e], q_gate_up.data)
-        assert torch.equal(experts.gate_up_weight_scale[e].view(torch.uint8), q_gate_up.scale.view(torch.uint8))
+        (gate_up, gate_up_scale), (down, _) = experts._row_major("gate_up"), experts._row_major("down")
+        assert torch.equal(gate_up[e], q_gate_up.data)
+        assert torch.equal(gate_up_scale[e].view(torch.uint8), q_gate_up.scale.view(torch.uint8))
         assert torch.equal(experts.gate_up_weight_scale_2[e], q_gate_up.global_scale)
-        assert torch.equal(experts.down_weight[e], q_down.data)
+        assert torch.equal(down[e], q_down.data)
         assert torch.equal(experts.down_weight_scale_2[e], q_down.global_scale)
 
 

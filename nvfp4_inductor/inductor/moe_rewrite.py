@@ -1,18 +1,18 @@
 """backend="nvfp4" on an unconverted mixture-of-experts model: the expert GEMMs of transformers'
 experts modules (3-D weights gate_up_proj (E, 2I, H) and down_proj (E, H, I), made constants of
 the graph by the backend) become the grouped NVFP4 ops of moe.py, their weights quantized once, at
-compile time, by `nvfp4.quantize_experts` (each expert with its own global scale, as
+compile time, by `nvfp4.quantize_experts_tiled` (each expert with its own global scale, as
 NVFP4Experts.from_experts does), which freezing folds like the dense path's quantize.
 
 How each experts_implementation reaches the joint graph, and what it becomes:
 
     "grouped_mm"  y = _grouped_mm(x_sorted (S, K), permute(W, [0, 2, 1]), offsets)     (or W (E, K, N)
                   stored transposed; transformers' grouped_mm_fallback op the same way)
-              ->  y = nvfp4.grouped_linear(x_sorted, offsets, codes, scale bits, g, None, activation)
+              ->  y = nvfp4.grouped_linear_tiled(x_sorted, offsets, codes, scale bits, g, None, N, activation)
     "batched_mm"  y = squeeze(bmm(index(W, [ids]), unsqueeze(x (S, K), -1)), -1)    one expert per row
               ->  ids_sorted, perm = sort(ids, stable); offsets = searchsorted(ids_sorted, arange(E))
                   y = empty_like(y_sorted).index_put([perm], y_sorted),
-                  y_sorted = nvfp4.grouped_linear(x[perm], offsets, ...)
+                  y_sorted = nvfp4.grouped_linear_tiled(x[perm], offsets, ...)
                   (the sort is made once per ids; a product whose x is the unsorted output of an
                   earlier one with the same ids reads its sorted rows directly)
     "eager"       a Python loop over the experts hit, with data-dependent shapes: Dynamo breaks the
@@ -21,7 +21,8 @@ How each experts_implementation reaches the joint graph, and what it becomes:
                   them in the pass's skipped log.
 
 Either product followed by transformers' gate, silu(y[:, :I]) * y[:, I:] (split along N), becomes
-one `nvfp4.grouped_linear_silu_mul` (SiLU * up in the kernel's epilogue). The routing (top-k,
+one `nvfp4.grouped_linear_tiled_silu_mul` (SiLU * up in the kernel's epilogue; its weights tiled
+with gate and up rows interleaved). The routing (top-k,
 sort, offsets, gather) and the weighted sum stay in the graph for Inductor.
 """
 
@@ -212,7 +213,7 @@ def rewrite_experts(graph: fx.Graph, names: dict, pass_) -> list[str]:
             continue
         gate = _gate_of(p.node)
         with graph.inserting_before(p.gemm):
-            nvfp4 = _quantized(build, p, pass_.weight_method, parts)
+            nvfp4, n = _quantized(build, p, pass_.weight_method, parts, gate is not None)
             x = p.x_of.args[0]
             if p.ids is None:
                 offsets = p.offsets
@@ -230,8 +231,9 @@ def rewrite_experts(graph: fx.Graph, names: dict, pass_) -> list[str]:
                 perm, offsets = sorts[p.ids]
                 known = sorted_rows.get(x)
                 rows = known[0] if known is not None and known[1] is p.ids else build(aten.index.Tensor, x, [perm])
-            op = torch.ops.nvfp4.grouped_linear_silu_mul if gate is not None else torch.ops.nvfp4.grouped_linear
-            y = build(op.default, rows, offsets, *nvfp4, None, pass_.activation)
+            op = (torch.ops.nvfp4.grouped_linear_tiled_silu_mul if gate is not None
+                  else torch.ops.nvfp4.grouped_linear_tiled)
+            y = build(op.default, rows, offsets, *nvfp4, None, n, pass_.activation)
             if p.ids is not None:
                 y_sorted = y
                 y = build(aten.index_put.default, build(aten.empty_like.default, y_sorted), [perm], y_sorted)
@@ -245,14 +247,16 @@ def rewrite_experts(graph: fx.Graph, names: dict, pass_) -> list[str]:
     return converted
 
 
-def _quantized(build: _Builder, p: _Product, method: str, memo: dict):
-    """The product's (codes, scale bits, global scales) nodes: W quantized per expert (once per W)."""
-    key = p.weight
+def _quantized(build: _Builder, p: _Product, method: str, memo: dict, gated: bool):
+    """-> the product's (tiled codes, scale bits, global scales) nodes, W quantized per expert (once
+    per W and layout), and N, the rows an expert."""
+    key = (p.weight, gated)
     if key not in memo:
         w = build(aten.permute.default, p.weight, [0, 2, 1]) if p.transposed else p.weight
-        q = build(torch.ops.nvfp4.quantize_experts.default, w, method)
+        q = build(torch.ops.nvfp4.quantize_experts_tiled.default, w, method, gated)
         memo[key] = tuple(build(operator.getitem, q, i) for i in range(3))
-    return memo[key]
+    shape = _val(p.weight).shape
+    return memo[key], shape[2] if p.transposed else shape[1]
 
 
 def _report_outside(names: dict, converted: list, pass_) -> None:

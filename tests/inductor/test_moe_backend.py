@@ -39,8 +39,8 @@ def test_plain_torch_compile_runs_the_experts_in_nvfp4(arch, impl, caplog):
     with torch.no_grad(), caplog.at_level(logging.INFO, logger="nvfp4_inductor"):
         bf16 = model(_ids()).logits
         got, code = run_and_get_code(torch.compile(model, backend="nvfp4"), _ids())
-    assert _nvfp4_ops(code).count("grouped_linear_silu_mul") == 1, _nvfp4_ops(code)
-    assert _nvfp4_ops(code).count("grouped_linear") == 1, _nvfp4_ops(code)
+    assert _nvfp4_ops(code).count("grouped_linear_tiled_silu_mul") == 1, _nvfp4_ops(code)
+    assert _nvfp4_ops(code).count("grouped_linear_tiled") == 1, _nvfp4_ops(code)
     assert "converted 2 expert weights" in caplog.text and all(w in caplog.text for w in EXPERT_WEIGHTS)
     ok, err = close(got.logits, bf16)
     assert ok, err
@@ -61,7 +61,7 @@ def test_a_new_length_recompiles_with_dynamic_shapes():
         compiled(_ids(7))
         got, code = run_and_get_code(compiled, _ids(11, seed=2))
         want = model(_ids(11, seed=2)).logits
-    assert "grouped_linear_silu_mul" in _nvfp4_ops(code)
+    assert "grouped_linear_tiled_silu_mul" in _nvfp4_ops(code)
     ok, err = close(got.logits, want)
     assert ok, err
 
@@ -113,7 +113,7 @@ def test_a_converted_model_compiles_in_one_graph(backend):
     with torch.no_grad():
         want = model(_ids()).logits
         got, code = run_and_get_code(torch.compile(model, backend=backend, fullgraph=True), _ids())
-    assert {"grouped_linear", "grouped_linear_silu_mul"} <= set(_nvfp4_ops(code))
+    assert {"grouped_linear_tiled", "grouped_linear_tiled_silu_mul"} <= set(_nvfp4_ops(code))
     torch.testing.assert_close(got.logits, want, rtol=0, atol=0.02 * want.abs().max().item())
 
 
@@ -126,7 +126,7 @@ def test_generate_with_a_compile_config(converted):
         nv.convert(model, nv.Config(activations="bf16"))
     out, code, _ = compiled_generate(model, _ids(5)[:1], 3)
     assert out.shape == (1, 8)
-    assert "grouped_linear_silu_mul" in _nvfp4_ops(code), _nvfp4_ops(code)
+    assert "grouped_linear_tiled_silu_mul" in _nvfp4_ops(code), _nvfp4_ops(code)
 
 
 @pytest.mark.gpu
@@ -141,5 +141,5 @@ def test_generate_under_cuda_graphs(converted):
         nv.convert(model, nv.Config(activations="bf16"))
     out, code, skips = compiled_generate(model, _ids(5)[:1].cuda(), 8, "reduce-overhead")
     assert out.shape == (1, 13)
-    assert "grouped_linear_silu_mul" in _nvfp4_ops(code), _nvfp4_ops(code)
+    assert "grouped_linear_tiled_silu_mul" in _nvfp4_ops(code), _nvfp4_ops(code)
     assert skips == 0
