@@ -109,7 +109,10 @@ def generate_bench(layers: int = 4, new_tokens: int = 128, prompt: int = 16, run
     CompileConfig(mode="reduce-overhead"): bf16 under backend="inductor", the same model under
     backend="nvfp4" (experts and linears quantized at compile time, moe_rewrite.py), and the model
     converted by nv.convert under backend="nvfp4". Tokens/s of whole generate calls, prompt
-    included (median of `runs` timed calls after a warm-up call) and the CUDA-graph skips each compile counted."""
+    included (median of `runs` timed calls after a warm-up call), the CUDA-graph skips each compile
+    counted, and of one more call under torch.profiler the GPU's kernel time a token (GPU ms) and
+    the rest of a token's time (idle ms: the GPU waiting for the host, generate's own work), which
+    no kernel can shorten."""
     import time
 
     import transformers
@@ -126,7 +129,7 @@ def generate_bench(layers: int = 4, new_tokens: int = 128, prompt: int = 16, run
     ids = torch.randint(0, GENERATE_SHAPES["vocab_size"], (1, prompt), device="cuda")
     print(f"\n{layers}-layer Qwen3-MoE-shaped model, generate {new_tokens} tokens after a {prompt}-token prompt, "
           "batch 1, static cache, decode step compiled with mode='reduce-overhead'")
-    print(f"{'variant':>28} {'tokens/s':>9} {'x bf16':>7} {'cudagraph skips':>16}")
+    print(f"{'variant':>28} {'tokens/s':>9} {'x bf16':>7} {'GPU ms':>7} {'idle ms':>8} {'cudagraph skips':>16}")
     base = None
     for name, backend, convert in (("bf16, backend=inductor", "inductor", False),
                                    ("bf16 model, backend=nvfp4", "nvfp4", False),
@@ -149,8 +152,12 @@ def generate_bench(layers: int = 4, new_tokens: int = 128, prompt: int = 16, run
             times.append(time.perf_counter() - start)
         rate = new_tokens / sorted(times)[len(times) // 2]
         base = base or rate
-        print(f"{name:>28} {rate:9.1f} {rate / base:7.2f} {counters['inductor']['cudagraph_skips'] - skips:16d}",
-              flush=True)
+        with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
+            m.generate(ids, **kwargs)
+            torch.cuda.synchronize()
+        gpu_ms = sum(e.self_device_time_total for e in prof.key_averages()) / 1e3 / new_tokens
+        print(f"{name:>28} {rate:9.1f} {rate / base:7.2f} {gpu_ms:7.3f} {1e3 / rate - gpu_ms:8.3f} "
+              f"{counters['inductor']['cudagraph_skips'] - skips:16d}", flush=True)
         del m
         torch._dynamo.reset()
         torch.cuda.empty_cache()
