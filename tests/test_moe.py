@@ -557,26 +557,39 @@ def test_cuda_register_fed_kernel_matches_the_reference(routing, k, gated, bias)
     from nvfp4_inductor.kernels import grouped
 
     counts, blocks = MMA_ROUTINGS[routing]
-    gen = torch.Generator().manual_seed(k + gated * 2 + bias + blocks)
-    e, n = len(counts), 2 * 96 if gated else 160  # N: not a multiple of the 64-row tile
-    t = sum(counts) + 2
+    n = 2 * 96 if gated else 160  # N: not a multiple of the 64-row tile
+    inputs, args = _cuda_case(counts, n, k, gated, bias, seed=k + gated * 2 + bias + blocks)
+    t, e = args[0].shape[0], len(counts)
+    assert grouped._mma_blocks(t, e) == blocks and grouped._mma_fits(args[0], args[2], args[3])
+    tol = _matches_the_reference(inputs, args, counts, gated)
+    one = grouped.grouped_linear(*args, gated, splits=1).cpu()
+    three = grouped.grouped_linear(*args, gated, splits=3).cpu()
+    torch.testing.assert_close(one.float(), _op(*inputs, "bf16", gated).float(), **tol)
+    torch.testing.assert_close(three.float(), one.float(), **tol)
+
+
+def _cuda_case(counts, n, k, gated, bias, seed):
+    """Fresh random experts and x routed by counts (2 rows past the groups) -> ((x, offsets, codes,
+    scale bits, g, bias) on the CPU, row-major; _kernel_args on CUDA)."""
+    gen = torch.Generator().manual_seed(seed)
+    e, t = len(counts), sum(counts) + 2
     data, scale, g = _experts(e, n, k, gen)
     x = (torch.randn(t, k, generator=gen) * 5).to(torch.bfloat16)
     b = torch.randn(e, n, generator=gen) if bias else None
-    offsets = _offsets(counts)
-    args = _kernel_args("cuda", x, offsets, data, scale, g, b, gated)
-    assert grouped._mma_blocks(t, e) == blocks and grouped._mma_fits(args[0], args[2], args[3])
+    inputs = (x, _offsets(counts), data, scale, g, b)
+    return inputs, _kernel_args("cuda", *inputs, gated)
+
+
+def _matches_the_reference(inputs, args, counts, gated) -> dict:
+    """The CUDA path against the reference, W4A16 and W4A4; rows past the groups zero -> the
+    tolerance used."""
     for activation in ("bf16", "nvfp4"):
-        want = _op(x, offsets, data, scale, g, b, activation, gated)
+        want = _op(*inputs, activation, gated)
         got = moe._grouped_cuda(*args, activation, gated).cpu()
         tol = dict(rtol=2**-6 if gated else 2**-7, atol=1e-3 * want.float().abs().max().item())
         torch.testing.assert_close(got.float(), want.float(), **tol)
         assert not got[sum(counts):].any()
-    one = grouped.grouped_linear(*args, gated, splits=1).cpu()
-    three = grouped.grouped_linear(*args, gated, splits=3).cpu()
-    want = _op(x, offsets, data, scale, g, b, "bf16", gated)
-    torch.testing.assert_close(one.float(), want.float(), **tol)
-    torch.testing.assert_close(three.float(), one.float(), **tol)
+    return tol
 
 
 WGMMA_ROUTINGS = {  # 17..128 rows an expert on average: 2 rows past the groups each
@@ -599,21 +612,11 @@ def test_cuda_wgmma_kernel_matches_the_reference(routing, k, gated, bias):
     from nvfp4_inductor.kernels import grouped
 
     counts = WGMMA_ROUTINGS[routing]
-    gen = torch.Generator().manual_seed(k + gated * 2 + bias + len(routing))
-    e, n = len(counts), 2 * 80 if gated else 200  # I = 80: halves padded to the 32-row group
-    t = sum(counts) + 2
-    data, scale, g = _experts(e, n, k, gen)
-    x = (torch.randn(t, k, generator=gen) * 5).to(torch.bfloat16)
-    b = torch.randn(e, n, generator=gen) if bias else None
-    offsets = _offsets(counts)
-    args = _kernel_args("cuda", x, offsets, data, scale, g, b, gated)
+    n = 2 * 80 if gated else 200  # I = 80: halves padded to the 32-row group
+    inputs, args = _cuda_case(counts, n, k, gated, bias, seed=k + gated * 2 + bias + len(routing))
+    t, e = args[0].shape[0], len(counts)
     assert not grouped._mma_blocks(t, e) and grouped._wgmma_fits(t, e, args[0])
-    for activation in ("bf16", "nvfp4"):
-        want = _op(x, offsets, data, scale, g, b, activation, gated)
-        got = moe._grouped_cuda(*args, activation, gated).cpu()
-        tol = dict(rtol=2**-6 if gated else 2**-7, atol=1e-3 * want.float().abs().max().item())
-        torch.testing.assert_close(got.float(), want.float(), **tol)
-        assert not got[sum(counts):].any()
+    _matches_the_reference(inputs, args, counts, gated)
 
 
 @pytest.mark.gpu
