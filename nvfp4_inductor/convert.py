@@ -230,6 +230,10 @@ class NVFP4Linear(nn.Module):
                 y = bound(x)
                 if y is not None:
                     return y
+        if x.shape[-1] != self.in_features:
+            # (the tiled weight's padding would take a K short of or past in_features by less than a tile)
+            raise ValueError(f"x has {x.shape[-1]} features in its last dimension; this layer reads "
+                             f"in_features = {self.in_features}")
         activation = resolve_activation(self.activations, x)
         g = self.weight_scale_2
         if activation == "nvfp4" and self.input_scale is not None:
@@ -238,8 +242,7 @@ class NVFP4Linear(nn.Module):
             x_values, x_global_scale = torch.ops.nvfp4.quantize_values(x, self.input_scale)
             x, g, activation = x_values.to(x.dtype), g * x_global_scale, "bf16"
             eager = False  # (x is no longer the caller's: no launch is bound to its form)
-        if (eager and x.device == self.weight.device and x.shape[-1] == self.in_features
-                and x.dtype in _checks.FLOAT_DTYPES):
+        if eager and x.device == self.weight.device and x.dtype in _checks.FLOAT_DTYPES:
             # the op's CUDA kernel launched directly, without the dispatcher's and the op's
             # per-call checks (this module's tensors are checked when set; x just now)
             with torch.cuda.device(x.device):

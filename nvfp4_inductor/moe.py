@@ -327,7 +327,13 @@ class NVFP4Experts(nn.Module):
         """hidden_states (T, H), top_k_index (T, k) expert ids, top_k_weights (T, k) -> (T, H) in
         hidden_states' dtype: sum over k of weight * expert(x). Sorting and offsets stay on the
         device (no host sync)."""
+        if hidden_states.dim() != 2 or hidden_states.shape[1] != self.hidden_dim:
+            raise ValueError(f"hidden_states must be (tokens, hidden_dim = {self.hidden_dim}); got shape "
+                             f"{tuple(hidden_states.shape)}")
         t, h = hidden_states.shape
+        if top_k_index.dim() != 2 or top_k_index.shape[0] != t or top_k_weights.shape != top_k_index.shape:
+            raise ValueError(f"top_k_index and top_k_weights must be (tokens = {t}, top-k) alike; got shapes "
+                             f"{tuple(top_k_index.shape)} and {tuple(top_k_weights.shape)}")
         k = top_k_index.shape[-1]
         expert_ids = top_k_index.reshape(-1)
         ids_sorted, perm = torch.sort(expert_ids, stable=True)

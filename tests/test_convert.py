@@ -315,6 +315,16 @@ def test_nvfp4_linear_checks_its_arguments():
         nv.compile(nn.Linear(64, 32), {"activations": "bf16"})
 
 
+@pytest.mark.parametrize("k", [80, 112, 128, 48])
+def test_nvfp4_linear_refuses_x_of_another_width(k):
+    """x whose last dimension is not in_features (96, tiled to 128 columns): a ValueError, as
+    nn.Linear raises, also for widths the tiled weight's padding would take."""
+    layer = nv.NVFP4Linear.from_linear(nn.Linear(96, 64), "bf16")
+    layer(torch.randn(3, 96))
+    with pytest.raises(ValueError, match=f"x has {k} features .* in_features = 96"):
+        layer(torch.randn(3, k))
+
+
 def test_nvfp4_linear_holds_the_tiled_layout_and_saves_the_interchange_one():
     """The module's buffers are the tiled layout the decode GEMM reads; its state dict is the
     checkpoint's (N, K/2) codes and (N, K/16) e4m3 scales, bit for bit, and loads back tiled.

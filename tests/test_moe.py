@@ -504,6 +504,26 @@ def test_from_experts_and_quantize_experts_refuse_what_they_cannot_hold():
             OPS.quantize_experts_tiled(bad, "rtn", False)
 
 
+def test_experts_module_refuses_inputs_of_other_shapes():
+    """hidden_states not (T, hidden_dim) (also a width within the tiled weight's padding) or
+    routing tensors not (T, top-k) alike: a ValueError naming the shapes."""
+    model = _model("mixtral", "eager")
+    convert_experts(model)
+    experts = model.model.layers[0].mlp.experts
+    gen = torch.Generator().manual_seed(15)
+    h = torch.randn(5, experts.hidden_dim, generator=gen, dtype=torch.bfloat16)
+    ids = torch.randint(0, experts.num_experts, (5, 2), generator=gen)
+    weights = torch.rand(5, 2, generator=gen, dtype=torch.bfloat16)
+    assert experts(h, ids, weights).shape == h.shape
+    with pytest.raises(ValueError, match=r"hidden_states must be \(tokens, hidden_dim = 64\); got shape \(5, 48\)"):
+        experts(h[:, :48], ids, weights)
+    with pytest.raises(ValueError, match=r"hidden_states must be .* got shape \(1, 5, 64\)"):
+        experts(h[None], ids, weights)
+    for bad_ids, bad_weights in ((ids[:4], weights[:4]), (ids, weights[:, :1]), (ids.reshape(-1), weights.reshape(-1))):
+        with pytest.raises(ValueError, match="top_k_index and top_k_weights must be"):
+            experts(h, bad_ids, bad_weights)
+
+
 def test_module_casts_keep_the_nvfp4_buffers():
     model = _model("mixtral", "eager")
     convert_experts(model)
