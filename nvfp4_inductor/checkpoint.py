@@ -15,7 +15,9 @@ Mixture-of-experts layers (a transformers experts module, or an NVFP4Experts) ar
 expert under the model's original per-expert names, as ModelOpt exports them:
 <experts>.<e>.<gate>.*, <experts>.<e>.<up>.*, <experts>.<e>.<down>.* with the suffixes above
 ((gate, up, down) = gate_proj / up_proj / down_proj, Mixtral's w1 / w3 / w2); each expert's gate
-and up share one global scale (NVFP4Experts holds one per expert for its gate_up weight).
+and up share one global scale (NVFP4Experts holds one per expert for its gate_up weight). Keys
+are the model's original names too (Mixtral's model.layers.<l>.block_sparse_moe.experts, where
+transformers 5 has .mlp.experts): both directions rename as transformers does (_hf_names).
 
 Element 2i sits in the low nibble in both, as here. g = amax / 2688 is well below 1 for any
 weight of ordinary size: a global scale >= 1 (amax >= 2688) is almost always a reciprocal stored
@@ -32,9 +34,9 @@ from pathlib import Path
 import torch
 from torch import nn
 
-from . import _checks, api
+from . import _checks, _hf_names, api
 from .convert import ConversionReport, NVFP4Linear, _replace, fused_groups
-from .moe import CHECKPOINT_NAMES, DEFAULT_CHECKPOINT_NAMES, NVFP4Experts, _cannot_convert, _is_experts
+from .moe import NVFP4Experts, _cannot_convert, _is_experts
 from .format import BLOCK_SIZE
 
 __all__ = ["init_empty_weights", "load_checkpoint", "save_checkpoint"]
@@ -86,6 +88,19 @@ def _read_tensors(path: Path) -> dict[str, torch.Tensor]:
     for file in _safetensors_files(path):
         tensors.update(load_file(file))
     return tensors
+
+
+def _model_keys(model: nn.Module, tensors: dict) -> dict:
+    """tensors under model's state-dict keys (transformers renames some models' original module
+    names, _hf_names)."""
+    rename = _hf_names.key_renamer(model, to_checkpoint=False)
+    renamed, original = {}, {}
+    for key, value in tensors.items():
+        new = rename(key)
+        if new in renamed:
+            raise ValueError(f"the checkpoint's {original[new]!r} and {key!r} are both the model's {new!r}")
+        renamed[new], original[new] = value, key
+    return renamed
 
 
 def _quantization(path: Path) -> tuple[str, bool, object]:
@@ -160,10 +175,12 @@ def _layer(prefix: str, linear: nn.Linear, tensors: dict, fmt: str, w4a4: bool) 
                        "nvfp4" if w4a4 else "bf16", input_scale)
 
 
-def _experts_layer(prefix: str, module: nn.Module, tensors: dict, fmt: str, w4a4: bool) -> NVFP4Experts:
-    """The NVFP4Experts for the experts module at prefix (transformers' or an NVFP4Experts), its
-    per-expert tensors popped from tensors and checked (global scales as _global_scale checks
-    them, then codes, scales, shapes and gate / up sharing as NVFP4Experts' loader does)."""
+def _experts_layer(prefix: str, module: nn.Module, tensors: dict, fmt: str, w4a4: bool,
+                   names: tuple[str, str, str]) -> NVFP4Experts:
+    """The NVFP4Experts for the experts module at prefix (transformers' or an NVFP4Experts, whose
+    own names then count; names: the model's per-expert names), its per-expert tensors popped
+    from tensors and checked (global scales as _global_scale checks them, then codes, scales,
+    shapes and gate / up sharing as NVFP4Experts' loader does)."""
     if isinstance(module, NVFP4Experts):
         e, h, i, names = module.num_experts, module.hidden_dim, module.intermediate_dim, module.checkpoint_names
     else:
@@ -173,7 +190,6 @@ def _experts_layer(prefix: str, module: nn.Module, tensors: dict, fmt: str, w4a4
                              f"{reason}")
         e, two_i, h = module.gate_up_proj.shape
         i = two_i // 2
-        names = CHECKPOINT_NAMES.get(type(module).__name__, DEFAULT_CHECKPOINT_NAMES)
 
     def empty(n, k):
         return (torch.zeros(e, n, k // 2, dtype=torch.uint8), torch.zeros(e, n, k // BLOCK_SIZE, dtype=torch.float8_e4m3fn),
@@ -210,8 +226,13 @@ def load_checkpoint(model: nn.Module, path) -> ConversionReport:
     scales as they are (W4A4 layers with their calibrated input scales), the rest of the model
     loads its tensors. Everything is checked before any layer is replaced."""
     path = Path(path)
-    fmt, w4a4, excluded = _quantization(path)
-    tensors = _read_tensors(path)
+    fmt, w4a4, excluded_in_file = _quantization(path)
+    tensors = _model_keys(model, _read_tensors(path))
+    original = _hf_names.module_renamer(model, to_checkpoint=True)
+
+    def excluded(name):  # (the config names modules as the files do)
+        return excluded_in_file(original(name)) or excluded_in_file(name)
+
     codes_suffix = "." + _SUFFIXES[fmt][0]
     scale_suffix = "." + _SUFFIXES[fmt][2]
     quantized = sorted(key[:-len(scale_suffix)] for key in tensors if key.endswith(scale_suffix))
@@ -249,7 +270,8 @@ def load_checkpoint(model: nn.Module, path) -> ConversionReport:
     if unexpected:
         raise ValueError(f"the checkpoint holds tensors the model lacks: {unexpected[:8]}")
     layers = {name: _layer(name, modules[name], tensors, fmt, w4a4) for name in quantized}
-    layers.update({name: _experts_layer(name, modules[name], tensors, fmt, w4a4) for name in quantized_experts})
+    layers.update({name: _experts_layer(name, modules[name], tensors, fmt, w4a4, _hf_names.expert_names(model, name))
+                   for name in quantized_experts})
     leftover = [key for key in tensors if key.startswith(prefixes)]
     if leftover:
         raise ValueError(f"the checkpoint holds tensors of quantized layers this loader does not read: {leftover[:8]}")
@@ -330,8 +352,13 @@ def save_checkpoint(model: nn.Module, path, format: str = "modelopt") -> None:  
             del state[key]
         else:
             seen[ptr] = key
-    save_file(state, str(path / "model.safetensors"), metadata={"format": "pt"})
-    excluded = sorted(name for name, m in model.named_modules() if type(m) is nn.Linear or _is_experts(m))
+    # under the model's original names, as transformers' save_pretrained writes them (_hf_names)
+    to_file, to_file_module = (_hf_names.key_renamer(model, to_checkpoint=True),
+                               _hf_names.module_renamer(model, to_checkpoint=True))
+    save_file({to_file(key): value for key, value in state.items()}, str(path / "model.safetensors"),
+              metadata={"format": "pt"})
+    excluded = sorted(to_file_module(name) for name, m in model.named_modules()
+                      if type(m) is nn.Linear or _is_experts(m))
     if format == "modelopt":
         quant = {"quant_algo": "NVFP4" if w4a4 else "W4A16_NVFP4", "group_size": BLOCK_SIZE,
                  "exclude_modules": excluded}

@@ -32,7 +32,7 @@ such module of a model.
 import torch
 from torch import Tensor, nn
 
-from . import _checks, api, capability, ops, reference, tiled
+from . import _checks, _hf_names, api, capability, ops, reference, tiled
 from .config import Config, check_activations, resolve_activation
 from .convert import apply_keeping_buffer_dtypes
 from .format import BLOCK_SIZE
@@ -204,10 +204,9 @@ def _(x, offsets, w_data, w_scale, w_global_scale, bias, n, activation):
 
 # --- the experts module ------------------------------------------------------------------------
 
-# Per-expert checkpoint names of the gate, up and down projections, by experts class: ModelOpt
-# exports MoE experts under the model's original per-expert module names.
-CHECKPOINT_NAMES = {"MixtralExperts": ("w1", "w3", "w2")}
-DEFAULT_CHECKPOINT_NAMES = ("gate_proj", "up_proj", "down_proj")
+# Per-expert checkpoint names of the gate, up and down projections where none are given: ModelOpt
+# exports MoE experts under the model's original per-expert module names (_hf_names.expert_names).
+DEFAULT_CHECKPOINT_NAMES = _hf_names.DEFAULT_EXPERT_NAMES
 # (buffer attribute prefix, NVFP4 parts) of the two weights
 _WEIGHTS = ("gate_up", "down")
 _PARTS = ("weight", "weight_scale", "weight_scale_2")
@@ -262,9 +261,10 @@ class NVFP4Experts(nn.Module):
     down_* likewise (not gated). The state dict holds them per expert
     under ModelOpt's names: "{e}.{gate}.weight" (I, H/2), ".weight_scale" (I, H/16),
     ".weight_scale_2" () (the same value for gate and up), "{e}.{up}.*", "{e}.{down}.*", with
-    (gate, up, down) = checkpoint_names ("gate_proj", "up_proj", "down_proj"; Mixtral "w1", "w3",
-    "w2"). Expert ids outside [0, E) in top_k_index: ids >= E contribute nothing (as
-    transformers' expert-parallel sentinels); negative ids are not allowed.
+    (gate, up, down) = checkpoint_names ("gate_proj", "up_proj", "down_proj", or the model's
+    original names: Mixtral's "w1", "w3", "w2"). Expert ids outside [0, E) in top_k_index
+    contribute nothing (ids >= E are transformers' expert-parallel sentinels; a negative id would
+    otherwise be counted in expert 0's group, and checking the ids would read them back).
     """
 
     def __init__(self, gate_up: tuple[Tensor, Tensor, Tensor], down: tuple[Tensor, Tensor, Tensor],
@@ -293,11 +293,13 @@ class NVFP4Experts(nn.Module):
                 self.register_buffer(f"{name}_{part}", t, persistent=False)
 
     @classmethod
-    def from_experts(cls, experts: nn.Module, activations: str = "auto", method: str = "rtn") -> "NVFP4Experts":
+    def from_experts(cls, experts: nn.Module, activations: str = "auto", method: str = "rtn",
+                     checkpoint_names: tuple[str, str, str] = DEFAULT_CHECKPOINT_NAMES) -> "NVFP4Experts":
         """Quantize a transformers experts module's gate_up_proj (E, 2I, H) and down_proj
-        (E, H, I), each expert as one tensor. Raises ValueError for a module NVFP4Experts cannot
-        stand for (its forward is silu(gate) * up without biases: another activation or a bias
-        would be dropped silently)."""
+        (E, H, I), each expert as one tensor; checkpoint_names as NVFP4Experts takes them
+        (convert_experts passes the model's original ones). Raises ValueError for a module
+        NVFP4Experts cannot stand for (its forward is silu(gate) * up without biases: another
+        activation or a bias would be dropped silently)."""
         check_activations(activations)
         reason = _cannot_convert(experts) if _is_experts(experts) else "it holds no 3-D gate_up_proj and down_proj"
         if reason is not None:
@@ -305,8 +307,7 @@ class NVFP4Experts(nn.Module):
         with torch.no_grad():
             gate_up = _quantize_experts(experts.gate_up_proj.detach(), method)
             down = _quantize_experts(experts.down_proj.detach(), method)
-        names = CHECKPOINT_NAMES.get(type(experts).__name__, DEFAULT_CHECKPOINT_NAMES)
-        return cls(gate_up, down, activations, names)
+        return cls(gate_up, down, activations, checkpoint_names)
 
     def _nvfp4(self, name: str) -> tuple[Tensor, Tensor, Tensor]:
         return (getattr(self, f"{name}_weight"), getattr(self, f"{name}_weight_scale").view(torch.uint8),
@@ -335,7 +336,9 @@ class NVFP4Experts(nn.Module):
             raise ValueError(f"top_k_index and top_k_weights must be (tokens = {t}, top-k) alike; got shapes "
                              f"{tuple(top_k_index.shape)} and {tuple(top_k_weights.shape)}")
         k = top_k_index.shape[-1]
+        # negative ids sorted past the experts' groups, with the sentinels
         expert_ids = top_k_index.reshape(-1)
+        expert_ids = expert_ids.masked_fill(expert_ids < 0, self.num_experts)
         ids_sorted, perm = torch.sort(expert_ids, stable=True)
         x = hidden_states[perm // k]
         experts = torch.arange(self.num_experts, dtype=ids_sorted.dtype, device=ids_sorted.device)
@@ -456,7 +459,8 @@ def _is_experts(module: nn.Module) -> bool:
 
 
 def _is_silu(act) -> bool:
-    return isinstance(act, nn.SiLU) or type(act).__name__ == "SiLUActivation"
+    return (isinstance(act, nn.SiLU) or type(act).__name__ == "SiLUActivation"
+            or act is torch.nn.functional.silu)
 
 
 def _cannot_convert(module: nn.Module) -> str | None:
@@ -477,7 +481,8 @@ def _cannot_convert(module: nn.Module) -> str | None:
     if apply_gate is not _default_apply_gate:
         return f"{type(module).__name__} has its own _apply_gate (not silu(gate) * up)"
     if not _is_silu(getattr(module, "act_fn", None)):
-        return f"its activation {type(getattr(module, 'act_fn', None)).__name__} is not SiLU"
+        act = getattr(module, "act_fn", None)
+        return f"its activation {getattr(act, '__name__', type(act).__name__)} is not SiLU"
     gate_up, down = module.gate_up_proj, module.down_proj
     for name, w in (("gate_up_proj", gate_up), ("down_proj", down)):
         if w.dtype not in _checks.FLOAT_DTYPES:
@@ -551,7 +556,8 @@ def _convert_targets(model: nn.Module, config: Config, targets) -> list[str]:
 
     converted = []
     for names, module in targets:
-        replacement = NVFP4Experts.from_experts(module, config.activations, config.weight_method)
+        replacement = NVFP4Experts.from_experts(module, config.activations, config.weight_method,
+                                                _hf_names.expert_names(model, names[0]))
         for name in names:
             _replace(model, name, module, replacement)
         converted += names

@@ -17,7 +17,7 @@ import fnmatch
 import torch
 from torch import nn
 
-from . import api
+from . import _hf_names, api
 from .convert import NVFP4Linear, _checked_bits, _replace
 from .format import BLOCK_SIZE
 
@@ -84,10 +84,24 @@ def register_transformers_quantizer() -> None:
 
 
 def _replace_linears(model: nn.Module, config) -> None:
-    """Every nn.Linear not excluded -> an NVFP4Linear whose buffers are empty, on the meta device."""
+    """Every nn.Linear not excluded -> an NVFP4Linear whose buffers are empty, on the meta device.
+    exclude_modules names modules as the files do (_hf_names: Mixtral's block_sparse_moe)."""
+    from .moe import _is_experts
+
     w4a4 = config.quant_algo == "NVFP4"
+    original = _hf_names.module_renamer(model, to_checkpoint=True)
+
+    def excluded(name):
+        return any(fnmatch.fnmatchcase(n, g) for n in (name, original(name)) for g in config.exclude_modules)
+
     for name, module in list(model.named_modules()):
-        if type(module) is not nn.Linear or any(fnmatch.fnmatchcase(name, g) for g in config.exclude_modules):
+        if _is_experts(module):
+            gate = f"{name}.0.{_hf_names.expert_names(model, name)[0]}"
+            if not excluded(name) and not excluded(gate):
+                raise ValueError(f"{name}: from_pretrained does not read NVFP4 mixture-of-experts weights; build the "
+                                 "model with nvfp4_inductor.init_empty_weights() and read the checkpoint with "
+                                 "nvfp4_inductor.load_checkpoint")
+        if type(module) is not nn.Linear or excluded(name):
             continue
         n, k = module.out_features, module.in_features
         if k % BLOCK_SIZE:

@@ -524,6 +524,45 @@ def test_experts_module_refuses_inputs_of_other_shapes():
             experts(h, bad_ids, bad_weights)
 
 
+def test_experts_module_drops_expert_ids_outside_the_experts():
+    """Negative ids and ids >= E (transformers' expert-parallel sentinels) contribute nothing: the
+    output is the one with those routes sent to expert 0 with weight 0 (a negative id was counted
+    in expert 0's group before)."""
+    model = _model("mixtral", "eager")
+    convert_experts(model, nv.Config(activations="bf16"))
+    experts = model.model.layers[0].mlp.experts
+    gen = torch.Generator().manual_seed(16)
+    h = torch.randn(6, experts.hidden_dim, generator=gen, dtype=torch.bfloat16)
+    ids = torch.randint(0, experts.num_experts, (6, 2), generator=gen)
+    weights = torch.rand(6, 2, generator=gen, dtype=torch.bfloat16)
+    outside = torch.tensor([[False, True], [False, False], [True, False], [False, False], [False, True], [False, False]])
+    bad_ids = ids.masked_fill(outside, -1)
+    bad_ids[4, 1] = experts.num_experts
+    want = experts(h, ids.masked_fill(outside, 0), weights.masked_fill(outside, 0))
+    assert torch.equal(experts(h, bad_ids, weights), want)
+    assert not torch.equal(experts(h, ids, weights), want)
+
+
+def test_experts_whose_activation_is_the_silu_function_convert():
+    """LFM2-MoE's experts call torch.nn.functional.silu itself (not an nn.SiLU module): converted,
+    close to bf16, as backend="nvfp4" rewrites them."""
+    config = transformers.Lfm2MoeConfig(**{**MOE_SHAPES, "intermediate_size": 128, "moe_intermediate_size": 32,
+                                           "num_hidden_layers": 2, "num_experts": 4, "num_experts_per_tok": 2,
+                                           "layer_types": ["full_attention"] * 2, "num_dense_layers": 1,
+                                           "experts_implementation": "grouped_mm"})
+    torch.manual_seed(0)
+    model = transformers.Lfm2MoeForCausalLM(config).to(torch.bfloat16).eval()
+    assert model.model.layers[1].feed_forward.experts.act_fn is torch.nn.functional.silu
+    ids = torch.randint(0, MOE_SHAPES["vocab_size"], (1, 9), generator=torch.Generator().manual_seed(5))
+    with torch.no_grad():
+        want = model(ids).logits
+        report = nv.convert(model, nv.Config(activations="bf16"))
+        got = model(ids).logits
+    assert "model.layers.1.feed_forward.experts" in report.converted
+    assert isinstance(model.model.layers[1].feed_forward.experts, NVFP4Experts)
+    assert (got.float() - want.float()).abs().max().item() <= LOGIT_TOL * want.float().abs().max().item()
+
+
 def test_module_casts_keep_the_nvfp4_buffers():
     model = _model("mixtral", "eager")
     convert_experts(model)
@@ -720,23 +759,36 @@ def _empty_model(arch: str):
     return model
 
 
-@pytest.mark.parametrize("arch", ARCHITECTURES)
+# the extra tensors of an NVFP4 layer in each format, and its codes' suffix
+NVFP4_SUFFIXES = {"modelopt": ((".weight_scale", ".weight_scale_2", ".input_scale"), ".weight"),
+                  "compressed-tensors": ((".weight_scale", ".weight_global_scale", ".input_global_scale"),
+                                         ".weight_packed")}
+
+
+@pytest.mark.parametrize("arch", [*ARCHITECTURES, "phimoe"])
 @pytest.mark.parametrize("fmt", ["modelopt", "compressed-tensors"])
 def test_moe_checkpoint_round_trips(tmp_path, arch, fmt):
     """nv.convert (linears and experts), save_checkpoint, then load_checkpoint into a model built
-    without weights and into one whose experts are NVFP4Experts already: the experts come back
-    as NVFP4Experts with the same codes and scales (compressed-tensors' reciprocal global scales
-    within one fp32 rounding), and the same logits."""
-    model = _model(arch, "grouped_mm")
-    nv.convert(model, nv.Config(activations="bf16", share_global_scales=True))
-    nv.save_checkpoint(model, tmp_path, format=fmt)
+    without weights and into one whose experts are NVFP4Experts already: the file names every
+    tensor as transformers' save_pretrained names the bf16 model's (the original module and
+    per-expert names: Mixtral's and PhiMoE's block_sparse_moe.experts.<e>.w1), the experts come
+    back as NVFP4Experts with the same codes and scales (compressed-tensors' reciprocal global
+    scales within one fp32 rounding), and the same logits."""
     from safetensors import safe_open
 
+    model = _model(arch, "grouped_mm")
+    model.save_pretrained(tmp_path / "bf16")
+    with safe_open(tmp_path / "bf16" / "model.safetensors", "pt") as f:
+        bf16_keys = set(f.keys())
+    nv.convert(model, nv.Config(activations="bf16", share_global_scales=True))
+    nv.save_checkpoint(model, tmp_path, format=fmt)
     with safe_open(tmp_path / "model.safetensors", "pt") as f:
         keys = set(f.keys())
-    gate = "w1" if arch == "mixtral" else "gate_proj"
-    codes = "weight" if fmt == "modelopt" else "weight_packed"
-    assert f"model.layers.1.mlp.experts.3.{gate}.{codes}" in keys
+    extra, codes = NVFP4_SUFFIXES[fmt]
+    assert {key.removesuffix(codes) + ".weight" if key.endswith(codes) else key
+            for key in keys if not key.endswith(extra)} == bf16_keys
+    per_expert = "block_sparse_moe.experts.3.w1" if arch != "qwen3_moe" else "mlp.experts.3.gate_proj"
+    assert f"model.layers.1.{per_expert}{codes}" in keys
     ids = torch.randint(0, MOE_SHAPES["vocab_size"], (2, 9), generator=torch.Generator().manual_seed(3))
     with torch.no_grad():
         want = model(ids).logits
@@ -760,22 +812,51 @@ def test_moe_checkpoint_round_trips(tmp_path, arch, fmt):
             torch.testing.assert_close(got, want, rtol=0, atol=0.02 * want.abs().max().item())
 
 
+def test_from_pretrained_refuses_nvfp4_experts_and_reads_their_excluded_form(tmp_path):
+    """from_pretrained (the registered "modelopt" quantizer) on an MoE checkpoint: NVFP4 experts are
+    refused with the way that reads them (load_checkpoint); with the experts left bf16 (excluded
+    under the files' names, Mixtral's block_sparse_moe) the model loads with its attention NVFP4,
+    every tensor the saved model's."""
+    model = _model("mixtral", "grouped_mm")
+    nv.convert(model, nv.Config(activations="bf16", share_global_scales=True))
+    nv.save_checkpoint(model, tmp_path / "experts")
+    nv.register_transformers_quantizer()
+    with pytest.raises(ValueError, match="mlp.experts: from_pretrained does not read NVFP4 mixture-of-experts .*"
+                                         "load_checkpoint"):
+        transformers.AutoModelForCausalLM.from_pretrained(tmp_path / "experts", dtype=torch.bfloat16)
+    model = _model("mixtral", "grouped_mm")
+    nv.convert(model, nv.Config(activations="bf16", share_global_scales=True,
+                                include=lambda name, m: "self_attn" in name))
+    nv.save_checkpoint(model, tmp_path / "attention")
+    loaded = transformers.AutoModelForCausalLM.from_pretrained(tmp_path / "attention", dtype=torch.bfloat16,
+                                                               experts_implementation="grouped_mm").eval()
+    assert isinstance(loaded.model.layers[1].self_attn.q_proj, nv.NVFP4Linear)
+    assert type(loaded.model.layers[1].mlp.experts).__name__ == "MixtralExperts"
+    state = loaded.state_dict()
+    for key, t in model.state_dict().items():
+        assert torch.equal(state[key].view(torch.uint8) if t.dtype == torch.float8_e4m3fn else state[key],
+                           t.view(torch.uint8) if t.dtype == torch.float8_e4m3fn else t), key
+
+
 def _write_experts(path, arch: str, edit=None):
-    """A ModelOpt W4A16 checkpoint written by hand for the tiny model: its experts per expert
-    (gate and up quantized as one tensor, so they share the global scale), everything else bf16."""
+    """A ModelOpt W4A16 checkpoint written by hand for the tiny model under the original names (as
+    the Hub's Mixtral checkpoints: model.layers.<l>.block_sparse_moe.experts.<e>.w1): its experts
+    per expert (gate and up quantized as one tensor, so they share the global scale), everything
+    else bf16."""
     from safetensors.torch import save_file
 
     model = _model(arch, "grouped_mm")
-    state = {k: v.clone() for k, v in model.state_dict().items()}
+    moe = "block_sparse_moe" if arch == "mixtral" else "mlp"
+    state = {k.replace(".mlp.", f".{moe}."): v.clone() for k, v in model.state_dict().items()}
     gate, up, down = ("w1", "w3", "w2") if arch == "mixtral" else ("gate_proj", "up_proj", "down_proj")
     expected = {}
     for layer in range(LAYERS):
-        prefix = f"model.layers.{layer}.mlp.experts"
+        prefix = f"model.layers.{layer}.{moe}.experts"
         gate_up, w_down = state.pop(f"{prefix}.gate_up_proj"), state.pop(f"{prefix}.down_proj")
         i = gate_up.shape[1] // 2
         for e in range(gate_up.shape[0]):
             q_gate_up, q_down = nv.quantize(gate_up[e]), nv.quantize(w_down[e])
-            expected[(prefix, e)] = (q_gate_up, q_down)
+            expected[(f"model.layers.{layer}.mlp.experts", e)] = (q_gate_up, q_down)
             for proj, q, rows in ((gate, q_gate_up, slice(0, i)), (up, q_gate_up, slice(i, 2 * i)),
                                   (down, q_down, slice(None))):
                 state.update({f"{prefix}.{e}.{proj}.weight": q.data[rows].contiguous(),
@@ -813,7 +894,7 @@ def _set(key, value):
     return edit
 
 
-P = "model.layers.1.mlp.experts.2."
+P = "model.layers.1.block_sparse_moe.experts.2."
 
 
 @pytest.mark.parametrize("edit, match", [

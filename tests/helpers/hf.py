@@ -57,6 +57,9 @@ def moe_model(arch: str, impl: str, layers: int, seed: int = 0, **kw):
     elif arch == "mixtral":
         config = transformers.MixtralConfig(**{**fields, "intermediate_size": 48, "num_local_experts": 4, **kw})
         model = transformers.MixtralForCausalLM(config)
+    elif arch == "phimoe":  # (checkpoint names: transformers renames its router too)
+        config = transformers.PhimoeConfig(**{**fields, "intermediate_size": 48, "num_local_experts": 4, **kw})
+        model = transformers.PhimoeForCausalLM(config)
     else:
-        raise ValueError(f"arch must be one of {MOE_ARCHITECTURES}; got {arch!r}")
+        raise ValueError(f"arch must be one of {MOE_ARCHITECTURES} or 'phimoe'; got {arch!r}")
     return model.to(torch.bfloat16).eval()
