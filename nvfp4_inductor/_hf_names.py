@@ -55,19 +55,25 @@ def module_renamer(model: nn.Module, to_checkpoint: bool):
     return lambda name: rename(f"{name}.weight").removesuffix(".weight")
 
 
+def either_name(model: nn.Module, matches):
+    """-> matches(name) or matches(the files' name of model's module `name`): a checkpoint config's
+    module names (exclude lists) are the files' own, or the model's in older exports."""
+    original = module_renamer(model, to_checkpoint=True)
+    return lambda name: matches(name) or matches(original(name))
+
+
 def _unescaped(pattern: str) -> str:
     return pattern.replace("\\", "")
 
 
-def expert_names(model: nn.Module, experts: str) -> tuple[str, str, str]:
-    """(gate, up, down): the per-expert linears' names under which the checkpoints of model hold
-    the experts module at path `experts` (model's name), read from the converter transformers
-    merges them with (experts.*.<gate>.weight and experts.*.<up>.weight concatenated into
-    gate_up_proj, experts.*.<down>.weight stacked into down_proj); DEFAULT_EXPERT_NAMES where
-    it has none."""
-    _, converters = _transforms(model, legacy=False)
-    found = {}
-    for converter in converters:
+def expert_namer(model: nn.Module):
+    """-> names(experts): (gate, up, down), the per-expert linears' names under which the
+    checkpoints of model hold the experts module at path `experts` (model's name), read from the
+    converter transformers merges them with (experts.*.<gate>.weight and experts.*.<up>.weight
+    concatenated into gate_up_proj, experts.*.<down>.weight stacked into down_proj);
+    DEFAULT_EXPERT_NAMES where it has none."""
+    candidates = []  # (the target's module path, the projection, the per-expert names)
+    for converter in _transforms(model, legacy=False)[1]:
         # (the patterns as written in the mapping: the compiled ones differ between versions)
         targets = [_unescaped(t) for t in getattr(converter, "_original_target_patterns", [])]
         sources = [re.search(r"experts\.\*\.(\w+)\.weight$", _unescaped(s))
@@ -78,9 +84,13 @@ def expert_names(model: nn.Module, experts: str) -> tuple[str, str, str]:
         for proj, ops, count in (("gate_up_proj", ["MergeModulelist", "Concatenate"], 2),
                                  ("down_proj", ["MergeModulelist"], 1)):
             target = targets[0].lstrip(".")
-            if (target.endswith(f"experts.{proj}") and f"{experts}.{proj}".endswith(target)
-                    and operations == ops and len(sources) == count):
-                found[proj] = [s.group(1) for s in sources]
-    if set(found) != {"gate_up_proj", "down_proj"}:
-        return DEFAULT_EXPERT_NAMES
-    return (*found["gate_up_proj"], *found["down_proj"])
+            if target.endswith(f"experts.{proj}") and operations == ops and len(sources) == count:
+                candidates.append((target, proj, [s.group(1) for s in sources]))
+
+    def names(experts: str) -> tuple[str, str, str]:
+        found = {proj: per_expert for target, proj, per_expert in candidates if f"{experts}.{proj}".endswith(target)}
+        if set(found) != {"gate_up_proj", "down_proj"}:
+            return DEFAULT_EXPERT_NAMES
+        return (*found["gate_up_proj"], *found["down_proj"])
+
+    return names

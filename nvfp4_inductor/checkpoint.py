@@ -226,13 +226,9 @@ def load_checkpoint(model: nn.Module, path) -> ConversionReport:
     scales as they are (W4A4 layers with their calibrated input scales), the rest of the model
     loads its tensors. Everything is checked before any layer is replaced."""
     path = Path(path)
-    fmt, w4a4, excluded_in_file = _quantization(path)
+    fmt, w4a4, excluded_in_files = _quantization(path)
+    excluded = _hf_names.either_name(model, excluded_in_files)
     tensors = _model_keys(model, _read_tensors(path))
-    original = _hf_names.module_renamer(model, to_checkpoint=True)
-
-    def excluded(name):  # (the config names modules as the files do)
-        return excluded_in_file(original(name)) or excluded_in_file(name)
-
     codes_suffix = "." + _SUFFIXES[fmt][0]
     scale_suffix = "." + _SUFFIXES[fmt][2]
     quantized = sorted(key[:-len(scale_suffix)] for key in tensors if key.endswith(scale_suffix))
@@ -270,7 +266,8 @@ def load_checkpoint(model: nn.Module, path) -> ConversionReport:
     if unexpected:
         raise ValueError(f"the checkpoint holds tensors the model lacks: {unexpected[:8]}")
     layers = {name: _layer(name, modules[name], tensors, fmt, w4a4) for name in quantized}
-    layers.update({name: _experts_layer(name, modules[name], tensors, fmt, w4a4, _hf_names.expert_names(model, name))
+    expert_names = _hf_names.expert_namer(model)
+    layers.update({name: _experts_layer(name, modules[name], tensors, fmt, w4a4, expert_names(name))
                    for name in quantized_experts})
     leftover = [key for key in tensors if key.startswith(prefixes)]
     if leftover:

@@ -204,9 +204,6 @@ def _(x, offsets, w_data, w_scale, w_global_scale, bias, n, activation):
 
 # --- the experts module ------------------------------------------------------------------------
 
-# Per-expert checkpoint names of the gate, up and down projections where none are given: ModelOpt
-# exports MoE experts under the model's original per-expert module names (_hf_names.expert_names).
-DEFAULT_CHECKPOINT_NAMES = _hf_names.DEFAULT_EXPERT_NAMES
 # (buffer attribute prefix, NVFP4 parts) of the two weights
 _WEIGHTS = ("gate_up", "down")
 _PARTS = ("weight", "weight_scale", "weight_scale_2")
@@ -268,7 +265,7 @@ class NVFP4Experts(nn.Module):
     """
 
     def __init__(self, gate_up: tuple[Tensor, Tensor, Tensor], down: tuple[Tensor, Tensor, Tensor],
-                 activations: str = "auto", checkpoint_names: tuple[str, str, str] = DEFAULT_CHECKPOINT_NAMES):
+                 activations: str = "auto", checkpoint_names: tuple[str, str, str] = _hf_names.DEFAULT_EXPERT_NAMES):
         super().__init__()
         check_activations(activations)
         for name, (data, scale, g) in zip(_WEIGHTS, (gate_up, down)):
@@ -294,7 +291,7 @@ class NVFP4Experts(nn.Module):
 
     @classmethod
     def from_experts(cls, experts: nn.Module, activations: str = "auto", method: str = "rtn",
-                     checkpoint_names: tuple[str, str, str] = DEFAULT_CHECKPOINT_NAMES) -> "NVFP4Experts":
+                     checkpoint_names: tuple[str, str, str] = _hf_names.DEFAULT_EXPERT_NAMES) -> "NVFP4Experts":
         """Quantize a transformers experts module's gate_up_proj (E, 2I, H) and down_proj
         (E, H, I), each expert as one tensor; checkpoint_names as NVFP4Experts takes them
         (convert_experts passes the model's original ones). Raises ValueError for a module
@@ -555,9 +552,10 @@ def _convert_targets(model: nn.Module, config: Config, targets) -> list[str]:
     from .convert import _replace
 
     converted = []
+    checkpoint_names = _hf_names.expert_namer(model)  # (ModelOpt exports the original per-expert names)
     for names, module in targets:
         replacement = NVFP4Experts.from_experts(module, config.activations, config.weight_method,
-                                                _hf_names.expert_names(model, names[0]))
+                                                checkpoint_names(names[0]))
         for name in names:
             _replace(model, name, module, replacement)
         converted += names

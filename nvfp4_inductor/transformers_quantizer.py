@@ -20,6 +20,7 @@ from torch import nn
 from . import _hf_names, api
 from .convert import NVFP4Linear, _checked_bits, _replace
 from .format import BLOCK_SIZE
+from .moe import _is_experts
 
 _registered = False
 
@@ -86,17 +87,13 @@ def register_transformers_quantizer() -> None:
 def _replace_linears(model: nn.Module, config) -> None:
     """Every nn.Linear not excluded -> an NVFP4Linear whose buffers are empty, on the meta device.
     exclude_modules names modules as the files do (_hf_names: Mixtral's block_sparse_moe)."""
-    from .moe import _is_experts
-
     w4a4 = config.quant_algo == "NVFP4"
-    original = _hf_names.module_renamer(model, to_checkpoint=True)
-
-    def excluded(name):
-        return any(fnmatch.fnmatchcase(n, g) for n in (name, original(name)) for g in config.exclude_modules)
-
+    excluded = _hf_names.either_name(model, lambda name: any(fnmatch.fnmatchcase(name, g)
+                                                             for g in config.exclude_modules))
+    expert_names = _hf_names.expert_namer(model)
     for name, module in list(model.named_modules()):
         if _is_experts(module):
-            gate = f"{name}.0.{_hf_names.expert_names(model, name)[0]}"
+            gate = f"{name}.0.{expert_names(name)[0]}"
             if not excluded(name) and not excluded(gate):
                 raise ValueError(f"{name}: from_pretrained does not read NVFP4 mixture-of-experts weights; build the "
                                  "model with nvfp4_inductor.init_empty_weights() and read the checkpoint with "
