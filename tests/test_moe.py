@@ -904,7 +904,11 @@ P = "model.layers.1.block_sparse_moe.experts.2."
     (_set(P + "w2.weight_scale", lambda t: t.float()), "w2.weight_scale"),
     (lambda state: state.pop(P + "w3.weight_scale"), "Missing key.*2.w3.weight_scale"),
     (_set(P + "w4.weight", torch.zeros(4, dtype=torch.uint8)), "Unexpected key.*2.w4.weight"),
-], ids=["unshared-gate-up-scale", "reciprocal-scale", "bad-shape", "bad-dtype", "missing", "unexpected"])
+    (lambda state: state.update({k.replace(".block_sparse_moe.", ".mlp."): v.clone() for k, v in state.items()
+                                 if k.startswith("model.layers.0.block_sparse_moe.gate.")}),
+     r"'model.layers.0.block_sparse_moe.gate.weight' and 'model.layers.0.mlp.gate.weight' are both the model's"),
+], ids=["unshared-gate-up-scale", "reciprocal-scale", "bad-shape", "bad-dtype", "missing", "unexpected",
+        "one-tensor-under-two-names"])
 def test_bad_moe_checkpoints_are_refused_before_anything_loads(tmp_path, edit, match):
     """A clear error naming the tensor, and the model untouched."""
     _write_experts(tmp_path, "mixtral", edit)
