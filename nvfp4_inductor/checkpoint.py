@@ -25,16 +25,14 @@ in the wrong field, and loading it would scale every output by roughly its squar
 """
 
 import contextlib
-import fnmatch
 import json
-import re
 import warnings
 from pathlib import Path
 
 import torch
 from torch import nn
 
-from . import _checks, _hf_names, api
+from . import _checks, _hf_names, api, checkpoint_config
 from .convert import ConversionReport, NVFP4Linear, _replace, fused_groups
 from .moe import NVFP4Experts, _cannot_convert, _is_experts
 from .format import BLOCK_SIZE
@@ -42,7 +40,7 @@ from .format import BLOCK_SIZE
 __all__ = ["init_empty_weights", "load_checkpoint", "save_checkpoint"]
 
 FORMATS = ("modelopt", "compressed-tensors")
-_SUFFIXES = {"modelopt": ("weight", "weight_scale", "weight_scale_2", "input_scale"),
+SUFFIXES = {"modelopt": ("weight", "weight_scale", "weight_scale_2", "input_scale"),
              "compressed-tensors": ("weight_packed", "weight_scale", "weight_global_scale", "input_global_scale")}
 
 
@@ -70,23 +68,52 @@ def init_empty_weights():
         nn.Module.register_parameter = register
 
 
-def _safetensors_files(path: Path) -> list[Path]:
-    """The checkpoint's safetensors files: those its index names, else every one in the folder."""
+def _checkpoint_folder(path) -> Path:
+    """path, checked to be an existing folder (a checkpoint is a folder of files)."""
+    path = Path(path)
+    if not path.exists():
+        raise FileNotFoundError(f"no checkpoint at {path}: it does not exist")
+    if not path.is_dir():
+        raise NotADirectoryError(f"{path} is a file: give the checkpoint's folder (the one holding config.json "
+                                 "or hf_quant_config.json and the .safetensors files)")
+    return path
+
+
+def safetensors_files(path: Path) -> list[Path]:
+    """The checkpoint folder's safetensors files: those its index names, else every one in it."""
+    path = _checkpoint_folder(path)
     index = path / "model.safetensors.index.json"
     if index.is_file():
-        return sorted({path / name for name in json.loads(index.read_text())["weight_map"].values()})
+        try:
+            weight_map = json.loads(index.read_text())["weight_map"]
+        except (ValueError, KeyError, TypeError) as error:
+            raise ValueError(f"{index} is not a safetensors index (a JSON object with a weight_map): {error}") from None
+        files = sorted({path / name for name in weight_map.values()})
+        absent = [f.name for f in files if not f.is_file()]
+        if absent:
+            raise FileNotFoundError(f"{index} names files the folder lacks: {absent[:4]}")
+        return files
     files = sorted(path.glob("*.safetensors"))
     if not files:
         raise FileNotFoundError(f"{path} holds no .safetensors files")
     return files
 
 
-def _read_tensors(path: Path) -> dict[str, torch.Tensor]:
+def read_file(file: Path) -> dict[str, torch.Tensor]:
+    """One safetensors file's tensors (CPU); a file safetensors cannot read raises naming it."""
+    from safetensors import SafetensorError
     from safetensors.torch import load_file
 
+    try:
+        return load_file(file)
+    except (SafetensorError, OSError) as error:
+        raise ValueError(f"{file} is not a readable safetensors file (truncated or corrupt?): {error}") from None
+
+
+def _read_tensors(path: Path) -> dict[str, torch.Tensor]:
     tensors = {}
-    for file in _safetensors_files(path):
-        tensors.update(load_file(file))
+    for file in safetensors_files(path):
+        tensors.update(read_file(file))
     return tensors
 
 
@@ -103,39 +130,27 @@ def _model_keys(model: nn.Module, tensors: dict) -> dict:
     return renamed
 
 
-def _quantization(path: Path) -> tuple[str, bool, object]:
-    """-> (format, W4A4?, is_excluded(layer name) -> bool) from the checkpoint's config files."""
-    config = json.loads((path / "config.json").read_text()) if (path / "config.json").is_file() else {}
-    quant = config.get("quantization_config") or {}
-    method = quant.get("quant_method")
-    hf_quant = path / "hf_quant_config.json"
-    if method == "modelopt" or (method is None and hf_quant.is_file()):
-        if hf_quant.is_file():
-            quant = json.loads(hf_quant.read_text()).get("quantization", quant)
-        algo = quant.get("quant_algo")
-        if algo not in ("NVFP4", "W4A16_NVFP4") or quant.get("group_size", BLOCK_SIZE) != BLOCK_SIZE:
-            raise ValueError(f"{path}: a ModelOpt checkpoint of quant_algo {algo!r}, group_size "
-                             f"{quant.get('group_size')!r}; NVFP4 is 'NVFP4' or 'W4A16_NVFP4' with group_size 16")
-        globs = quant.get("exclude_modules") or []
-        return "modelopt", algo == "NVFP4", lambda name: any(fnmatch.fnmatchcase(name, g) for g in globs)
-    if method == "compressed-tensors":
-        if quant.get("format") != "nvfp4-pack-quantized":
-            raise ValueError(f"{path}: a compressed-tensors checkpoint of format {quant.get('format')!r}; "
-                             "NVFP4 is 'nvfp4-pack-quantized'")
-        groups = list((quant.get("config_groups") or {}).values())
-        w4a4 = any((g.get("input_activations") or {}).get("num_bits") == 4 for g in groups)
-        ignore = quant.get("ignore") or []
-
-        def excluded(name):
-            return any(re.fullmatch(i[3:], name) if i.startswith("re:") else name == i for i in ignore)
-
-        return "compressed-tensors", w4a4, excluded
-    raise ValueError(f"{path} is not an NVFP4 checkpoint this package reads: no config.json "
-                     "quantization_config with quant_method 'modelopt' or 'compressed-tensors', and no "
-                     "hf_quant_config.json")
+def _json_file(file: Path) -> dict | None:
+    if not file.is_file():
+        return None
+    try:
+        value = json.loads(file.read_text())
+    except ValueError as error:
+        raise ValueError(f"{file} is not valid JSON: {error}") from None
+    if not isinstance(value, dict):
+        raise ValueError(f"{file} must hold a JSON object")
+    return value
 
 
-def _global_scale(name: str, value: torch.Tensor, fmt: str) -> torch.Tensor:
+def quantization(path) -> checkpoint_config.QuantizationSpec:
+    """The checkpoint folder's format, W4A4 or not, and excluded layers, from its config files."""
+    path = _checkpoint_folder(path)
+    config = _json_file(path / "config.json") or {}
+    return checkpoint_config.read_quantization(str(path), config.get("quantization_config"),
+                                               _json_file(path / "hf_quant_config.json"))
+
+
+def stored_global_scale(name: str, value: torch.Tensor, fmt: str) -> torch.Tensor:
     """A stored global scale -> g, fp32 () (compressed-tensors stores 1 / g), checked."""
     _checks.check_tensor(name, value, (torch.float32,))
     if value.numel() != 1:
@@ -154,17 +169,21 @@ def _global_scale(name: str, value: torch.Tensor, fmt: str) -> torch.Tensor:
 
 
 def _layer(prefix: str, linear: nn.Linear, tensors: dict, fmt: str, w4a4: bool) -> NVFP4Linear:
-    codes_key, scale_key, g_key, x_key = (f"{prefix}.{s}" for s in _SUFFIXES[fmt])
+    codes_key, scale_key, g_key, x_key = (f"{prefix}.{s}" for s in SUFFIXES[fmt])
     n, k = linear.out_features, linear.in_features
+    absent = [key for key in (codes_key, scale_key, g_key) if key not in tensors]
+    if absent:
+        raise ValueError(f"the checkpoint quantizes {prefix!r} but lacks {absent} ({fmt} stores a layer as "
+                         f"{', '.join(SUFFIXES[fmt][:3])})")
     codes, scale = tensors.pop(codes_key), tensors.pop(scale_key)
     _checks.check_tensor(codes_key, codes, (torch.uint8,))
     _checks.check_tensor(scale_key, scale, (torch.float8_e4m3fn, torch.uint8))
     for key, value, shape in ((codes_key, codes, (n, k // 2)), (scale_key, scale, (n, k // BLOCK_SIZE))):
         if tuple(value.shape) != shape:
             raise ValueError(f"{key} has shape {tuple(value.shape)}; the model's layer ({n} x {k}) needs {shape}")
-    g = _global_scale(g_key, tensors.pop(g_key), fmt)
+    g = stored_global_scale(g_key, tensors.pop(g_key), fmt)
     x_scale = tensors.pop(x_key, None)
-    input_scale = _global_scale(x_key, x_scale, fmt) if x_scale is not None and w4a4 else None
+    input_scale = stored_global_scale(x_key, x_scale, fmt) if x_scale is not None and w4a4 else None
     bias = tensors.pop(f"{prefix}.bias", None)
     if (bias is None) != (linear.bias is None):
         raise ValueError(f"{prefix}: the checkpoint {'lacks' if bias is None else 'has'} a bias the model's "
@@ -179,7 +198,7 @@ def _experts_layer(prefix: str, module: nn.Module, tensors: dict, fmt: str, w4a4
                    names: tuple[str, str, str]) -> NVFP4Experts:
     """The NVFP4Experts for the experts module at prefix (transformers' or an NVFP4Experts, whose
     own names then count; names: the model's per-expert names), its per-expert tensors popped
-    from tensors and checked (global scales as _global_scale checks them, then codes, scales,
+    from tensors and checked (global scales as stored_global_scale checks them, then codes, scales,
     shapes and gate / up sharing as NVFP4Experts' loader does)."""
     if isinstance(module, NVFP4Experts):
         e, h, i, names = module.num_experts, module.hidden_dim, module.intermediate_dim, module.checkpoint_names
@@ -196,15 +215,15 @@ def _experts_layer(prefix: str, module: nn.Module, tensors: dict, fmt: str, w4a4
                 torch.ones(e, dtype=torch.float32))
 
     layer = NVFP4Experts(empty(2 * i, h), empty(h, i), "nvfp4" if w4a4 else "bf16", names)
-    codes, scale, g, x = _SUFFIXES[fmt]
+    codes, scale, g, x = SUFFIXES[fmt]
     state, input_scales = {}, []
     for key in [k for k in tensors if k.startswith(prefix + ".")]:
         value = tensors.pop(key)
         rest, _, suffix = key[len(prefix) + 1:].rpartition(".")
         if suffix == g:
-            state[f"{rest}.weight_scale_2"] = _global_scale(key, value, fmt)
+            state[f"{rest}.weight_scale_2"] = stored_global_scale(key, value, fmt)
         elif suffix == x:
-            input_scales.append(_global_scale(key, value, fmt))
+            input_scales.append(stored_global_scale(key, value, fmt))
         else:
             state[f"{rest}.{'weight' if suffix == codes else suffix}"] = value
     try:
@@ -225,12 +244,13 @@ def load_checkpoint(model: nn.Module, path) -> ConversionReport:
     every linear the checkpoint quantizes becomes an NVFP4Linear holding the stored codes and
     scales as they are (W4A4 layers with their calibrated input scales), the rest of the model
     loads its tensors. Everything is checked before any layer is replaced."""
-    path = Path(path)
-    fmt, w4a4, excluded_in_files = _quantization(path)
+    spec = quantization(path)
+    fmt, w4a4 = spec.format, spec.w4a4
+    excluded_in_files = spec.excluded
     excluded = _hf_names.either_name(model, excluded_in_files)
     tensors = _model_keys(model, _read_tensors(path))
-    codes_suffix = "." + _SUFFIXES[fmt][0]
-    scale_suffix = "." + _SUFFIXES[fmt][2]
+    codes_suffix = "." + SUFFIXES[fmt][0]
+    scale_suffix = "." + SUFFIXES[fmt][2]
     quantized = sorted(key[:-len(scale_suffix)] for key in tensors if key.endswith(scale_suffix))
     modules = dict(model.named_modules())
     experts_modules = {name: m for name, m in modules.items() if _is_experts(m) or isinstance(m, NVFP4Experts)}
@@ -356,18 +376,17 @@ def save_checkpoint(model: nn.Module, path, format: str = "modelopt") -> None:  
               metadata={"format": "pt"})
     excluded = sorted(to_file_module(name) for name, m in model.named_modules()
                       if type(m) is nn.Linear or _is_experts(m))
-    if format == "modelopt":
-        quant = {"quant_algo": "NVFP4" if w4a4 else "W4A16_NVFP4", "group_size": BLOCK_SIZE,
-                 "exclude_modules": excluded}
-        (path / "hf_quant_config.json").write_text(json.dumps({"quantization": quant}, indent=2))
-        entry = {"quant_method": "modelopt", **quant}
-    else:
-        args = {"num_bits": 4, "type": "float", "strategy": "tensor_group", "group_size": BLOCK_SIZE,
-                "symmetric": True, "dynamic": False}
-        group = {"targets": ["Linear"], "weights": args,
-                 "input_activations": {**args, "dynamic": "local"} if w4a4 else None}
-        entry = {"quant_method": "compressed-tensors", "format": "nvfp4-pack-quantized",
-                 "config_groups": {"group_0": group}, "ignore": excluded}
     config = model.config.to_dict() if hasattr(getattr(model, "config", None), "to_dict") else {}
-    config["quantization_config"] = entry
-    (path / "config.json").write_text(json.dumps(config, indent=2, default=str))
+    write_configs(path, config, format, w4a4, excluded)
+
+
+def write_configs(path: Path, config: dict, fmt: str, w4a4: bool, excluded: list[str]) -> None:
+    """Write the checkpoint folder's config files for fmt: config.json (config, a model's Hugging
+    Face config as a dict or {}, with the format's quantization_config) and, for ModelOpt,
+    hf_quant_config.json; excluded: the modules left unquantized, as the files name them."""
+    if fmt == "modelopt":
+        entry, hf_quant = checkpoint_config.modelopt_configs(w4a4, excluded)
+        (path / "hf_quant_config.json").write_text(json.dumps(hf_quant, indent=2))
+    else:
+        entry = checkpoint_config.compressed_tensors_config(w4a4, excluded)
+    (path / "config.json").write_text(json.dumps({**config, "quantization_config": entry}, indent=2, default=str))

@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 import torch
 from torch import nn
 
-from . import _checks, api
+from . import _checks, _hf_names, api, checkpoint_config
 from .format import BLOCK_SIZE
 from .kernels import gemm, plan  # (no Triton import: gemm.py imports its kernels when they launch)
 from .tiled import tile, tiled_shapes, untile
@@ -405,11 +405,28 @@ def convert(model: nn.Module, config: Config | None = None) -> ConversionReport:
     report.converted += converted
     report.layers += modules
     report.skipped.update(refused)
+    if report.layers:
+        _record_quantization(model, report)
     if not report.layers:  # nothing to gain, and nothing changed: say so rather than return quietly
         found = (f"none of its {len(report.skipped)} nn.Linear layers qualified: see the report's "
                  "skipped reasons" if report.skipped else "it has no nn.Linear layers")
         warnings.warn(f"nv.convert converted nothing: {found}", stacklevel=2)
     return report
+
+
+def _record_quantization(model: nn.Module, report: ConversionReport) -> None:
+    """A transformers model's config gets the ModelOpt quantization_config of what the model now
+    holds, so that its save_pretrained writes a checkpoint that from_pretrained (after
+    register_transformers_quantizer) and ModelOpt readers load; other models are left alone."""
+    config = getattr(model, "config", None)
+    if not (hasattr(config, "to_dict") and hasattr(model, "save_pretrained")):
+        return
+    rename = _hf_names.module_renamer(model, to_checkpoint=True)
+    excluded = sorted(rename(name) for name, m in model.named_modules()
+                      if type(m) is nn.Linear or name in report.skipped)
+    w4a4 = any(getattr(m, "activations", None) == "nvfp4" for m in model.modules()
+               if isinstance(m, NVFP4Linear) or hasattr(m, "checkpoint_names"))
+    config.quantization_config = checkpoint_config.modelopt_configs(w4a4, excluded)[0]
 
 
 # Linears that engines fuse into one GEMM with one global scale (vLLM, SGLang, TensorRT-LLM read

@@ -348,12 +348,13 @@ def load_sharded_checkpoint(model: nn.Module, path, device_mesh: DeviceMesh, pla
 
     path = Path(path)
     rank, size = _mesh_position(device_mesh, f"load_sharded_checkpoint({str(path)!r})")
-    fmt, w4a4, excluded = ck._quantization(path)
+    spec = ck.quantization(path)
+    fmt, w4a4, excluded = spec.format, spec.w4a4, spec.excluded
     handles = {}
-    for file in ck._safetensors_files(path):
+    for file in ck.safetensors_files(path):
         handle = safe_open(str(file), framework="pt")
         handles.update(dict.fromkeys(handle.keys(), handle))
-    codes_sfx, scale_sfx, g_sfx, x_sfx = ck._SUFFIXES[fmt]
+    codes_sfx, scale_sfx, g_sfx, x_sfx = ck.SUFFIXES[fmt]
     quantized = sorted(key[:-len(g_sfx) - 1] for key in handles if key.endswith("." + g_sfx))
     modules, styles = dict(model.named_modules()), _plan_styles(model, plan)
     layers = {}
@@ -373,9 +374,9 @@ def load_sharded_checkpoint(model: nn.Module, path, device_mesh: DeviceMesh, pla
         codes = _read_share(handles[key + codes_sfx], key + codes_sfx, (n, k // 2), ("U8",), rows, byte_cols)
         scale = _read_share(handles[key + scale_sfx], key + scale_sfx, (n, k // BLOCK_SIZE), ("F8_E4M3", "U8"),
                             rows, block_cols)
-        g = ck._global_scale(key + g_sfx, handles[key + g_sfx].get_tensor(key + g_sfx), fmt)
+        g = ck.stored_global_scale(key + g_sfx, handles[key + g_sfx].get_tensor(key + g_sfx), fmt)
         x_key = key + x_sfx
-        input_scale = (ck._global_scale(x_key, handles[x_key].get_tensor(x_key), fmt)
+        input_scale = (ck.stored_global_scale(x_key, handles[x_key].get_tensor(x_key), fmt)
                        if w4a4 and x_key in handles else None)
         bias = handles[key + "bias"].get_slice(key + "bias")[rows if dim == COLWISE else slice(None)] \
             if key + "bias" in handles else None

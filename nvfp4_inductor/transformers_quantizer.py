@@ -12,12 +12,11 @@ checks them (nvfp4_inductor/checkpoint.py), and its codes and scales take the ti
 transformers' own compressed-tensors quantizer (or by nvfp4_inductor.load_checkpoint).
 """
 
-import fnmatch
-
 import torch
 from torch import nn
 
-from . import _hf_names, api
+from . import _hf_names, api, checkpoint_config
+from .checkpoint import stored_global_scale
 from .convert import NVFP4Linear, _checked_bits, _replace
 from .format import BLOCK_SIZE
 from .moe import _is_experts
@@ -43,16 +42,17 @@ def register_transformers_quantizer() -> None:
 
     @register_quantization_config("modelopt")
     class ModelOptNVFP4Config(QuantizationConfigMixin):
-        """config.json's quantization_config of a ModelOpt NVFP4 export."""
+        """config.json's quantization_config of a ModelOpt NVFP4 export (every field kept, so that
+        save_pretrained writes it back as read)."""
 
-        def __init__(self, quant_algo=None, group_size=BLOCK_SIZE, exclude_modules=None, **kwargs):
+        def __init__(self, **fields):
+            fields.pop("quant_method", None)
+            self.__dict__.update(fields)
             self.quant_method = "modelopt"
-            self.quant_algo = quant_algo
-            self.group_size = group_size
-            self.exclude_modules = list(exclude_modules or [])
-            if quant_algo not in ("NVFP4", "W4A16_NVFP4") or group_size != BLOCK_SIZE:
-                raise ValueError(f"a ModelOpt checkpoint of quant_algo {quant_algo!r}, group_size {group_size!r}: "
-                                 "NVFP4 is 'NVFP4' or 'W4A16_NVFP4' with group_size 16")
+            self.spec = checkpoint_config.read_quantization("config.json quantization_config", self.to_dict(), None)
+
+        def to_dict(self):
+            return {key: value for key, value in self.__dict__.items() if key != "spec"}
 
     @register_quantizer("modelopt")
     class ModelOptNVFP4Quantizer(HfQuantizer):
@@ -87,9 +87,8 @@ def register_transformers_quantizer() -> None:
 def _replace_linears(model: nn.Module, config) -> None:
     """Every nn.Linear not excluded -> an NVFP4Linear whose buffers are empty, on the meta device.
     exclude_modules names modules as the files do (_hf_names: Mixtral's block_sparse_moe)."""
-    w4a4 = config.quant_algo == "NVFP4"
-    excluded = _hf_names.either_name(model, lambda name: any(fnmatch.fnmatchcase(name, g)
-                                                             for g in config.exclude_modules))
+    w4a4 = config.spec.w4a4
+    excluded = _hf_names.either_name(model, config.spec.excluded)
     expert_names = _hf_names.expert_namer(model)
     for name, module in list(model.named_modules()):
         if _is_experts(module):
@@ -120,18 +119,18 @@ def _replace_linears(model: nn.Module, config) -> None:
 
 def _check_loaded(model: nn.Module) -> None:
     """Each NVFP4Linear's loaded tensors, checked as load_checkpoint checks them."""
-    from .checkpoint import _global_scale
-
     for name, layer in model.named_modules():
         if not isinstance(layer, NVFP4Linear):
             continue
-        for key in ("weight", "weight_scale", "weight_scale_2", "input_scale"):
+        if layer.input_scale is not None and layer.input_scale.device.type == "meta":
+            layer.input_scale = None  # W4A4 without a stored x scale: computed from each x (as load_checkpoint)
+        for key in ("weight", "weight_scale", "weight_scale_2"):
             t = getattr(layer, key)
             if t is not None and t.device.type == "meta":
-                raise ValueError(f"{name}.{key} was not in the checkpoint")
-        layer.weight_scale_2 = _global_scale(f"{name}.weight_scale_2", layer.weight_scale_2, "modelopt")
+                raise ValueError(f"{name}.{key} was not in the checkpoint: the layer would be left uninitialised")
+        layer.weight_scale_2 = stored_global_scale(f"{name}.weight_scale_2", layer.weight_scale_2, "modelopt")
         if layer.input_scale is not None:
-            layer.input_scale = _global_scale(f"{name}.input_scale", layer.input_scale, "modelopt")
+            layer.input_scale = stored_global_scale(f"{name}.input_scale", layer.input_scale, "modelopt")
         codes = _checked_bits(f"{name}.weight", layer.weight, (torch.uint8,), torch.uint8)
         scales = _checked_bits(f"{name}.weight_scale", layer.weight_scale, (torch.float8_e4m3fn, torch.uint8),
                                torch.uint8)

@@ -206,7 +206,11 @@ def test_transformers_model_round_trip(tmp_path):
     nv.save_checkpoint(model, tmp_path)
     saved = json.loads((tmp_path / "config.json").read_text())
     assert saved["model_type"] == "llama" and saved["quantization_config"]["quant_method"] == "modelopt"
-    assert saved["quantization_config"]["exclude_modules"] == ["lm_head"]
+    # ModelOpt's own layout: config.json names the excluded modules under ignore, hf_quant_config.json
+    # under exclude_modules
+    assert saved["quantization_config"]["ignore"] == ["lm_head"]
+    hf_quant = json.loads((tmp_path / "hf_quant_config.json").read_text())["quantization"]
+    assert hf_quant["exclude_modules"] == ["lm_head"] and hf_quant["quant_algo"] == "W4A16_NVFP4"
     torch.manual_seed(1)
     fresh = transformers.LlamaForCausalLM(config).to(torch.bfloat16).eval()
     report = nv.load_checkpoint(fresh, tmp_path)
