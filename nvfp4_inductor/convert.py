@@ -19,7 +19,7 @@ from .kernels import gemm, plan  # (no Triton import: gemm.py imports its kernel
 from .tiled import tile, tiled_shapes, untile
 from .config import Config, check_activations, layer_skip_reason, resolve_activation
 
-__all__ = ["NVFP4Linear", "ConversionReport", "convert"]
+__all__ = ["NVFP4Linear", "ConversionReport", "convert", "linear_targets"]
 
 def _checked_global_scale(name: str, scale) -> torch.Tensor:
     """A global scale (a loaded weight_scale_2, whose shape load_state_dict checks against the
@@ -340,18 +340,10 @@ def _layer_input_scales(config: Config, layers) -> dict:
             for name, _ in layers}
 
 
-def convert(model: nn.Module, config: Config | None = None) -> ConversionReport:
-    """Replace, in place, every eligible nn.Linear of model by an NVFP4Linear, and every
-    transformers experts module (3-D expert weights) by an NVFP4Experts (nvfp4_inductor.moe);
-    returns a report.
-
-    The bf16 weights are released (nothing in the model refers to them any more)."""
-    if not isinstance(model, nn.Module):
-        raise TypeError(f"model must be a torch.nn.Module; got {type(model).__name__}")
-    config = config or Config()
-    if not isinstance(config, Config):
-        raise TypeError(f"config must be an nvfp4_inductor.Config; got {type(config).__name__}")
-    report = ConversionReport()
+def linear_targets(model: nn.Module, config: Config) -> list[tuple[list[str], nn.Linear, dict[str, str]]]:
+    """-> [(every name of one nn.Linear of model, the layer, {name: why it stays in bf16}, empty
+    where it converts)], in model order, by convert's rules; reads no weight values (a model on
+    the meta device gives the same answer)."""
     # Every name of every Linear: a module registered under two names gets one replacement under
     # both (named_modules() would yield it once and leave the other name in bf16).
     paths: dict[int, list[str]] = {}
@@ -383,6 +375,22 @@ def convert(model: nn.Module, config: Config | None = None) -> ConversionReport:
         if "" in own:  # convert(nn.Linear(...)): nothing holds it to swap
             reasons = dict.fromkeys(own, "the model itself: use NVFP4Linear.from_linear(model)")
         targets.append((own, module, reasons))
+    return targets
+
+
+def convert(model: nn.Module, config: Config | None = None) -> ConversionReport:
+    """Replace, in place, every eligible nn.Linear of model by an NVFP4Linear, and every
+    transformers experts module (3-D expert weights) by an NVFP4Experts (nvfp4_inductor.moe);
+    returns a report.
+
+    The bf16 weights are released (nothing in the model refers to them any more)."""
+    if not isinstance(model, nn.Module):
+        raise TypeError(f"model must be a torch.nn.Module; got {type(model).__name__}")
+    config = config or Config()
+    if not isinstance(config, Config):
+        raise TypeError(f"config must be an nvfp4_inductor.Config; got {type(config).__name__}")
+    report = ConversionReport()
+    targets = linear_targets(model, config)
     converting = [(own[0], m) for own, m, reasons in targets if not reasons]
     shared = _shared_global_scales(converting) if config.share_global_scales else {}
     hessians = _layer_hessians(config, converting)

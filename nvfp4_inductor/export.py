@@ -1,9 +1,307 @@
-"""Quantize a Hugging Face model folder to an NVFP4 checkpoint, streaming (not yet implemented)."""
+"""Quantize a Hugging Face model folder to an NVFP4 checkpoint, streaming (tensor group by group).
+
+`python -m nvfp4_inductor quantize SRC DST` reads SRC (config.json and safetensors shards) one
+fused group of tensors at a time and writes DST, an NVFP4 checkpoint (ModelOpt or
+compressed-tensors) with the same tensors, bit for bit, as nv.convert(model,
+Config(share_global_scales=True, weight_method=...)) followed by nv.save_checkpoint would
+write, without ever holding the model: which layers convert is decided on an empty (meta)
+model built from config.json, by convert's own rules; q / k / v, gate / up and each expert's
+gate / up share one global scale (the largest of theirs); DST has SRC's shards, each tensor in
+the shard of its input. Peak memory is about one output shard plus one fused group.
+"""
+
+import argparse
+import fnmatch
+import json
+import os
+import shutil
+import time
+from pathlib import Path
+
+import torch
+from torch import nn
+
+from . import _hf_names, api, checkpoint, reference
+from .convert import fused_groups, linear_targets
+from .moe import experts_to_convert, is_experts
+from .config import Config
+from .kernels import quantize_cpu
+from .scale_search import METHODS
+
+__all__ = ["add_arguments", "main", "plan", "Plan"]
+
+# SRC files copied to DST as they are (tokenizer, chat template, generation settings)
+COPIED_FILES = ("generation_config.json", "tokenizer*", "special_tokens_map.json", "*.jinja", "vocab.*",
+                "merges.txt", "preprocessor_config.json", "chat_template*")
+WRITTEN_FILES = ("config.json", "hf_quant_config.json", "model.safetensors.index.json", "*.safetensors")
 
 
-def add_arguments(parser) -> None:
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("src", metavar="SRC", help="a Hugging Face model folder (config.json, *.safetensors)")
+    parser.add_argument("dst", metavar="DST", help="the NVFP4 checkpoint folder to write (new or empty)")
+    parser.add_argument("--format", choices=checkpoint.FORMATS, default="modelopt",
+                        help="checkpoint format (default: modelopt)")
+    parser.add_argument("--weight-method", choices=METHODS, default="rtn",
+                        help="block scales: rtn (round to nearest, default) or mse (smallest squared error "
+                             "per block); hessian needs calibration data and is refused here")
+    parser.add_argument("--exclude", metavar="GLOB", action="append", default=[],
+                        help="leave modules matching GLOB (fnmatch, the model's or the files' name) in bf16; "
+                             "repeatable")
+    parser.add_argument("--device", default=None,
+                        help="where to quantize: cuda (default where available) or cpu")
+    parser.add_argument("--overwrite", action="store_true",
+                        help="replace a non-empty DST (its NVFP4 checkpoint files are deleted first)")
+    parser.add_argument("--quiet", action="store_true", help="no progress bar")
     parser.set_defaults(run=main)
 
 
+class Plan:
+    """What to write: units [(model layer names, their files' weight keys, "linear" or "gate_up")]
+    of weights that share one global scale; excluded: the files' names of the modules left in
+    bf16; src_files: SRC's shards; shard_of: {SRC key: index into src_files}."""
+
+    def __init__(self, units, excluded, src_files, shard_of, hf_config):
+        self.units, self.excluded, self.src_files, self.shard_of = units, excluded, src_files, shard_of
+        self.hf_config = hf_config
+
+
+def _exclude_filter(globs: list[str], to_file):
+    """Config.include for --exclude: a module converts unless a glob matches its model or file name."""
+    if not globs:
+        return None
+
+    def include(name: str, module) -> bool:
+        return not any(fnmatch.fnmatchcase(n, g) for g in globs for n in (name, to_file(name)))
+    return include
+
+
+def empty_model(src: Path) -> nn.Module:
+    """The model SRC's config.json describes, on the meta device (no weights allocated)."""
+    import transformers
+
+    hf_config = transformers.AutoConfig.from_pretrained(str(src))
+    with torch.device("meta"):
+        try:
+            return transformers.AutoModelForCausalLM.from_config(hf_config)
+        except ValueError:  # (not a causal LM: the base model class of its config)
+            return transformers.AutoModel.from_config(hf_config)
+
+
+def plan(src: Path, method: str, exclude: list[str]) -> Plan:
+    """Which SRC tensors become NVFP4 and which share a global scale, by nv.convert's rules on
+    the meta model of SRC's config.json."""
+    model = empty_model(src)
+    to_file = _hf_names.module_renamer(model, to_checkpoint=True)
+    to_file_key = _hf_names.key_renamer(model, to_checkpoint=True)
+    config = Config(share_global_scales=True, weight_method=method, include=_exclude_filter(exclude, to_file))
+    files = checkpoint.safetensors_files(src)
+    shard_of = {}
+    for i, file in enumerate(files):
+        for key in _keys(file):
+            if key in shard_of:
+                raise ValueError(f"{key!r} is in both {files[shard_of[key]].name} and {file.name}")
+            shard_of[key] = i
+    targets = linear_targets(model, config)
+    converting = {own[0]: module for own, module, reasons in targets if not reasons}
+    grouped = fused_groups(converting)
+    in_group = {name for members in grouped for name in members}
+    units = [(members, "linear") for members in grouped]
+    units += [([name], "linear") for name in converting if name not in in_group]
+    experts, refused = experts_to_convert(model, config)
+    namer = _hf_names.expert_namer(model)
+    for names, module in experts:
+        gate, up, down = namer(names[0])
+        for e in range(module.gate_up_proj.shape[0]):
+            prefix = f"{names[0]}.{e}"
+            units.append(([f"{prefix}.{gate}", f"{prefix}.{up}"], "gate_up"))
+            units.append(([f"{prefix}.{down}"], "linear"))
+    keyed = []
+    for members, kind in units:
+        keys = [to_file_key(f"{name}.weight") for name in members]
+        absent = [key for key in keys if key not in shard_of]
+        if absent:
+            raise ValueError(f"{src}'s safetensors files lack {absent[:4]}, which the model of its config.json "
+                             "holds (per-expert weights as Hugging Face writes them are expected for experts)")
+        keyed.append((members, keys, kind))
+    converted = set(converting) | {names[0] for names, _ in experts}
+    excluded = sorted(to_file(name) for name, m in model.named_modules()
+                      if (type(m) is nn.Linear or is_experts(m)) and name not in converted)
+    return Plan(keyed, excluded, files, shard_of, model.config)
+
+
+def _keys(file: Path) -> list[str]:
+    from safetensors import safe_open
+
+    with safe_open(str(file), framework="pt") as f:
+        return list(f.keys())
+
+
+def _check_device(device: str | None) -> torch.device:
+    if device is None:
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    try:
+        device = torch.device(device)
+    except RuntimeError:
+        raise ValueError(f"--device {device}: not a device (cuda or cpu)") from None
+    if device.type == "cuda" and not torch.cuda.is_available():
+        raise ValueError(f"--device {device}: CUDA is not available on this machine (torch "
+                         f"{torch.__version__}); use --device cpu")
+    if device.type not in ("cuda", "cpu"):
+        raise ValueError(f"--device {device}: cuda or cpu")
+    return device
+
+
+def _global_scale(weights: list[torch.Tensor], kind: str) -> torch.Tensor:
+    """The global scale a unit's weights share, as nv.convert computes it: the largest of the
+    members' (a fused group, convert's shared scales), or that of their concatenation (an
+    expert's gate_up, quantized as one tensor)."""
+    if kind == "gate_up":
+        return reference.global_scale_from_amax(torch.stack([reference.finite_amax(w) for w in weights]).max())
+    return torch.stack([reference.compute_global_scale(w) for w in weights]).max()
+
+
+def _quantize(w: torch.Tensor, g: torch.Tensor, method: str) -> tuple[torch.Tensor, torch.Tensor]:
+    """(N, K) weight on its device + fp32 g () -> (codes uint8 (N, K/2), e4m3 scales (N, K/16)) on the CPU."""
+    if method == "rtn" and w.device.type == "cpu":
+        data, scale, _ = quantize_cpu.quantize(w, g)
+        return data, scale
+    q = api.quantize(w, g, method=method)
+    return q.data.cpu(), q.scale.cpu()
+
+
+def _stored(fmt: str, key: str, data, scale, g) -> dict[str, torch.Tensor]:
+    """A quantized weight's tensors under fmt's names (save_checkpoint's, values included)."""
+    prefix = key.removesuffix(".weight")
+    codes, _, g_name, _ = checkpoint.SUFFIXES[fmt]
+    g = g.cpu()
+    stored_g = (1.0 / g).reshape(1) if fmt == "compressed-tensors" else g.clone()
+    return {f"{prefix}.{codes}": data, f"{prefix}.weight_scale": scale, f"{prefix}.{g_name}": stored_g}
+
+
+class _Progress:
+    """tqdm over SRC's tensors with the GB/s of input read, or nothing (quiet)."""
+
+    def __init__(self, total: int, quiet: bool):
+        from tqdm import tqdm
+
+        self.bar = tqdm(total=total, unit="tensor", disable=quiet, dynamic_ncols=True)
+        self.start, self.bytes = time.perf_counter(), 0
+
+    def update(self, tensors: int, nbytes: int) -> None:
+        self.bytes += nbytes
+        rate = self.bytes / max(time.perf_counter() - self.start, 1e-9) / 1e9
+        self.bar.set_postfix_str(f"{rate:.2f} GB/s", refresh=False)
+        self.bar.update(tensors)
+
+    def close(self) -> None:
+        self.bar.close()
+
+
+def write(plan_: Plan, dst: Path, fmt: str, method: str, device: torch.device, quiet: bool) -> None:
+    """Read SRC's tensors, quantize plan_'s units, write DST's shards (one held at a time), index and configs."""
+    from safetensors import safe_open
+    from safetensors.torch import save_file
+
+    readers = [safe_open(str(file), framework="pt") for file in plan_.src_files]
+    unit_of = {key: u for u, (_, keys, _) in enumerate(plan_.units) for key in keys}
+    pending: dict[int, dict[str, torch.Tensor]] = {}  # output shard -> tensors a straddling unit left there
+    done: set[int] = set()
+    weight_map, total_size = {}, 0
+    progress = _Progress(len(plan_.shard_of), quiet)
+    try:
+        for i, file in enumerate(plan_.src_files):
+            out = pending.pop(i, {})
+            for key in readers[i].keys():
+                u = unit_of.get(key)
+                if u is None:
+                    tensor = readers[i].get_tensor(key)
+                    out[key] = tensor
+                    progress.update(1, tensor.nbytes)
+                    continue
+                if u in done:
+                    continue
+                done.add(u)
+                _, keys, kind = plan_.units[u]
+                weights = [readers[plan_.shard_of[k]].get_tensor(k) for k in keys]
+                nbytes = sum(w.nbytes for w in weights)
+                weights = [w.to(device) for w in weights]
+                g = _global_scale(weights, kind)
+                for k, w in zip(keys, weights):
+                    data, scale = _quantize(w, g, method)
+                    target = out if plan_.shard_of[k] == i else pending.setdefault(plan_.shard_of[k], {})
+                    target.update(_stored(fmt, k, data, scale, g))
+                del weights
+                progress.update(len(keys), nbytes)
+            save_file(out, str(dst / file.name), metadata={"format": "pt"})
+            for key, value in out.items():
+                weight_map[key] = file.name
+                total_size += value.nbytes
+            del out
+    finally:
+        progress.close()
+    index = {"metadata": {"total_size": total_size}, "weight_map": dict(sorted(weight_map.items()))}
+    (dst / "model.safetensors.index.json").write_text(json.dumps(index, indent=2))
+
+
+def _check_dst(src: Path, dst: Path, overwrite: bool) -> None:
+    if dst.exists() and not dst.is_dir():
+        raise ValueError(f"DST {dst} is a file, not a folder")
+    if dst.resolve() == src.resolve() or src.resolve().is_relative_to(dst.resolve()):
+        raise ValueError(f"DST {dst} is SRC or holds it: write the checkpoint elsewhere")
+    if dst.is_dir() and any(dst.iterdir()) and not overwrite:
+        raise ValueError(f"DST {dst} exists and is not empty: pass --overwrite to replace it, or give a "
+                         "new folder")
+
+
+def _clear(dst: Path) -> None:
+    """With --overwrite: remove the files a checkpoint folder has (this command's, SRC's copied
+    ones); a folder holding anything else is refused rather than emptied."""
+    if not dst.is_dir():
+        return
+    ours = (*WRITTEN_FILES, *COPIED_FILES)
+    others = [p.name for p in dst.iterdir() if p.is_dir() or not any(fnmatch.fnmatch(p.name, g) for g in ours)]
+    if others:
+        raise ValueError(f"--overwrite: DST {dst} holds files that are not a checkpoint's ({others[:4]}): "
+                         "remove them yourself or choose another folder")
+    for p in dst.iterdir():
+        p.unlink()
+
+
 def main(args) -> int:
-    raise NotImplementedError
+    """Run `quantize` from parsed arguments -> the exit status."""
+    try:
+        src, dst = Path(args.src), Path(args.dst)
+        if not src.is_dir():
+            raise ValueError(f"SRC {src} is not a folder")
+        if not (src / "config.json").is_file():
+            raise ValueError(f"SRC {src} has no config.json (a Hugging Face model folder has one)")
+        if args.weight_method == "hessian":
+            raise ValueError("--weight-method hessian needs calibration Hessians (nv.collect_hessians on "
+                             "the loaded model, then nv.convert): use rtn or mse here")
+        device = _check_device(args.device)
+        _check_dst(src, dst, args.overwrite)
+        the_plan = plan(src, args.weight_method, args.exclude)
+        partial = dst.with_name(dst.name + ".partial")  # an interrupted run leaves this, never a DST
+        if partial.exists():
+            if not args.overwrite:
+                raise ValueError(f"{partial} is left from an interrupted run: pass --overwrite to remove it")
+            _clear(partial)
+        if args.overwrite:
+            _clear(dst)  # (before writing: a refusal here must not cost the whole run)
+        partial.mkdir(parents=True, exist_ok=True)
+    except (ValueError, FileNotFoundError, NotADirectoryError, OSError) as error:
+        print(f"quantize: error: {error}", flush=True)
+        return 2
+    write(the_plan, partial, args.format, args.weight_method, device, args.quiet)
+    for pattern in COPIED_FILES:
+        for file in src.glob(pattern):
+            if file.is_file():
+                shutil.copyfile(file, partial / file.name)
+    config = json.loads((src / "config.json").read_text())
+    checkpoint.write_configs(partial, config, args.format, False, the_plan.excluded)
+    if dst.exists():
+        dst.rmdir()  # (empty: checked or cleared above)
+    os.replace(partial, dst)
+    if not args.quiet:
+        print(f"wrote {dst} ({args.format}, weight method {args.weight_method})")
+    return 0

@@ -38,7 +38,7 @@ from .convert import apply_keeping_buffer_dtypes
 from .format import BLOCK_SIZE
 
 __all__ = ["grouped_linear_tiled", "grouped_linear_tiled_silu_mul", "quantize_experts_tiled", "NVFP4Experts",
-           "convert_experts"]
+           "convert_experts", "experts_to_convert", "is_experts"]
 
 _E4M3 = torch.float8_e4m3fn
 
@@ -447,12 +447,15 @@ class NVFP4Experts(nn.Module):
 
 # --- conversion ---------------------------------------------------------------------------------
 
-def _is_experts(module: nn.Module) -> bool:
+def is_experts(module: nn.Module) -> bool:
     """A module that holds experts as 3-D gate_up_proj / up_proj and down_proj tensors."""
     down = getattr(module, "down_proj", None)
     up = getattr(module, "gate_up_proj", getattr(module, "up_proj", None))
     return (not isinstance(module, NVFP4Experts) and isinstance(down, Tensor) and isinstance(up, Tensor)
             and down.dim() == 3 and up.dim() == 3)
+
+
+_is_experts = is_experts  # (the name checkpoint.py imports)
 
 
 def _is_silu(act) -> bool:
@@ -506,7 +509,7 @@ def convert_experts(model: nn.Module, config: Config | None = None) -> list[str]
     nvfp4_inductor.convert converts experts too, reporting those it cannot convert as skipped.
     """
     config = _checked_config(model, config)
-    targets, refused = _experts_to_convert(model, config)
+    targets, refused = experts_to_convert(model, config)
     if refused:
         lines = "\n".join(f"  {name}: {reason}" for name, reason in refused.items())
         raise ValueError(f"convert_experts cannot convert {len(refused)} experts module(s):\n{lines}")
@@ -522,7 +525,7 @@ def _checked_config(model, config) -> Config:
     return config
 
 
-def _experts_to_convert(model: nn.Module, config: Config):
+def experts_to_convert(model: nn.Module, config: Config):
     """-> ([(names, module)] to convert, {name: why not} for those that cannot be)."""
     paths: dict[int, list[str]] = {}
     modules: dict[int, nn.Module] = {}
@@ -564,5 +567,5 @@ def _convert_targets(model: nn.Module, config: Config, targets) -> list[str]:
 
 def convert_experts_for_report(model: nn.Module, config: Config) -> tuple[list[str], int, dict[str, str]]:
     """nvfp4_inductor.convert's part: -> (names converted, modules converted, {name: why not})."""
-    targets, refused = _experts_to_convert(model, config)
+    targets, refused = experts_to_convert(model, config)
     return _convert_targets(model, config, targets), len(targets), refused

@@ -1,0 +1,236 @@
+"""`python -m nvfp4_inductor quantize SRC DST`: a Hugging Face folder written by save_pretrained
+(sharded so that fused groups straddle shards) quantized by streaming, compared tensor for tensor
+with nv.convert(Config(share_global_scales=True)) + save_checkpoint of the same model, loaded back
+by load_checkpoint, from_pretrained and compressed-tensors; the refusals; the fast CPU quantizer
+bit for bit against the reference."""
+
+import copy
+import json
+import math
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+from safetensors import safe_open
+
+import nvfp4_inductor as nv
+from nvfp4_inductor import reference
+from nvfp4_inductor.__main__ import main
+from nvfp4_inductor.kernels import quantize_cpu
+
+from helpers.hf import close, moe_model
+from helpers.inputs import DISTS, sample
+
+pytest.importorskip("transformers")
+
+
+def _llama(seed=0):
+    import transformers
+
+    torch.manual_seed(seed)
+    config = transformers.LlamaConfig(vocab_size=320, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+                                      num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=64,
+                                      tie_word_embeddings=False)
+    return transformers.LlamaForCausalLM(config).to(torch.bfloat16).eval()
+
+
+def _tensors(path: Path) -> dict[str, torch.Tensor]:
+    out = {}
+    for file in sorted(path.glob("*.safetensors")):
+        with safe_open(str(file), framework="pt") as f:
+            out.update({key: f.get_tensor(key) for key in f.keys()})
+    return out
+
+
+def _src(tmp_path: Path, model, shard: str = "40KB") -> Path:
+    src = tmp_path / "src"
+    model.save_pretrained(src, max_shard_size=shard)
+    return src
+
+
+def _expected(tmp_path: Path, model, fmt: str, method: str, name: str = "expected"):
+    """-> (the folder save_checkpoint writes for the converted model, the converted model)."""
+    converted = copy.deepcopy(model)
+    nv.convert(converted, nv.Config(share_global_scales=True, weight_method=method))
+    path = tmp_path / name
+    nv.save_checkpoint(converted, path, format=fmt)
+    return path, converted
+
+
+def _quantize(src, dst, *extra) -> int:
+    return main(["quantize", str(src), str(dst), "--quiet", *extra])
+
+
+def _assert_same_tensors(got: Path, want: Path) -> None:
+    a, b = _tensors(got), _tensors(want)
+    assert sorted(a) == sorted(b)
+    for key in a:
+        assert a[key].dtype == b[key].dtype and a[key].shape == b[key].shape, key
+        assert torch.equal(a[key].reshape(-1).view(torch.uint8), b[key].reshape(-1).view(torch.uint8)), key
+
+
+@pytest.mark.parametrize("fmt", ["modelopt", "compressed-tensors"])
+@pytest.mark.parametrize("method", ["rtn", "mse"])
+def test_dense_equals_convert_and_save_checkpoint(tmp_path, fmt, method):
+    model = _llama()
+    src = _src(tmp_path, model)
+    files = sorted(src.glob("*.safetensors"))
+    index = json.loads((src / "model.safetensors.index.json").read_text())["weight_map"]
+    # a fused group straddles two shards (what the streaming has to handle)
+    assert len(files) >= 3
+    assert any(len({index[f"model.layers.{l}.self_attn.{p}_proj.weight"] for p in "qkv"}) > 1
+               or len({index[f"model.layers.{l}.mlp.{p}_proj.weight"] for p in ("gate", "up")}) > 1 for l in range(2))
+    dst = tmp_path / "dst"
+    assert _quantize(src, dst, "--format", fmt, "--weight-method", method, "--device", "cpu") == 0
+    want, _ = _expected(tmp_path, model, fmt, method)
+    _assert_same_tensors(dst, want)
+    # the input's shards: same files, each tensor in its input's shard
+    assert sorted(p.name for p in dst.glob("*.safetensors")) == [f.name for f in files]
+    out_index = json.loads((dst / "model.safetensors.index.json").read_text())
+    for key, file in out_index["weight_map"].items():
+        source = key if key in index else key.rsplit(".", 1)[0] + ".weight"
+        assert file == index[source], key
+    assert out_index["metadata"]["total_size"] == sum(t.nbytes for t in _tensors(dst).values())
+    assert (dst / "generation_config.json").is_file() and not (tmp_path / "dst.partial").exists()
+    got_config = json.loads((dst / "config.json").read_text())
+    want_config = json.loads((want / "config.json").read_text())
+    assert got_config["quantization_config"] == want_config["quantization_config"]
+    assert got_config["hidden_size"] == 64
+    if fmt == "modelopt":
+        assert (json.loads((dst / "hf_quant_config.json").read_text())
+                == json.loads((want / "hf_quant_config.json").read_text()))
+
+
+@pytest.mark.parametrize("arch", ["qwen3_moe", "mixtral"])
+def test_moe_equals_convert_and_save_checkpoint(tmp_path, arch):
+    model = moe_model(arch, "eager", 2)
+    src = _src(tmp_path, model, "60KB")
+    assert len(list(src.glob("*.safetensors"))) >= 2
+    dst = tmp_path / "dst"
+    assert _quantize(src, dst, "--device", "cpu") == 0
+    want, converted = _expected(tmp_path, model, "modelopt", "rtn")
+    _assert_same_tensors(dst, want)
+    ids = torch.randint(0, 320, (1, 12), generator=torch.Generator().manual_seed(1))
+    with nv.init_empty_weights():
+        fresh = type(model)(model.config)
+    nv.load_checkpoint(fresh, dst)
+    with torch.no_grad():  # (same tensors; the fresh model's experts may run another implementation)
+        ok, err = close(fresh.eval()(ids).logits, converted(ids).logits, 0.02)
+    assert ok, err
+
+
+def test_load_checkpoint_and_from_pretrained(tmp_path):
+    import transformers
+
+    model = _llama()
+    src = _src(tmp_path, model)
+    dst = tmp_path / "dst"
+    assert _quantize(src, dst, "--device", "cpu", "--exclude", "*.layers.1.mlp.down_proj") == 0
+    config = nv.Config(share_global_scales=True,
+                       include=lambda name, m: not name.endswith("layers.1.mlp.down_proj"))
+    converted = copy.deepcopy(model)
+    nv.convert(converted, config)
+    nv.save_checkpoint(converted, tmp_path / "expected")
+    _assert_same_tensors(dst, tmp_path / "expected")
+    ids = torch.randint(0, 320, (1, 12), generator=torch.Generator().manual_seed(1))
+    with torch.no_grad():
+        want = converted(ids).logits
+        with nv.init_empty_weights():
+            fresh = transformers.LlamaForCausalLM(model.config)
+        nv.load_checkpoint(fresh, dst)
+        # (the same tensors; a fresh model's rotary table is fp32 where the cast one's is bf16)
+        ok, err = close(fresh(ids).logits, want, 0.02)
+        assert ok, err
+        nv.register_transformers_quantizer()
+        loaded = transformers.AutoModelForCausalLM.from_pretrained(dst)
+        assert type(loaded.model.layers[1].mlp.down_proj) is torch.nn.Linear
+        assert type(loaded.model.layers[0].mlp.down_proj) is not torch.nn.Linear
+        assert torch.equal(loaded(ids).logits, fresh(ids).logits)
+
+
+def test_compressed_tensors_loader_reads_it(tmp_path):
+    pytest.importorskip("compressed_tensors")
+    import transformers
+
+    model = _llama()
+    dst = tmp_path / "dst"
+    assert _quantize(_src(tmp_path, model), dst, "--format", "compressed-tensors", "--device", "cpu") == 0
+    _, converted = _expected(tmp_path, model, "compressed-tensors", "rtn")
+    ids = torch.randint(0, 320, (1, 12), generator=torch.Generator().manual_seed(1))
+    with torch.no_grad():
+        loaded = transformers.AutoModelForCausalLM.from_pretrained(dst, dtype=torch.bfloat16)
+        got, want = loaded(ids).logits, converted(ids).logits
+    assert torch.isfinite(got).all()
+    ok, err = close(got, want, 0.05)
+    assert ok, err
+
+
+def test_refusals(tmp_path, capsys):
+    model = _llama()
+    src = _src(tmp_path, model)
+    dst = tmp_path / "dst"
+    dst.mkdir()
+    (dst / "model.safetensors").write_bytes(b"old")
+    assert _quantize(src, dst, "--device", "cpu") == 2
+    assert "--overwrite" in capsys.readouterr().out and (dst / "model.safetensors").read_bytes() == b"old"
+    assert _quantize(src, dst, "--device", "cpu", "--overwrite") == 0
+    assert not (dst / "model.safetensors").exists() and (dst / "config.json").is_file()
+    (dst / "notes.txt").write_text("mine")  # --overwrite removes a checkpoint's files, nothing else
+    assert _quantize(src, dst, "--device", "cpu", "--overwrite") == 2
+    assert "notes.txt" in capsys.readouterr().out
+    assert _quantize(tmp_path / "missing", tmp_path / "d1") == 2
+    assert "not a folder" in capsys.readouterr().out
+    (tmp_path / "bare").mkdir()
+    assert _quantize(tmp_path / "bare", tmp_path / "d2") == 2
+    assert "config.json" in capsys.readouterr().out
+    assert _quantize(src, tmp_path / "d3", "--weight-method", "hessian") == 2
+    assert "calibration" in capsys.readouterr().out
+    if not torch.cuda.is_available():
+        assert _quantize(src, tmp_path / "d4", "--device", "cuda") == 2
+        assert "--device cuda: CUDA is not available" in capsys.readouterr().out
+    assert not any((tmp_path / d).exists() for d in ("d1", "d2", "d3", "d4"))
+
+
+def test_help_in_a_subprocess():
+    out = subprocess.run([sys.executable, "-m", "nvfp4_inductor", "quantize", "--help"], capture_output=True,
+                         text=True, cwd=Path(__file__).parents[1], timeout=120)
+    assert out.returncode == 0 and "--weight-method" in out.stdout and "--overwrite" in out.stdout
+
+
+def _special_rows(k: int, generator) -> torch.Tensor:
+    """Rows of special blocks: all zero, exact ties at several scales, saturating, subnormal, NaN, +-Inf."""
+    rows = sample("grid", (6, k), generator)
+    rows[0, :16] = 0.0
+    rows[0, 16:32] = -0.0
+    rows[1, :16] = 1e-40  # (fp32 subnormal: the block scale underflows)
+    rows[2, :16] = 3e38
+    rows[3, 5] = math.nan
+    rows[4, 20] = math.inf
+    rows[5, 40] = -math.inf
+    return rows
+
+
+@pytest.mark.parametrize("dist", DISTS)
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
+def test_quantize_cpu_equals_reference(dist, dtype):
+    generator = torch.Generator().manual_seed(7)
+    k = 16 * 13
+    x = sample(dist, (37, k), generator)
+    x = torch.cat([x, _special_rows(k, generator)]).to(dtype)
+    for g in (reference.compute_global_scale(x), torch.tensor(2.0**-110), torch.tensor(1e-3)):
+        got = quantize_cpu.quantize(x, g)
+        want = reference.quantize(x, g)
+        for a, b in zip(got, want):
+            assert a.dtype == b.dtype and torch.equal(a.view(torch.uint8) if a.dtype != torch.float32 else a,
+                                                      b.view(torch.uint8) if b.dtype != torch.float32 else b)
+
+
+def test_quantize_cpu_chunks_rows_and_leaves_x():
+    x = torch.randn(3 * quantize_cpu.CHUNK_ELEMENTS // 64 + 5, 64, generator=torch.Generator().manual_seed(3))
+    before = x.clone()
+    g = reference.compute_global_scale(x)
+    got, want = quantize_cpu.quantize(x, g), reference.quantize(x, g)
+    assert torch.equal(got[0], want[0]) and torch.equal(got[1].view(torch.uint8), want[1].view(torch.uint8))
+    assert torch.equal(x, before)
