@@ -155,9 +155,10 @@ def _global_scale(weights: list[torch.Tensor], kind: str) -> torch.Tensor:
     """The global scale a unit's weights share, as nv.convert computes it: the largest of the
     members' (a fused group, convert's shared scales), or that of their concatenation (an
     expert's gate_up, quantized as one tensor)."""
+    amaxes = [quantize_cpu.finite_amax(w) if w.device.type == "cpu" else reference.finite_amax(w) for w in weights]
     if kind == "gate_up":
-        return reference.global_scale_from_amax(torch.stack([reference.finite_amax(w) for w in weights]).max())
-    return torch.stack([reference.compute_global_scale(w) for w in weights]).max()
+        return reference.global_scale_from_amax(torch.stack(amaxes).max())
+    return torch.stack([reference.global_scale_from_amax(a) for a in amaxes]).max()
 
 
 def _quantize(w: torch.Tensor, g: torch.Tensor, method: str) -> tuple[torch.Tensor, torch.Tensor]:

@@ -227,10 +227,13 @@ def test_quantize_cpu_equals_reference(dist, dtype):
                                                       b.view(torch.uint8) if b.dtype != torch.float32 else b)
 
 
-def test_quantize_cpu_chunks_rows_and_leaves_x():
-    x = torch.randn(3 * quantize_cpu.CHUNK_ELEMENTS // 64 + 5, 64, generator=torch.Generator().manual_seed(3))
+@pytest.mark.parametrize("shape", [(1, 16), (157, 432), (5, 16 * 431)])
+def test_quantize_cpu_odd_shapes_and_leaves_x(shape):
+    x = torch.randn(shape, generator=torch.Generator().manual_seed(3)) * 3
+    x[0, 0] = math.nan
     before = x.clone()
     g = reference.compute_global_scale(x)
+    assert torch.equal(quantize_cpu.finite_amax(x), reference.finite_amax(x))
     got, want = quantize_cpu.quantize(x, g), reference.quantize(x, g)
     assert torch.equal(got[0], want[0]) and torch.equal(got[1].view(torch.uint8), want[1].view(torch.uint8))
-    assert torch.equal(x, before)
+    assert torch.equal(x.nan_to_num(), before.nan_to_num())
