@@ -28,7 +28,7 @@ from .config import Config
 from .kernels import quantize_cpu
 from .scale_search import METHODS
 
-__all__ = ["add_arguments", "main", "plan", "Plan"]
+__all__ = ["add_arguments", "main", "plan", "Plan", "read_tensor"]
 
 # SRC files copied to DST as they are (tokenizer, chat template, generation settings)
 COPIED_FILES = ("generation_config.json", "tokenizer*", "special_tokens_map.json", "*.jinja", "vocab.*",
@@ -130,10 +130,24 @@ def plan(src: Path, method: str, exclude: list[str]) -> Plan:
 
 
 def _keys(file: Path) -> list[str]:
+    """The tensor names of a safetensors file."""
+    from safetensors import SafetensorError, safe_open
+
+    try:
+        with safe_open(str(file), framework="pt") as f:
+            return list(f.keys())
+    except (SafetensorError, OSError) as error:
+        raise ValueError(f"{file} is not a readable safetensors file: {error}") from None
+
+
+def read_tensor(file: Path, key: str) -> torch.Tensor:
+    """One tensor of a safetensors file. The file is opened for each tensor: safetensors maps it,
+    and the pages a read touches count as this process's memory for as long as the mapping lives
+    (a handle kept open per shard holds the whole shard by the end)."""
     from safetensors import safe_open
 
     with safe_open(str(file), framework="pt") as f:
-        return list(f.keys())
+        return f.get_tensor(key)
 
 
 def _check_device(device: str | None) -> torch.device:
@@ -198,50 +212,65 @@ class _Progress:
         self.bar.close()
 
 
-def write(plan_: Plan, dst: Path, fmt: str, method: str, device: torch.device, quiet: bool) -> None:
-    """Read SRC's tensors, quantize plan_'s units, write DST's shards (one held at a time), index and configs."""
-    from safetensors import safe_open
+class _ShardWriter:
+    """Builds DST's shards one at a time: SRC shard i's tensors, copied or quantized."""
+
+    def __init__(self, plan_: Plan, fmt: str, method: str, device: torch.device, progress: "_Progress"):
+        self.plan, self.fmt, self.method, self.device, self.progress = plan_, fmt, method, device, progress
+        self.unit_of = {key: u for u, (_, keys, _) in enumerate(plan_.units) for key in keys}
+        self.pending: dict[int, dict[str, torch.Tensor]] = {}  # shard -> what a straddling unit left there
+        self.done: set[int] = set()
+
+    def shard(self, i: int) -> dict[str, torch.Tensor]:
+        """-> output shard i's tensors (only it is held, and the other shards' parts of its units)."""
+        out = self.pending.pop(i, {})
+        file = self.plan.src_files[i]
+        for key in _keys(file):
+            u = self.unit_of.get(key)
+            if u is None:
+                out[key] = read_tensor(file, key)
+                self.progress.update(1, out[key].nbytes)
+            elif u not in self.done:
+                self.done.add(u)
+                self._unit(u, i, out)
+        return out
+
+    def _unit(self, u: int, i: int, out: dict) -> None:
+        """Quantize unit u (its weights read from whichever shards hold them) into out (shard i)
+        and the pending parts of later shards."""
+        _, keys, kind = self.plan.units[u]
+        shard_of = self.plan.shard_of
+        weights = [read_tensor(self.plan.src_files[shard_of[k]], k) for k in keys]
+        nbytes = sum(w.nbytes for w in weights)
+        weights = [w.to(self.device) for w in weights]
+        g = _global_scale(weights, kind)
+        for k, w in zip(keys, weights):
+            data, scale = _quantize(w, g, self.method)
+            target = out if shard_of[k] == i else self.pending.setdefault(shard_of[k], {})
+            target.update(_stored(self.fmt, k, data, scale, g))
+        self.progress.update(len(keys), nbytes)
+
+
+def write(plan_: Plan, dst: Path, fmt: str, method: str, device: torch.device, quiet: bool) -> int:
+    """Read SRC's tensors, quantize plan_'s units, write DST's shards (one held at a time) and
+    index; -> the bytes read."""
     from safetensors.torch import save_file
 
-    readers = [safe_open(str(file), framework="pt") for file in plan_.src_files]
-    unit_of = {key: u for u, (_, keys, _) in enumerate(plan_.units) for key in keys}
-    pending: dict[int, dict[str, torch.Tensor]] = {}  # output shard -> tensors a straddling unit left there
-    done: set[int] = set()
     weight_map, total_size = {}, 0
     progress = _Progress(len(plan_.shard_of), quiet)
     try:
+        writer = _ShardWriter(plan_, fmt, method, device, progress)
         for i, file in enumerate(plan_.src_files):
-            out = pending.pop(i, {})
-            for key in readers[i].keys():
-                u = unit_of.get(key)
-                if u is None:
-                    tensor = readers[i].get_tensor(key)
-                    out[key] = tensor
-                    progress.update(1, tensor.nbytes)
-                    continue
-                if u in done:
-                    continue
-                done.add(u)
-                _, keys, kind = plan_.units[u]
-                weights = [readers[plan_.shard_of[k]].get_tensor(k) for k in keys]
-                nbytes = sum(w.nbytes for w in weights)
-                weights = [w.to(device) for w in weights]
-                g = _global_scale(weights, kind)
-                for k, w in zip(keys, weights):
-                    data, scale = _quantize(w, g, method)
-                    target = out if plan_.shard_of[k] == i else pending.setdefault(plan_.shard_of[k], {})
-                    target.update(_stored(fmt, k, data, scale, g))
-                del weights
-                progress.update(len(keys), nbytes)
-            save_file(out, str(dst / file.name), metadata={"format": "pt"})
-            for key, value in out.items():
-                weight_map[key] = file.name
-                total_size += value.nbytes
-            del out
+            tensors = writer.shard(i)
+            save_file(tensors, str(dst / file.name), metadata={"format": "pt"})
+            weight_map.update(dict.fromkeys(tensors, file.name))
+            total_size += sum(t.nbytes for t in tensors.values())
+            del tensors  # (before the next shard is read)
     finally:
         progress.close()
     index = {"metadata": {"total_size": total_size}, "weight_map": dict(sorted(weight_map.items()))}
     (dst / "model.safetensors.index.json").write_text(json.dumps(index, indent=2))
+    return progress.bytes
 
 
 def _check_dst(src: Path, dst: Path, overwrite: bool) -> None:
@@ -293,7 +322,9 @@ def main(args) -> int:
     except (ValueError, FileNotFoundError, NotADirectoryError, OSError) as error:
         print(f"quantize: error: {error}", flush=True)
         return 2
-    write(the_plan, partial, args.format, args.weight_method, device, args.quiet)
+    start = time.perf_counter()
+    read = write(the_plan, partial, args.format, args.weight_method, device, args.quiet)
+    seconds = time.perf_counter() - start
     for pattern in COPIED_FILES:
         for file in src.glob(pattern):
             if file.is_file():
@@ -304,5 +335,6 @@ def main(args) -> int:
         dst.rmdir()  # (empty: checked or cleared above)
     os.replace(partial, dst)
     if not args.quiet:
-        print(f"wrote {dst} ({args.format}, weight method {args.weight_method})")
+        print(f"wrote {dst} ({args.format}, weight method {args.weight_method}, {device.type}): read "
+              f"{read / 1e9:.2f} GB of tensors in {seconds:.1f} s ({read / seconds / 1e6:.0f} MB/s)")
     return 0
