@@ -6,8 +6,8 @@ peak host memory against the largest input shard.
 
 Writes random bf16 weights of Llama-3-8B shapes (hidden 4096, MLP 14336, 32 / 8 heads, vocab
 128256, untied head) as Hugging Face shards of about --shard-gb with a config.json to a temporary
-folder, then runs the command in a child process (peak RSS from getrusage of the children, so
-it starts from nothing) and reports:
+folder, then runs the command in a child process (its own peak RSS from wait4, started from a
+parent that holds almost nothing) and reports:
 
     wall        the child's wall time (Python start, transformers import, compile included)
     stream      the command's own streaming time (reading, quantizing and writing the shards)
@@ -20,16 +20,14 @@ H200. The floor is reading the input and writing about 0.28x of it back.
 
 import argparse
 import json
+import os
 import platform
 import re
-import resource
 import subprocess
 import sys
 import tempfile
 import time
 from pathlib import Path
-
-import torch
 
 LLAMA3_8B = dict(vocab_size=128256, hidden_size=4096, intermediate_size=14336, num_attention_heads=32,
                  num_key_value_heads=8, rope_theta=500000.0, tie_word_embeddings=False)
@@ -37,6 +35,7 @@ LLAMA3_8B = dict(vocab_size=128256, hidden_size=4096, intermediate_size=14336, n
 
 def write(path: Path, layers: int, shard_bytes: int) -> list[int]:
     """Random bf16 Llama-3-8B-shaped weights as Hugging Face shards; -> each shard's bytes."""
+    import torch
     import transformers
     from safetensors.torch import save_file
 
@@ -86,26 +85,41 @@ def main() -> None:
     parser.add_argument("--device", default="cpu")
     parser.add_argument("--format", default="modelopt", choices=("modelopt", "compressed-tensors"))
     parser.add_argument("--shard-gb", type=float, default=2.0, help="input shard size (default 2 GB)")
+    parser.add_argument("--write-to", help=argparse.SUPPRESS)  # (the child that writes the input)
     args = parser.parse_args()
-    import triton
+    if args.write_to:
+        import torch
+        import triton
 
-    device = torch.cuda.get_device_name() if args.device == "cuda" else f"{cpu_name()}, {torch.get_num_threads()} threads"
-    print(f"torch {torch.__version__}, triton {triton.__version__}, device: {device}")
+        device = torch.cuda.get_device_name() if args.device == "cuda" else \
+            f"{cpu_name()}, {torch.get_num_threads()} threads"
+        print(f"torch {torch.__version__}, triton {triton.__version__}, device: {device}", file=sys.stderr)
+        print(json.dumps(write(Path(args.write_to), args.layers, int(args.shard_gb * 1e9))))
+        return
+    # This process stays small and reads each child's own peak (os.wait4): a child's peak RSS
+    # counts its parent's memory at the time it was started.
     with tempfile.TemporaryDirectory() as tmp:
         src, dst = Path(tmp) / "src", Path(tmp) / "dst"
         src.mkdir()
-        sizes = write(src, args.layers, int(args.shard_gb * 1e9))
+        made = subprocess.run([sys.executable, __file__, "--write-to", str(src), "--layers", str(args.layers),
+                               "--shard-gb", str(args.shard_gb), "--device", args.device],
+                              stdout=subprocess.PIPE, text=True, check=True)
+        sizes = json.loads(made.stdout)
         total = sum(sizes)
         command = [sys.executable, "-m", "nvfp4_inductor", "quantize", str(src), str(dst), "--device", args.device,
                    "--weight-method", args.method, "--format", args.format]
+        out, err = Path(tmp) / "stdout", Path(tmp) / "stderr"
         start = time.perf_counter()
-        out = subprocess.run(command, capture_output=True, text=True, cwd=Path(__file__).parents[1])
+        with open(out, "w") as stdout_file, open(err, "w") as stderr_file:
+            child = subprocess.Popen(command, stdout=stdout_file, stderr=stderr_file, cwd=Path(__file__).parents[1])
+            _, status, usage = os.wait4(child.pid, 0)
         wall = time.perf_counter() - start
-        if out.returncode:
-            sys.exit(f"quantize failed ({out.returncode}):\n{out.stdout}\n{out.stderr[-4000:]}")
-        found = re.search(r"in ([\d.]+) s", out.stdout)
+        peak = usage.ru_maxrss * 1024
+        stdout = out.read_text()
+        if os.waitstatus_to_exitcode(status):
+            sys.exit(f"quantize failed ({os.waitstatus_to_exitcode(status)}):\n{stdout}\n{err.read_text()[-4000:]}")
+        found = re.search(r"in ([\d.]+) s", stdout)
         stream = float(found.group(1)) if found else float("nan")
-        peak = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss * 1024
         written = sum(f.stat().st_size for f in dst.glob("*.safetensors"))
     largest = max(sizes)
     print(f"Llama-3-8B shapes, {args.layers} layers, {len(sizes)} input shards (largest {largest / 1e9:.2f} GB), "
