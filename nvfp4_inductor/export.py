@@ -15,7 +15,9 @@ import fnmatch
 import json
 import os
 import shutil
+import sys
 import time
+from dataclasses import dataclass
 from pathlib import Path
 
 import torch
@@ -55,14 +57,16 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.set_defaults(run=main)
 
 
+@dataclass
 class Plan:
-    """What to write: units [(model layer names, their files' weight keys, "linear" or "gate_up")]
-    of weights that share one global scale; excluded: the files' names of the modules left in
-    bf16; src_files: SRC's shards; shard_of: {SRC key: index into src_files}."""
+    """What to write. units: [(model layer names, their weights' keys in SRC, "linear" or
+    "gate_up")], each a group of weights sharing one global scale; excluded: the files' names
+    of the modules left in bf16; src_files: SRC's shards; shard_of: {SRC key: index into src_files}."""
 
-    def __init__(self, units, excluded, src_files, shard_of, hf_config):
-        self.units, self.excluded, self.src_files, self.shard_of = units, excluded, src_files, shard_of
-        self.hf_config = hf_config
+    units: list[tuple[list[str], list[str], str]]
+    excluded: list[str]
+    src_files: list[Path]
+    shard_of: dict[str, int]
 
 
 def _exclude_filter(globs: list[str], to_file):
@@ -107,7 +111,7 @@ def plan(src: Path, method: str, exclude: list[str]) -> Plan:
     in_group = {name for members in grouped for name in members}
     units = [(members, "linear") for members in grouped]
     units += [([name], "linear") for name in converting if name not in in_group]
-    experts, refused = experts_to_convert(model, config)
+    experts, _ = experts_to_convert(model, config)  # (those it cannot convert stay bf16, as in convert)
     namer = _hf_names.expert_namer(model)
     for names, module in experts:
         gate, up, down = namer(names[0])
@@ -126,7 +130,7 @@ def plan(src: Path, method: str, exclude: list[str]) -> Plan:
     converted = set(converting) | {names[0] for names, _ in experts}
     excluded = sorted(to_file(name) for name, m in model.named_modules()
                       if (type(m) is nn.Linear or is_experts(m)) and name not in converted)
-    return Plan(keyed, excluded, files, shard_of, model.config)
+    return Plan(keyed, excluded, files, shard_of)
 
 
 def _keys(file: Path) -> list[str]:
@@ -320,7 +324,7 @@ def main(args) -> int:
             _clear(dst)  # (before writing: a refusal here must not cost the whole run)
         partial.mkdir(parents=True, exist_ok=True)
     except (ValueError, FileNotFoundError, NotADirectoryError, OSError) as error:
-        print(f"quantize: error: {error}", flush=True)
+        print(f"quantize: error: {error}", file=sys.stderr, flush=True)
         return 2
     start = time.perf_counter()
     read = write(the_plan, partial, args.format, args.weight_method, device, args.quiet)

@@ -174,22 +174,22 @@ def test_refusals(tmp_path, capsys):
     dst.mkdir()
     (dst / "model.safetensors").write_bytes(b"old")
     assert _quantize(src, dst, "--device", "cpu") == 2
-    assert "--overwrite" in capsys.readouterr().out and (dst / "model.safetensors").read_bytes() == b"old"
+    assert "--overwrite" in capsys.readouterr().err and (dst / "model.safetensors").read_bytes() == b"old"
     assert _quantize(src, dst, "--device", "cpu", "--overwrite") == 0
     assert not (dst / "model.safetensors").exists() and (dst / "config.json").is_file()
     (dst / "notes.txt").write_text("mine")  # --overwrite removes a checkpoint's files, nothing else
     assert _quantize(src, dst, "--device", "cpu", "--overwrite") == 2
-    assert "notes.txt" in capsys.readouterr().out
+    assert "notes.txt" in capsys.readouterr().err
     assert _quantize(tmp_path / "missing", tmp_path / "d1") == 2
-    assert "not a folder" in capsys.readouterr().out
+    assert "not a folder" in capsys.readouterr().err
     (tmp_path / "bare").mkdir()
     assert _quantize(tmp_path / "bare", tmp_path / "d2") == 2
-    assert "config.json" in capsys.readouterr().out
+    assert "config.json" in capsys.readouterr().err
     assert _quantize(src, tmp_path / "d3", "--weight-method", "hessian") == 2
-    assert "calibration" in capsys.readouterr().out
+    assert "calibration" in capsys.readouterr().err
     if not torch.cuda.is_available():
         assert _quantize(src, tmp_path / "d4", "--device", "cuda") == 2
-        assert "--device cuda: CUDA is not available" in capsys.readouterr().out
+        assert "--device cuda: CUDA is not available" in capsys.readouterr().err
     assert not any((tmp_path / d).exists() for d in ("d1", "d2", "d3", "d4"))
 
 
