@@ -30,6 +30,8 @@ import warnings
 from pathlib import Path
 
 import torch
+from safetensors import SafetensorError
+from safetensors.torch import load_file, save_file
 from torch import nn
 
 from . import _checks, _hf_names, api, checkpoint_config
@@ -101,9 +103,6 @@ def safetensors_files(path: Path) -> list[Path]:
 
 def read_file(file: Path) -> dict[str, torch.Tensor]:
     """One safetensors file's tensors (CPU); a file safetensors cannot read raises naming it."""
-    from safetensors import SafetensorError
-    from safetensors.torch import load_file
-
     try:
         return load_file(file)
     except (SafetensorError, OSError) as error:
@@ -328,8 +327,6 @@ def save_checkpoint(model: nn.Module, path, format: str = "modelopt") -> None:  
     ("modelopt" or "compressed-tensors"): model.safetensors, and the format's config (ModelOpt:
     hf_quant_config.json; both: config.json's quantization_config, merged into the model's
     Hugging Face config where it has one)."""
-    from safetensors.torch import save_file
-
     if format not in FORMATS:
         raise ValueError(f"format must be one of {FORMATS}; got {format!r}")
     # a tensor-parallel share (parallel.NVFP4LinearShard) would be written under its whole layer's
