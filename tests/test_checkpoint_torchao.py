@@ -137,6 +137,14 @@ def test_torchao_single_file_needs_torchao_metadata(tmp_path):
             nv.load_checkpoint(_model(), path)
 
 
+def test_torchao_loads_into_a_model_on_the_meta_device():
+    with nv.init_empty_weights():
+        model = Tiny()
+    nv.load_checkpoint(model, DATA / "w4a16.safetensors")
+    assert model.norm.weight.device.type == "cpu" and model.up.weight.device.type == "cpu"
+    assert torch.equal(model.up.plain_weight()[0], EXPECTED["w4a16.up.codes"])
+
+
 def test_torchao_plain_scales_load(tmp_path):
     """is_swizzled_scales false: the scales are stored (N, K/16) as they are."""
     tensors, metadata = _read("w4a16")
