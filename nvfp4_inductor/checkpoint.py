@@ -1,6 +1,7 @@
 """NVFP4 checkpoints in the formats other tools write and read: NVIDIA ModelOpt's Hugging Face
-export and compressed-tensors' "nvfp4-pack-quantized" (llmcompressor). Files are read with
-safetensors only (never unpickled).
+export and compressed-tensors' "nvfp4-pack-quantized" (llmcompressor); torchao's flattened
+NVFP4Tensor state dicts are read too (their layout: _torchao). Files are read with safetensors
+only (never unpickled).
 
                       ModelOpt                               compressed-tensors
     codes             <layer>.weight        uint8 (N, K/2)   <layer>.weight_packed  uint8 (N, K/2)
@@ -30,9 +31,11 @@ import warnings
 from pathlib import Path
 
 import torch
+from safetensors import SafetensorError
+from safetensors.torch import load_file, save_file
 from torch import nn
 
-from . import _checks, _hf_names, api, checkpoint_config
+from . import _checks, _hf_names, _torchao, api, checkpoint_config
 from .convert import ConversionReport, NVFP4Linear, _replace, fused_groups
 from .moe import NVFP4Experts, _cannot_convert, _is_experts
 from .format import BLOCK_SIZE
@@ -41,7 +44,8 @@ __all__ = ["init_empty_weights", "load_checkpoint", "save_checkpoint"]
 
 FORMATS = ("modelopt", "compressed-tensors")
 SUFFIXES = {"modelopt": ("weight", "weight_scale", "weight_scale_2", "input_scale"),
-             "compressed-tensors": ("weight_packed", "weight_scale", "weight_global_scale", "input_global_scale")}
+            "compressed-tensors": ("weight_packed", "weight_scale", "weight_global_scale", "input_global_scale"),
+            "torchao": _torchao.SUFFIXES}
 
 
 @contextlib.contextmanager
@@ -75,7 +79,8 @@ def _checkpoint_folder(path) -> Path:
         raise FileNotFoundError(f"no checkpoint at {path}: it does not exist")
     if not path.is_dir():
         raise NotADirectoryError(f"{path} is a file: give the checkpoint's folder (the one holding config.json "
-                                 "or hf_quant_config.json and the .safetensors files)")
+                                 "or hf_quant_config.json and the .safetensors files); a single file is read only "
+                                 "when it is a safetensors file with torchao's metadata")
     return path
 
 
@@ -101,9 +106,6 @@ def safetensors_files(path: Path) -> list[Path]:
 
 def read_file(file: Path) -> dict[str, torch.Tensor]:
     """One safetensors file's tensors (CPU); a file safetensors cannot read raises naming it."""
-    from safetensors import SafetensorError
-    from safetensors.torch import load_file
-
     try:
         return load_file(file)
     except (SafetensorError, OSError) as error:
@@ -150,8 +152,31 @@ def quantization(path) -> checkpoint_config.QuantizationSpec:
                                                _json_file(path / "hf_quant_config.json"))
 
 
-def stored_global_scale(name: str, value: torch.Tensor, fmt: str) -> torch.Tensor:
+def _torchao_checkpoint(path: Path) -> tuple[dict, dict] | None:
+    """torchao's files at path (a folder, or one .safetensors file) -> _torchao.read's (tensors,
+    {layer: W4A4?}); None for a folder that is another format's or holds no torchao metadata."""
+    if path.is_file() and path.suffix == ".safetensors" and _torchao.is_torchao([path]):
+        return _torchao.read([path])
+    path = _checkpoint_folder(path)
+    config = _json_file(path / "config.json") or {}
+    method = (config.get("quantization_config") or {}).get("quant_method")
+    if method == "torchao":
+        files = safetensors_files(path)
+        if not _torchao.is_torchao(files):
+            raise ValueError(f"{path}: config.json says torchao, but its safetensors files carry no torchao metadata "
+                             "(torchao's flatten_tensor_state_dict); a torchao checkpoint saved another way (torch.save, "
+                             "safe_serialization=False) is not read here")
+        return _torchao.read(files)
+    if method is not None or (path / "hf_quant_config.json").is_file() or not list(path.glob("*.safetensors")):
+        return None
+    files = safetensors_files(path)
+    return _torchao.read(files) if _torchao.is_torchao(files) else None
+
+
+def stored_global_scale(name: str, value: torch.Tensor | None, fmt: str) -> torch.Tensor:
     """A stored global scale -> g, fp32 () (compressed-tensors stores 1 / g), checked."""
+    if value is None and fmt == "torchao":
+        return torch.ones((), dtype=torch.float32)  # torchao's NVFP4Tensor without a per_tensor_scale: g = 1
     _checks.check_tensor(name, value, (torch.float32,))
     if value.numel() != 1:
         raise ValueError(f"{name} must hold one per-tensor scale; got shape {tuple(value.shape)}")
@@ -162,7 +187,8 @@ def stored_global_scale(name: str, value: torch.Tensor, fmt: str) -> torch.Tenso
     if g >= 1:
         other = ("a ModelOpt weight_scale_2 / input_scale (amax / 2688) stored where compressed-tensors "
                  "keeps its reciprocal" if fmt == "compressed-tensors" else
-                 "a compressed-tensors global scale (2688 / amax) stored where ModelOpt keeps amax / 2688")
+                 "a compressed-tensors global scale (2688 / amax) stored where "
+                 f"{'torchao' if fmt == 'torchao' else 'ModelOpt'} keeps amax / 2688")
         raise ValueError(f"{name} = {stored.item()} means a global scale of {g.item()} (amax >= 2688): "
                          f"almost certainly {other}")
     return g
@@ -171,7 +197,8 @@ def stored_global_scale(name: str, value: torch.Tensor, fmt: str) -> torch.Tenso
 def _layer(prefix: str, linear: nn.Linear, tensors: dict, fmt: str, w4a4: bool) -> NVFP4Linear:
     codes_key, scale_key, g_key, x_key = (f"{prefix}.{s}" for s in SUFFIXES[fmt])
     n, k = linear.out_features, linear.in_features
-    absent = [key for key in (codes_key, scale_key, g_key) if key not in tensors]
+    # (torchao may store no global scale: g = 1)
+    absent = [key for key in (codes_key, scale_key, *([] if fmt == "torchao" else [g_key])) if key not in tensors]
     if absent:
         raise ValueError(f"the checkpoint quantizes {prefix!r} but lacks {absent} ({fmt} stores a layer as "
                          f"{', '.join(SUFFIXES[fmt][:3])})")
@@ -181,7 +208,7 @@ def _layer(prefix: str, linear: nn.Linear, tensors: dict, fmt: str, w4a4: bool) 
     for key, value, shape in ((codes_key, codes, (n, k // 2)), (scale_key, scale, (n, k // BLOCK_SIZE))):
         if tuple(value.shape) != shape:
             raise ValueError(f"{key} has shape {tuple(value.shape)}; the model's layer ({n} x {k}) needs {shape}")
-    g = stored_global_scale(g_key, tensors.pop(g_key), fmt)
+    g = stored_global_scale(g_key, tensors.pop(g_key, None), fmt)
     x_scale = tensors.pop(x_key, None)
     input_scale = stored_global_scale(x_key, x_scale, fmt) if x_scale is not None and w4a4 else None
     bias = tensors.pop(f"{prefix}.bias", None)
@@ -243,14 +270,24 @@ def load_checkpoint(model: nn.Module, path) -> ConversionReport:
     hf_quant_config.json, safetensors files, sharded with an index or not) into model, in place:
     every linear the checkpoint quantizes becomes an NVFP4Linear holding the stored codes and
     scales as they are (W4A4 layers with their calibrated input scales), the rest of the model
-    loads its tensors. Everything is checked before any layer is replaced."""
-    spec = quantization(path)
-    fmt, w4a4 = spec.format, spec.w4a4
-    excluded_in_files = spec.excluded
+    loads its tensors. A torchao checkpoint (a folder, or one .safetensors file, written with
+    torchao's flatten_tensor_state_dict) loads the same way, its scales unswizzled; what
+    NVFP4Linear cannot hold is refused (_torchao). Everything is checked before any layer is
+    replaced."""
+    torchao = _torchao_checkpoint(Path(path))
+    if torchao is None:
+        spec = quantization(path)
+        fmt, w4a4, excluded_in_files = spec.format, spec.w4a4, spec.excluded
+        tensors = _read_tensors(path)
+    else:  # which layers are quantized, and how, is in the files: none excluded, W4A4 per layer
+        (tensors, w4a4_layers), fmt = torchao, "torchao"
+        excluded_in_files, w4a4 = (lambda name: False), _hf_names.either_name(model, w4a4_layers.get)
     excluded = _hf_names.either_name(model, excluded_in_files)
-    tensors = _model_keys(model, _read_tensors(path))
+    tensors = _model_keys(model, tensors)
     codes_suffix = "." + SUFFIXES[fmt][0]
-    scale_suffix = "." + SUFFIXES[fmt][2]
+    # the tensor that marks a quantized layer: its global scale (ModelOpt's codes are nn.Linear's
+    # "weight"); torchao's may be absent (g = 1), and its codes have a name of their own
+    scale_suffix = "." + SUFFIXES[fmt][0 if fmt == "torchao" else 2]
     quantized = sorted(key[:-len(scale_suffix)] for key in tensors if key.endswith(scale_suffix))
     modules = dict(model.named_modules())
     experts_modules = {name: m for name, m in modules.items() if _is_experts(m) or isinstance(m, NVFP4Experts)}
@@ -264,6 +301,9 @@ def load_checkpoint(model: nn.Module, path) -> ConversionReport:
         if name + codes_suffix not in tensors:
             raise ValueError(f"the checkpoint has {name}{scale_suffix} but no {name}{codes_suffix}")
     quantized_experts = sorted(set(of_experts.values()))
+    if quantized_experts and fmt == "torchao":
+        raise ValueError(f"the torchao checkpoint quantizes experts of {quantized_experts}; torchao experts are "
+                         "not read here")
     quantized = [name for name in quantized if name not in of_experts]
     for name in quantized:
         if not isinstance(modules.get(name), nn.Linear):
@@ -285,7 +325,8 @@ def load_checkpoint(model: nn.Module, path) -> ConversionReport:
     unexpected = [key for key in tensors if key not in expected and not key.startswith(prefixes)]
     if unexpected:
         raise ValueError(f"the checkpoint holds tensors the model lacks: {unexpected[:8]}")
-    layers = {name: _layer(name, modules[name], tensors, fmt, w4a4) for name in quantized}
+    layers = {name: _layer(name, modules[name], tensors, fmt, w4a4 if isinstance(w4a4, bool) else bool(w4a4(name)))
+              for name in quantized}
     expert_names = _hf_names.expert_namer(model)
     layers.update({name: _experts_layer(name, modules[name], tensors, fmt, w4a4, expert_names(name))
                    for name in quantized_experts})
@@ -328,8 +369,6 @@ def save_checkpoint(model: nn.Module, path, format: str = "modelopt") -> None:  
     ("modelopt" or "compressed-tensors"): model.safetensors, and the format's config (ModelOpt:
     hf_quant_config.json; both: config.json's quantization_config, merged into the model's
     Hugging Face config where it has one)."""
-    from safetensors.torch import save_file
-
     if format not in FORMATS:
         raise ValueError(f"format must be one of {FORMATS}; got {format!r}")
     # a tensor-parallel share (parallel.NVFP4LinearShard) would be written under its whole layer's

@@ -96,7 +96,8 @@ def read_quantization(where: str, quantization_config: dict | None, hf_quant_con
         return QuantizationSpec("compressed-tensors", w4a4, excluded)
     raise ValueError(f"{where} is not an NVFP4 checkpoint this package reads: its config.json has no "
                      "quantization_config with quant_method 'modelopt' or 'compressed-tensors' "
-                     f"(quant_method {method!r}), and there is no hf_quant_config.json")
+                     f"(quant_method {method!r}), there is no hf_quant_config.json, and its safetensors files "
+                     "carry no torchao NVFP4 metadata")
 
 
 def _weights_args() -> dict:

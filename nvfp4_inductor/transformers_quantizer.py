@@ -13,6 +13,7 @@ transformers' own compressed-tensors quantizer (or by nvfp4_inductor.load_checkp
 """
 
 import torch
+from safetensors import safe_open
 from torch import nn
 
 from . import _hf_names, api, checkpoint_config
@@ -29,13 +30,17 @@ def register_transformers_quantizer() -> None:
     global _registered
     if _registered:
         return
-    from transformers.quantizers.auto import (
-        AUTO_QUANTIZATION_CONFIG_MAPPING,
-        register_quantization_config,
-        register_quantizer,
-    )
-    from transformers.quantizers.base import HfQuantizer
-    from transformers.utils.quantization_config import QuantizationConfigMixin
+    try:
+        from transformers.quantizers.auto import (
+            AUTO_QUANTIZATION_CONFIG_MAPPING,
+            register_quantization_config,
+            register_quantizer,
+        )
+        from transformers.quantizers.base import HfQuantizer
+        from transformers.utils.quantization_config import QuantizationConfigMixin
+    except ImportError as error:
+        raise ImportError("register_transformers_quantizer needs transformers: "
+                          "pip install 'nvfp4-inductor[transformers]'") from error
 
     if "modelopt" in AUTO_QUANTIZATION_CONFIG_MAPPING:
         raise RuntimeError("transformers already has a 'modelopt' quantization method registered")
@@ -63,8 +68,10 @@ def register_transformers_quantizer() -> None:
                 raise ValueError("the 'modelopt' quantizer loads NVFP4 checkpoints; to quantize a bf16 model "
                                  "use nvfp4_inductor.convert")
 
-        def _process_model_before_weight_loading(self, model, **kwargs):
-            _replace_linears(model, self.quantization_config)
+        def _process_model_before_weight_loading(self, model, checkpoint_files=None, **kwargs):
+            replaced = _replace_linears(model, self.quantization_config)
+            if checkpoint_files:
+                _check_files_hold(model, replaced, checkpoint_files)
 
         def _process_model_after_weight_loading(self, model, **kwargs):
             _check_loaded(model)
@@ -84,10 +91,11 @@ def register_transformers_quantizer() -> None:
     _registered = True
 
 
-def _replace_linears(model: nn.Module, config) -> None:
-    """Every nn.Linear not excluded -> an NVFP4Linear whose buffers are empty, on the meta device.
-    exclude_modules names modules as the files do (_hf_names: Mixtral's block_sparse_moe)."""
+def _replace_linears(model: nn.Module, config) -> list[str]:
+    """Every nn.Linear not excluded -> an NVFP4Linear whose buffers are empty, on the meta device
+    (excluded names are matched as the files name modules too: _hf_names); -> the names replaced."""
     w4a4 = config.spec.w4a4
+    replaced = []
     excluded = _hf_names.either_name(model, config.spec.excluded)
     expert_names = _hf_names.expert_namer(model)
     for name, module in list(model.named_modules()):
@@ -115,6 +123,24 @@ def _replace_linears(model: nn.Module, config) -> None:
             if w4a4:
                 layer.input_scale = torch.empty((), dtype=torch.float32)
         _replace(model, name, module, layer)
+        replaced.append(name)
+    return replaced
+
+
+def _check_files_hold(model: nn.Module, layers: list[str], checkpoint_files: list[str]) -> None:
+    """Each NVFP4 layer's codes, block scales and global scale are in the checkpoint's files (read
+    from their headers): transformers fills what a checkpoint lacks with uninitialised memory."""
+    rename = _hf_names.key_renamer(model, to_checkpoint=False)
+    keys = set()
+    for file in checkpoint_files:
+        if str(file).endswith(".safetensors"):
+            with safe_open(str(file), framework="pt") as handle:
+                keys.update(rename(key) for key in handle.keys())
+    for name in layers:
+        absent = [f"{name}.{key}" for key in ("weight", "weight_scale", "weight_scale_2") if f"{name}.{key}" not in keys]
+        if absent:
+            raise ValueError(f"the checkpoint quantizes {name!r} but lacks {absent}: the layer would be left "
+                             "uninitialised")
 
 
 def _check_loaded(model: nn.Module) -> None:
