@@ -103,6 +103,20 @@ def test_dense_equals_convert_and_save_checkpoint(tmp_path, fmt, method):
                 == json.loads((want / "hf_quant_config.json").read_text()))
 
 
+@pytest.mark.gpu
+@pytest.mark.parametrize("method", ["rtn", "mse"])
+def test_cuda_equals_convert_on_cuda_and_the_cpu_export(tmp_path, method):
+    model = _llama()
+    src = _src(tmp_path, model)
+    assert _quantize(src, tmp_path / "cuda", "--device", "cuda", "--weight-method", method) == 0
+    converted = copy.deepcopy(model).cuda()
+    nv.convert(converted, nv.Config(share_global_scales=True, weight_method=method))
+    nv.save_checkpoint(converted.cpu(), tmp_path / "expected")
+    _assert_same_tensors(tmp_path / "cuda", tmp_path / "expected")
+    assert _quantize(src, tmp_path / "cpu", "--device", "cpu", "--weight-method", method) == 0
+    _assert_same_tensors(tmp_path / "cuda", tmp_path / "cpu")
+
+
 @pytest.mark.parametrize("arch", ["qwen3_moe", "mixtral"])
 def test_moe_equals_convert_and_save_checkpoint(tmp_path, arch):
     model = moe_model(arch, "eager", 2)
