@@ -26,13 +26,13 @@ from helpers.inputs import DISTS, sample
 pytest.importorskip("transformers")
 
 
-def _llama(seed=0):
+def _llama(seed=0, tied=False):
     import transformers
 
     torch.manual_seed(seed)
     config = transformers.LlamaConfig(vocab_size=320, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
                                       num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=64,
-                                      tie_word_embeddings=False)
+                                      tie_word_embeddings=tied)
     return transformers.LlamaForCausalLM(config).to(torch.bfloat16).eval()
 
 
@@ -101,6 +101,15 @@ def test_dense_equals_convert_and_save_checkpoint(tmp_path, fmt, method):
     if fmt == "modelopt":
         assert (json.loads((dst / "hf_quant_config.json").read_text())
                 == json.loads((want / "hf_quant_config.json").read_text()))
+
+
+def test_tied_head(tmp_path):
+    model = _llama(tied=True)
+    src = _src(tmp_path, model)
+    assert _quantize(src, tmp_path / "dst", "--device", "cpu", "--format", "compressed-tensors") == 0
+    want, _ = _expected(tmp_path, model, "compressed-tensors", "rtn")
+    _assert_same_tensors(tmp_path / "dst", want)
+    assert "lm_head.weight" not in _tensors(tmp_path / "dst")
 
 
 @pytest.mark.gpu
@@ -191,6 +200,13 @@ def test_refusals(tmp_path, capsys):
     assert "--overwrite" in capsys.readouterr().err and (dst / "model.safetensors").read_bytes() == b"old"
     assert _quantize(src, dst, "--device", "cpu", "--overwrite") == 0
     assert not (dst / "model.safetensors").exists() and (dst / "config.json").is_file()
+    partial = tmp_path / "d0.partial"  # an interrupted run's folder is taken over only when told
+    partial.mkdir()
+    (partial / "model-00001-of-00007.safetensors").write_bytes(b"half")
+    assert _quantize(src, tmp_path / "d0", "--device", "cpu") == 2
+    assert "interrupted" in capsys.readouterr().err and not (tmp_path / "d0").exists()
+    assert _quantize(src, tmp_path / "d0", "--device", "cpu", "--overwrite") == 0
+    assert not partial.exists() and (tmp_path / "d0" / "config.json").is_file()
     (dst / "notes.txt").write_text("mine")  # --overwrite removes a checkpoint's files, nothing else
     assert _quantize(src, dst, "--device", "cpu", "--overwrite") == 2
     assert "notes.txt" in capsys.readouterr().err
