@@ -81,7 +81,11 @@ def _exclude_filter(globs: list[str], to_file):
 
 def empty_model(src: Path) -> nn.Module:
     """The model SRC's config.json describes, on the meta device (no weights allocated)."""
-    import transformers
+    try:
+        import transformers
+    except ImportError:
+        raise ValueError("quantize builds the model of config.json with transformers, which is not installed "
+                         "(pip install 'nvfp4_inductor[transformers]')") from None
 
     hf_config = transformers.AutoConfig.from_pretrained(str(src))
     with torch.device("meta"):
