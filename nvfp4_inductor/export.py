@@ -313,6 +313,11 @@ def main(args) -> int:
             raise ValueError(f"SRC {src} is not a folder")
         if not (src / "config.json").is_file():
             raise ValueError(f"SRC {src} has no config.json (a Hugging Face model folder has one)")
+        quantized = json.loads((src / "config.json").read_text()).get("quantization_config")
+        if quantized:
+            raise ValueError(f"SRC {src} is already quantized (config.json's quantization_config: "
+                             f"{quantized.get('quant_method', quantized) if isinstance(quantized, dict) else quantized}): "
+                             "quantize reads a bf16 / fp16 / fp32 model")
         if args.weight_method == "hessian":
             raise ValueError("--weight-method hessian needs calibration Hessians (nv.collect_hessians on "
                              "the loaded model, then nv.convert): use rtn or mse here")

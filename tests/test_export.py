@@ -215,12 +215,14 @@ def test_refusals(tmp_path, capsys):
     (tmp_path / "bare").mkdir()
     assert _quantize(tmp_path / "bare", tmp_path / "d2") == 2
     assert "config.json" in capsys.readouterr().err
+    assert _quantize(tmp_path / "d0", tmp_path / "d5", "--device", "cpu") == 2  # an NVFP4 checkpoint
+    assert "already quantized" in capsys.readouterr().err
     assert _quantize(src, tmp_path / "d3", "--weight-method", "hessian") == 2
     assert "calibration" in capsys.readouterr().err
     if not torch.cuda.is_available():
         assert _quantize(src, tmp_path / "d4", "--device", "cuda") == 2
         assert "--device cuda: CUDA is not available" in capsys.readouterr().err
-    assert not any((tmp_path / d).exists() for d in ("d1", "d2", "d3", "d4"))
+    assert not any((tmp_path / d).exists() for d in ("d1", "d2", "d3", "d4", "d5"))
 
 
 def test_help_in_a_subprocess():
