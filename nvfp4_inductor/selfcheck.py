@@ -16,6 +16,7 @@ checks are skipped (said so, not a failure) and only the compiled backend is che
 """
 
 import argparse
+import copy
 import importlib.metadata
 import math
 import os
@@ -34,6 +35,8 @@ from .config import Config
 from .convert import convert
 from .format import BLOCK_SIZE
 from .kernels import plan
+
+__all__ = ["add_arguments", "main"]
 
 # Relative error (Frobenius norm of the difference over the reference's) of a GEMM against the
 # reference: what tests/kernels/test_gemm_linear.py holds the CUDA kernels to; the interpreter
@@ -62,7 +65,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu",
                         help="where to run (default: cuda if available, else cpu)")
     parser.add_argument("--seed", type=int, default=None, help="seed of the random inputs (default: random, printed)")
-    parser.add_argument("--quick", action="store_true", help="fewer and smaller shapes")
+    parser.add_argument("--quick", action="store_true",
+                        help="fewer and smaller shapes (always so on the CPU)")
     parser.add_argument("--shape", type=int, nargs=2, metavar=("N", "K"), default=(4096, 4096),
                         help="the linear's out and in features for the plan and the times (default: 4096 4096)")
     parser.add_argument("--only", nargs="+", metavar="NAME", default=None,
@@ -129,6 +133,7 @@ def dequantize_dtypes(device: torch.device) -> tuple:
 
 
 def gemm_tolerance(device: torch.device) -> float:
+    """GEMM_TOLERANCE for where the kernels run."""
     return GEMM_TOLERANCE["cuda" if device.type == "cuda" else "interpreter"]
 
 
@@ -144,6 +149,7 @@ def shapes(quick: bool) -> list[tuple]:
 # the CPU the ops would run the reference itself. The reference is the op on CPU tensors.
 
 def check_quantize(per_row: bool, swizzle: bool) -> Callable:
+    """The quantize kernel (dynamic global scale: per tensor or per row; plain or swizzled scales)."""
     def run(device, gen, quick):
         from .kernels import quantize as quantize_kernels
 
@@ -160,7 +166,8 @@ def check_quantize(per_row: bool, swizzle: bool) -> Callable:
     return run
 
 
-def check_dequantize(device, gen, quick):
+def check_dequantize(device, gen, quick) -> str:
+    """The dequantize kernel on whole tensors."""
     from .kernels import dequantize as dequantize_kernels
 
     done = []
@@ -179,7 +186,8 @@ def check_dequantize(device, gen, quick):
             f"at {', '.join(done)}")
 
 
-def check_dequantize_rows(device, gen, quick):
+def check_dequantize_rows(device, gen, quick) -> str:
+    """The dequantize kernel on rows gathered by index (nvfp4::dequantize_rows)."""
     from .kernels import dequantize as dequantize_kernels
 
     done = []
@@ -197,7 +205,8 @@ def check_dequantize_rows(device, gen, quick):
     return f"{str(dtype).removeprefix('torch.')} bit-exact at {', '.join(done)} (2x3 indices)"
 
 
-def check_scale_search(device, gen, quick):
+def check_scale_search(device, gen, quick) -> str:
+    """The pruned scale-search kernel against the reference's search over every candidate."""
     from . import scale_search
     from .kernels import scale_search as search_kernels
 
@@ -214,6 +223,7 @@ def check_scale_search(device, gen, quick):
 
 
 def linear_ms(quick: bool) -> tuple:
+    """Rows of x for the GEMM checks: decode sizes (each mainloop), and above them unless quick."""
     return (1, 7, 20) if quick else (1, 7, 16, 33, 128, 300)
 
 
@@ -224,6 +234,7 @@ def runnable(m: int, n: int, k: int, tiled: bool, activation: str, device: torch
 
 
 def check_linear(activation: str) -> Callable:
+    """nvfp4::linear's CUDA implementation (row-major weights, plain or swizzled scales) at linear_ms."""
     def run(device, gen, quick):
         from .kernels import gemm
 
@@ -249,6 +260,8 @@ def check_linear(activation: str) -> Callable:
 
 
 def check_nvfp4_linear(activation: str) -> Callable:
+    """An nn.Linear converted by nv.convert (tiled weights): its eager path on CUDA, else
+    nvfp4::linear_tiled's CUDA implementation, at linear_ms."""
     def run(device, gen, quick):
         from .kernels import gemm
 
@@ -263,14 +276,14 @@ def check_nvfp4_linear(activation: str) -> Callable:
             raise Mismatch(f"nv.convert skipped the layer: {report.skipped}")
         layer = model[0]
         done, skipped, worst = [], [], 0.0
-        layer_on_device = layer.to(device) if device.type == "cuda" else None
+        layer_on_device = copy.deepcopy(layer).to(device) if device.type == "cuda" else None
         for m in linear_ms(quick):
             if not runnable(m, n, k, True, activation, device):
                 skipped.append(m)
                 continue
             x = sample(gen, (m, k))
             with torch.no_grad():
-                want = layer.cpu()(x)  # CPU tensors: the reference
+                want = layer(x)  # CPU tensors: the reference
                 if layer_on_device is not None:  # the module's eager path, twice: its bound launch too
                     got = [layer_on_device(x.to(device)) for _ in range(2)]
                 else:
@@ -298,6 +311,8 @@ def nvfp4_calls(code: str) -> list[str]:
 
 
 class MLP(nn.Module):
+    """(..., K) -> (..., K): up (with bias), ReLU, down (without)."""
+
     def __init__(self, k: int, hidden: int):
         super().__init__()
         self.up = nn.Linear(k, hidden)
@@ -308,6 +323,8 @@ class MLP(nn.Module):
 
 
 def check_compiled(activation: str) -> Callable:
+    """torch.compile(backend="nvfp4") of a bf16 MLP against its linears quantized and multiplied by
+    the reference, and its code checked for NVFP4 ops or kernels."""
     def run(device, gen, quick):
         from torch._inductor.utils import run_and_get_code
 
@@ -369,15 +386,20 @@ def plan_cell(m: int, n: int, k: int, *, tiled: bool, activation: str, device: t
 
 
 def print_plan(n: int, k: int, device: torch.device) -> None:
+    """The table of plan.plan_gemm's choices at PLAN_MS rows: eager and compiled, W4A16 and W4A4."""
     columns = [("nv.linear W4A16", dict(tiled=False, activation="bf16")),
                ("NVFP4Linear W4A16", dict(tiled=True, activation="bf16")),
                ("NVFP4Linear W4A4", dict(tiled=True, activation="nvfp4")),
                ("compiled W4A16", dict(tiled=True, activation="bf16", compiled=True)),
                ("compiled W4A4", dict(tiled=True, activation="nvfp4", compiled=True))]
     print(f"\nGEMM path by M (plan.plan_gemm, N={n} K={k}, {device.type}):")
-    print(f"{'M':>5}  " + "  ".join(f"{name:<22}" for name, _ in columns))
+    print((f"{'M':>5}  " + "  ".join(f"{name:<22}" for name, _ in columns)).rstrip())
     for m in PLAN_MS:
-        print(f"{m:>5}  " + "  ".join(f"{plan_cell(m, n, k, device=device, **kw):<22}" for _, kw in columns))
+        cells = [plan_cell(m, n, k, device=device, **kw) for _, kw in columns]
+        print((f"{m:>5}  " + "  ".join(f"{cell:<22}" for cell in cells)).rstrip())
+    if device.type != "cuda":
+        print("(on the CPU: dequant_cublas needs CUDA, and the compiled graph calls the nvfp4:: ops unless "
+              "Inductor's CPU backend is \"triton\")")
 
 
 def graph_us(fn: Callable, inputs: list, min_calls: int = 32, reps: int = 10) -> float:
@@ -464,12 +486,17 @@ def run_check(check: Check, device: torch.device, seed: int, quick: bool) -> boo
 def main(args: argparse.Namespace) -> int:
     """Run the checks, print the plan and the times -> 0 if every check passed, else 1."""
     device = torch.device(args.device)
+    if device.type == "cuda" and not torch.cuda.is_available():
+        print(f"--device {args.device}: torch sees no CUDA device (torch {torch.__version__})")
+        return 1
     if device.type == "cuda" and device.index is None:
         device = torch.device("cuda", torch.cuda.current_device())
     seed = args.seed if args.seed is not None else random.SystemRandom().randrange(2**31)
     n, k = args.shape
+    # The interpreter runs a kernel's every program in Python: the large shapes take minutes there.
+    quick = args.quick or device.type != "cuda"
     print(describe(device))
-    print(f"seed {seed} (rerun with --seed {seed}){', quick' if args.quick else ''}")
+    print(f"seed {seed} (rerun with --seed {seed}){', small shapes' if quick else ''}")
     checks = [c for c in CHECKS if args.only is None or any(word in c.name for word in args.only)]
     if not kernels_run(device):
         print(f"NOTE the Triton kernels were not exercised: on {device.type} they run only under "
@@ -479,7 +506,7 @@ def main(args: argparse.Namespace) -> int:
         if check.needs_kernels and not kernels_run(device):
             print(f"SKIP {check.name}: kernels not run on this device")
             continue
-        if run_check(check, device, seed + i, args.quick):
+        if run_check(check, device, seed + i, quick):
             passed += 1
         else:
             failed += 1
