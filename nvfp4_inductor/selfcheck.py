@@ -24,13 +24,14 @@ import random
 import re
 import statistics
 import time
+import warnings
 from typing import Callable, NamedTuple
 
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from . import api, ops
+from . import api, moe, ops, tiled
 from .config import Config
 from .convert import convert
 from .format import BLOCK_SIZE
@@ -298,6 +299,51 @@ def check_nvfp4_linear(activation: str) -> Callable:
     return run
 
 
+# Tokens an expert: odd counts, an expert with none, and rows past the last group (which stay zero).
+EXPERT_TOKENS = (7, 0, 12, 1, 9)
+
+
+def check_grouped(activation: str) -> Callable:
+    """The grouped MoE kernels (moe.grouped_cuda) on tiled experts, plain (with bias) and gated
+    (SiLU(gate) * up, without), against the ops' reference loop of dense linears."""
+    def run(device, gen, quick):
+        k, leftover = (144, 3) if quick else (1040, 5)
+        offsets = torch.tensor(EXPERT_TOKENS).cumsum(0).to(torch.int32)
+        t = int(offsets[-1]) + leftover
+        worst = 0.0
+        for gated in (False, True):
+            n = 96 if gated else 48  # gated: halves not a whole tile
+            w = sample(gen, (len(EXPERT_TOKENS), n, k)).float()
+            w = w * torch.logspace(-2, 2, len(EXPERT_TOKENS))[:, None, None]  # experts of other magnitudes
+            experts = [api.quantize(w_e) for w_e in w]
+            codes, bits = tiled.tile_experts(torch.stack([q.data for q in experts]),
+                                             torch.stack([q.scale.view(torch.uint8) for q in experts]), gated)
+            g = torch.stack([q.global_scale for q in experts])
+            bias = None if gated else sample(gen, (len(EXPERT_TOKENS), n))
+            x = sample(gen, (t, k))
+            op = moe.grouped_linear_tiled_silu_mul if gated else moe.grouped_linear_tiled
+            want = op(x, offsets, codes, bits, g, bias, n, activation)
+            args = [None if a is None else a.to(device) for a in (x, offsets, codes, bits, g, bias)]
+            with warnings.catch_warnings():
+                # SiLU's exp(-gate) overflows to inf for gates below about -88 (SiLU is then -0, as
+                # it should be); the interpreter's numpy warns about it
+                warnings.filterwarnings("ignore", "overflow encountered in exp", RuntimeWarning)
+                got = moe.grouped_cuda(*args, n, activation, gated)
+            what = "gated" if gated else "plain"
+            start = 0
+            for e, end in enumerate(offsets.tolist()):  # per expert: their magnitudes are 10^4 apart
+                if end > start:
+                    worst = max(worst, assert_close(f"{what}, expert {e}", got[start:end], want[start:end],
+                                                    gemm_tolerance(device)))
+                start = end
+            if got[start:].any():
+                raise Mismatch(f"{what}: rows past the last expert's are not zero")
+        return (f"{len(EXPERT_TOKENS)} experts, tokens {'/'.join(map(str, EXPERT_TOKENS))} + {leftover} "
+                f"unrouted, K={k}, plain and gated: relative error <= {worst:.1e} "
+                f"(tolerance {gemm_tolerance(device):.0e})")
+    return run
+
+
 def nvfp4_calls(code: str) -> list[str]:
     """What NVFP4 work generated code runs outside its comments: `nvfp4::` ops, the NVFP4 GEMM
     template (its kernels import nvfp4_inductor.kernels) and the extern GEMM choices."""
@@ -369,6 +415,8 @@ CHECKS = [
     Check("linear W4A4", check_linear("nvfp4"), True),
     Check("NVFP4Linear W4A16", check_nvfp4_linear("bf16"), True),
     Check("NVFP4Linear W4A4", check_nvfp4_linear("nvfp4"), True),
+    Check("grouped MoE W4A16", check_grouped("bf16"), True),
+    Check("grouped MoE W4A4", check_grouped("nvfp4"), True),
     Check("compiled W4A16", check_compiled("bf16"), False),
     Check("compiled W4A4", check_compiled("nvfp4"), False),
 ]
