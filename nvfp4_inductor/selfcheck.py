@@ -57,6 +57,8 @@ class Mismatch(Exception):
 
 
 class Check(NamedTuple):
+    """One line of the report: its name, and what it runs."""
+
     name: str
     run: Callable  # (device, generator, quick) -> detail str; raises Mismatch
     needs_kernels: bool  # False: meaningful where the ops run the reference too
@@ -560,8 +562,12 @@ def main(args: argparse.Namespace) -> int:
 def run_all(device: torch.device, seed: int, quick: bool, only: list[str] | None, n: int, k: int) -> int:
     """The checks (those named by `only`), the plan for (N, K) and the times -> how many failed."""
     passed = failed = 0
+    chosen = [only is None or any(word in check.name for word in only) for check in CHECKS]
+    if not any(chosen):
+        print(f"FAIL --only {' '.join(only)}: no check has such a name ({', '.join(c.name for c in CHECKS)})")
+        failed += 1
     for i, check in enumerate(CHECKS):  # check i's inputs come from seed + i, also under --only
-        if only is not None and not any(word in check.name for word in only):
+        if not chosen[i]:
             continue
         if check.needs_kernels and not kernels_run(device):
             print(f"SKIP {check.name}: kernels not run on this device")
