@@ -138,9 +138,11 @@ def _group_quantized_values(x: Tensor, offsets: Tensor) -> tuple[Tensor, Tensor]
     return ops.dequantize(data, scale, torch.ones_like(g_rows), False, torch.bfloat16), g_rows
 
 
-def _grouped_cuda(x, offsets, w_data, w_scale, w_global_scale, bias, n, activation, gated):
-    """The ops' CUDA path (kernels/grouped.py), output in x's dtype. W4A4 quantizes x per expert
-    group first: its codes and scale bits on GPUs with the block-scaled MMA, its values elsewhere."""
+def grouped_cuda(x, offsets, w_data, w_scale, w_global_scale, bias, n, activation, gated):
+    """The grouped ops' CUDA path (kernels/grouped.py; on CPU tensors under the Triton interpreter):
+    their arguments (gated: grouped_linear_tiled_silu_mul's) -> (T, n), gated (T, n/2), in x's
+    dtype. W4A4 quantizes x per expert group first: its codes and scale bits on GPUs with the
+    block-scaled MMA, its values elsewhere."""
     from .kernels.grouped import grouped_linear as grouped_triton
 
     x_global_scale = x_scale = None
@@ -175,7 +177,7 @@ def _(x, offsets, w_data, w_scale, w_global_scale, bias, n, activation):
 @ops._on_input_device
 def _(x, offsets, w_data, w_scale, w_global_scale, bias, n, activation):
     check_grouped_args(x, offsets, w_data, w_scale, w_global_scale, bias, n, activation, False)
-    return _grouped_cuda(x, offsets, w_data, w_scale, w_global_scale, bias, n, activation, False)
+    return grouped_cuda(x, offsets, w_data, w_scale, w_global_scale, bias, n, activation, False)
 
 
 @torch.library.custom_op("nvfp4::grouped_linear_tiled_silu_mul", mutates_args=())
@@ -199,7 +201,7 @@ def _(x, offsets, w_data, w_scale, w_global_scale, bias, n, activation):
 @ops._on_input_device
 def _(x, offsets, w_data, w_scale, w_global_scale, bias, n, activation):
     check_grouped_args(x, offsets, w_data, w_scale, w_global_scale, bias, n, activation, True)
-    return _grouped_cuda(x, offsets, w_data, w_scale, w_global_scale, bias, n, activation, True)
+    return grouped_cuda(x, offsets, w_data, w_scale, w_global_scale, bias, n, activation, True)
 
 
 # --- the experts module ------------------------------------------------------------------------

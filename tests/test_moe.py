@@ -189,7 +189,7 @@ def test_triton_kernel_matches_the_reference(kernel_device, routing, gated, acti
     b = torch.randn(5, n, generator=gen) if bias else None
     offsets = _offsets(counts)
     want = _op(x, offsets, data, scale, g, b, activation, gated)
-    got = moe._grouped_cuda(*_kernel_args(kernel_device, x, offsets, data, scale, g, b, gated), activation,
+    got = moe.grouped_cuda(*_kernel_args(kernel_device, x, offsets, data, scale, g, b, gated), activation,
                             gated).cpu()
     assert got.dtype == want.dtype and got.shape == want.shape
     torch.testing.assert_close(got.float(), want.float(), rtol=2**-7, atol=1e-3 * want.float().abs().max().item())
@@ -284,7 +284,7 @@ def test_sm100_block_scaled_kernel_matches_the_reference(sm100, routing, gated, 
 
     calls = dot_scaled.CALLS[0]
     args = _kernel_args("cpu", x, offsets, data, scale, g, b, gated)
-    got = moe._grouped_cuda(*args, "nvfp4", gated)
+    got = moe.grouped_cuda(*args, "nvfp4", gated)
     assert dot_scaled.CALLS[0] > calls or not sum(counts)
     assert got.dtype == want.dtype and got.shape == want.shape
     tol = dict(rtol=2**-7 if not gated else 2**-6, atol=1e-3 * want.float().abs().max().item())
@@ -305,7 +305,7 @@ def test_triton_kernel_fp32_output(kernel_device):
     x = torch.randn(21, 96, generator=gen) * 100
     offsets = _offsets([4, 16, 1])
     want = _op(x, offsets, data, scale, g, None, "bf16")
-    got = moe._grouped_cuda(*_kernel_args(kernel_device, x, offsets, data, scale, g, None, False), "bf16",
+    got = moe.grouped_cuda(*_kernel_args(kernel_device, x, offsets, data, scale, g, None, False), "bf16",
                             False).cpu()
     assert ((got - want).norm() / want.norm()).item() <= 1e-6
 
@@ -322,7 +322,7 @@ def test_triton_kernel_reads_strided_offsets_and_global_scales(kernel_device):
     offsets = torch.tensor([3, 99, 5, 99, 12, 99], dtype=torch.int32, device=kernel_device)[::2]
     g_strided = torch.stack([g, g * 1000], dim=1).reshape(-1).to(kernel_device)[::2]
     assert not offsets.is_contiguous() and not g_strided.is_contiguous()
-    got = moe._grouped_cuda(x.to(kernel_device), offsets, codes.to(kernel_device), bits.to(kernel_device),
+    got = moe.grouped_cuda(x.to(kernel_device), offsets, codes.to(kernel_device), bits.to(kernel_device),
                             g_strided, None, 32, "bf16", False).cpu()
     torch.testing.assert_close(got.float(), want.float(), rtol=2**-7, atol=1e-3 * want.float().abs().max().item())
 
@@ -644,7 +644,7 @@ def _matches_the_reference(inputs, args, counts, gated) -> dict:
     tolerance used."""
     for activation in ("bf16", "nvfp4"):
         want = _op(*inputs, activation, gated)
-        got = moe._grouped_cuda(*args, activation, gated).cpu()
+        got = moe.grouped_cuda(*args, activation, gated).cpu()
         tol = dict(rtol=2**-6 if gated else 2**-7, atol=1e-3 * want.float().abs().max().item())
         torch.testing.assert_close(got.float(), want.float(), **tol)
         assert not got[sum(counts):].any()
