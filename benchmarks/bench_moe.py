@@ -23,7 +23,7 @@ import argparse
 
 import torch
 
-from nvfp4_inductor.moe import NVFP4Experts
+from nvfp4_inductor.modules.experts import NVFP4Experts
 
 SHAPES = {  # name: (experts, top-k, hidden, expert MLP)
     "qwen3": (128, 8, 2048, 768),

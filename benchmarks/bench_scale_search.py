@@ -22,7 +22,8 @@ from pathlib import Path
 import torch
 
 import nvfp4_inductor as nv
-from nvfp4_inductor import reference, scale_search
+from nvfp4_inductor import reference
+from nvfp4_inductor.reference import scale_search
 from nvfp4_inductor.calibrate import hessian_blocks
 
 sys.path.insert(0, str(Path(__file__).parent))

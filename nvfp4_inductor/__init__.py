@@ -4,11 +4,12 @@ Importing the package defines the `nvfp4::` ops (torch.library) and the public A
 `backend="nvfp4"` Dynamo backend is found through its entry point (never registered here).
 """
 
-from . import ops  # noqa: F401  (defines the nvfp4:: ops)
-from .config import Config
-from .convert import ConversionReport, NVFP4Linear, convert
-from .moe import NVFP4Experts, convert_experts
-from .api import (
+from nvfp4_inductor import ops  # noqa: F401  (defines the nvfp4:: ops)
+from nvfp4_inductor.config import Config
+from nvfp4_inductor.modules.convert import ConversionReport, convert
+from nvfp4_inductor.modules.linear import NVFP4Linear
+from nvfp4_inductor.modules.experts import NVFP4Experts, convert_experts
+from nvfp4_inductor.api import (
     NVFP4,
     dequantize,
     dequantize_rows,
@@ -18,10 +19,10 @@ from .api import (
     unswizzle_scales,
 )
 
-from .inductor.backend import compile  # noqa: A004  (nvfp4_inductor.compile, like torch.compile)
-from .calibrate import collect_hessians, collect_input_scales
-from .checkpoint import init_empty_weights, load_checkpoint, save_checkpoint
-from .transformers_quantizer import register_transformers_quantizer
+from nvfp4_inductor.lowerings.backend import compile  # noqa: A004  (nvfp4_inductor.compile, like torch.compile)
+from nvfp4_inductor.calibrate import collect_hessians, collect_input_scales
+from nvfp4_inductor.io.checkpoint import init_empty_weights, load_checkpoint, save_checkpoint
+from nvfp4_inductor.io.hf_quantizer import register_transformers_quantizer
 
 __all__ = [
     "NVFP4", "quantize", "dequantize", "dequantize_rows", "swizzle_scales", "unswizzle_scales",

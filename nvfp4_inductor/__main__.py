@@ -5,7 +5,9 @@ against the reference)."""
 import argparse
 import sys
 
-from . import export, selfcheck
+from nvfp4_inductor.io import export
+
+from nvfp4_inductor import selfcheck
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -7,13 +7,12 @@ one opaque op per call, and device kernels registered for the op are used eagerl
 
 import math
 import numbers
-import warnings
 from typing import NamedTuple
 
 import torch
 from torch import Tensor
 
-from . import _checks, ops
+from nvfp4_inductor import checks, ops
 
 __all__ = [
     "NVFP4", "quantize", "dequantize", "dequantize_rows", "swizzle_scales", "unswizzle_scales",
@@ -45,7 +44,7 @@ class NVFP4(NamedTuple):
 
 
 def _scale_bits(name: str, scale) -> Tensor:
-    _checks.check_tensor(name, scale, _SCALE_DTYPES)
+    checks.check_tensor(name, scale, _SCALE_DTYPES)
     return scale.view(torch.uint8)
 
 
@@ -91,12 +90,12 @@ def quantize(x: Tensor, global_scale=None, *, swizzle: bool = False, per_row: bo
     (w - w_hat)^T H (w - w_hat); hessian: fp32 (K/16, 16, 16) blocks of X^T X, see
     collect_hessians). The codes are always round-to-nearest-even for the chosen scale.
     """
-    _checks.check_float_input("x", x)
-    _checks.check_bool("swizzle", swizzle)
-    _checks.check_bool("per_row", per_row)
-    _checks.check_weight_method(method, hessian)
+    checks.check_float_input("x", x)
+    checks.check_bool("swizzle", swizzle)
+    checks.check_bool("per_row", per_row)
+    checks.check_weight_method(method, hessian)
     if hessian is not None:
-        _checks.check_tensor("hessian", hessian, (torch.float32,))
+        checks.check_tensor("hessian", hessian, (torch.float32,))
     if method != "rtn" and per_row:
         raise ValueError(f'method={method!r} needs a per-tensor global scale; per_row=True is only '
                          'supported with method="rtn"')
@@ -116,9 +115,9 @@ def _check_nvfp4(name: str, q) -> tuple[Tensor, Tensor]:
     scale; a one-element per-tensor scale of shape (1,) reshaped to ())."""
     if not isinstance(q, NVFP4):
         raise TypeError(f"{name} must be an nvfp4_inductor.NVFP4; got {type(q).__name__}")
-    _checks.check_tensor(f"{name}.data", q.data, (torch.uint8,))
-    _checks.check_bool(f"{name}.swizzled", q.swizzled)
-    _checks.check_tensor(f"{name}.global_scale", q.global_scale, (torch.float32,))
+    checks.check_tensor(f"{name}.data", q.data, (torch.uint8,))
+    checks.check_bool(f"{name}.swizzled", q.swizzled)
+    checks.check_tensor(f"{name}.global_scale", q.global_scale, (torch.float32,))
     expected = (*q.data.shape[:-1], q.data.shape[-1] * 2) if q.data.dim() else None
     if tuple(q.shape) != expected:
         raise ValueError(
@@ -150,7 +149,7 @@ def dequantize_rows(q: NVFP4, indices: Tensor, dtype: torch.dtype = torch.bfloat
     """
     scale, g = _check_nvfp4("q", q)
     _check_dtype(dtype)
-    _checks.check_tensor("indices", indices, (torch.int32, torch.int64))
+    checks.check_tensor("indices", indices, (torch.int32, torch.int64))
     return ops.dequantize_rows(q.data, scale, g, q.swizzled, indices, dtype)
 
 
@@ -168,37 +167,29 @@ def unswizzle_scales(swizzled: Tensor, rows: int, cols: int) -> Tensor:
 
 
 def linear(x: Tensor, w_q: NVFP4, bias: Tensor | None = None, *, activations: str = "bf16",
-           x_global_scale=None, activation: str | None = None) -> Tensor:
+           x_global_scale=None) -> Tensor:
     """y = x @ W^T (+ bias): x (..., K), w_q NVFP4 (N, K) -> (..., N) in x.dtype.
 
-    activations (as Config.activations names it; `activation` is its deprecated spelling)
-    "bf16": x is used as bf16 (W4A16); "nvfp4": x is quantized on the fly (W4A4) with a
+    activations (as Config.activations names it): "bf16": x is used as bf16 (W4A16); "nvfp4": x is quantized on the fly (W4A4) with a
     per-tensor global scale, computed from x on the device, or x_global_scale where given (a
     float, or an fp32 tensor of shape (); a calibrated static scale, see collect_input_scales:
     x's amax is then not computed, and values beyond 6 * 448 * x_global_scale saturate; the
     product of the two global scales multiplies the result, as in the CUDA kernels).
     W4A4 has no gradient for x: a backward through it raises.
     """
-    _checks.check_tensor("x", x, _checks.FLOAT_DTYPES)
+    checks.check_tensor("x", x, checks.FLOAT_DTYPES)
     w_scale, g = _check_nvfp4("w_q", w_q)
     if bias is not None:
-        _checks.check_tensor("bias", bias, _checks.FLOAT_DTYPES)
-    if activation is not None:
-        if activations != "bf16" and activations != activation:
-            raise ValueError(f"activations={activations!r} and its old spelling activation={activation!r} "
-                             "both given")
-        warnings.warn("nvfp4_inductor.linear(activation=...) is deprecated: use activations=...",
-                      DeprecationWarning, stacklevel=2)
-        activations = activation
+        checks.check_tensor("bias", bias, checks.FLOAT_DTYPES)
     activation = activations
     if not isinstance(activation, str):
-        raise TypeError(f"activations must be a str, one of {_checks.ACTIVATIONS}; got {activation!r}")
+        raise TypeError(f"activations must be a str, one of {checks.ACTIVATIONS}; got {activation!r}")
     if x_global_scale is None:
         return ops.linear(x, w_q.data, w_scale, g, bias, w_q.swizzled, activation)
     if activation != "nvfp4":
         raise ValueError(f'x_global_scale quantizes x: it needs activations="nvfp4"; got {activation!r}')
     x_global_scale = _global_scale_tensor(x_global_scale, x, False, "x_global_scale")
-    _checks.check_global_scale("x_global_scale", x_global_scale, x.shape[:-1], False, "x", x)
+    checks.check_global_scale("x_global_scale", x_global_scale, x.shape[:-1], False, "x", x)
     # W4A4 as its CUDA kernels compute it: x's codes times their block scales (exact in bf16, and
     # in x.dtype) multiplied as W4A16, the two global scales applied as one product in the
     # epilogue. (The CPU reference of dynamic W4A4 applies x's to x first: fp32 rounding apart.)

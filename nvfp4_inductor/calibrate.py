@@ -13,9 +13,9 @@ from collections.abc import Callable, Iterable
 import torch
 from torch import Tensor, nn
 
-from . import _checks, reference
-from .format import BLOCK_SIZE
-from .reference import global_scale_from_amax
+from nvfp4_inductor import checks, reference
+from nvfp4_inductor.format import BLOCK_SIZE
+from nvfp4_inductor.reference import global_scale_from_amax
 
 __all__ = ["collect_hessians", "collect_input_scales", "hessian_blocks"]
 
@@ -26,7 +26,7 @@ def hessian_blocks(x: Tensor) -> Tensor:
     if not isinstance(x, Tensor) or x.dim() == 0:
         raise ValueError(f"hessian_blocks takes inputs (..., K); got {x!r:.80}")
     k = x.shape[-1]
-    _checks.check_k("x.shape[-1]", k)
+    checks.check_k("x.shape[-1]", k)
     xg = x.reshape(-1, k // BLOCK_SIZE, BLOCK_SIZE).float()
     with reference.no_autocast(xg):  # calibration batches may run under a user's autocast
         return torch.einsum("tgi,tgj->gij", xg, xg)

@@ -22,7 +22,7 @@ import re
 from dataclasses import dataclass
 from typing import Callable
 
-from .format import BLOCK_SIZE
+from nvfp4_inductor.format import BLOCK_SIZE
 
 __all__ = ["QuantizationSpec", "read_quantization", "modelopt_configs", "compressed_tensors_config",
            "MODELOPT_ALGOS"]

@@ -7,8 +7,8 @@ from typing import Callable
 import torch
 from torch import nn
 
-from . import _checks, capability
-from .format import BLOCK_SIZE
+from nvfp4_inductor import checks, capability
+from nvfp4_inductor.format import BLOCK_SIZE
 
 __all__ = ["Config"]
 
@@ -41,12 +41,12 @@ class Config:
         backend="nvfp4" (convert() first, then compile).
     merge_linears: under backend="nvfp4", linears that read the same input (q / k / v, gate /
         up) become one GEMM at decode sizes (at most 64 rows), each weight keeping its own global
-        scale (nvfp4_inductor/inductor/rewrite.py).
+        scale (nvfp4_inductor/lowerings/passes/linear.py).
     fuse_norms: under backend="nvfp4", an RMSNorm whose output only feeds NVFP4 linears at decode
         sizes leaves its own kernel: W4A4 quantizes in the norm's kernel (at most 2 rows), W4A16
         GEMMs apply the norm themselves (h of up to 4096 elements with rows and K each rounded up
         to a power of two: one row of 4096, 16 rows of 256; rounded otherwise than the norm, no
-        less accurately: nvfp4_inductor/inductor/norm_fusion.py). False keeps Inductor's norm kernels.
+        less accurately: nvfp4_inductor/lowerings/passes/norms.py). False keeps Inductor's norm kernels.
     share_global_scales: nv.convert gives the layers that serving engines fuse (q / k / v, gate /
         up: nvfp4_inductor.convert.FUSED_GROUPS, siblings of one parent) one global scale, the
         largest of theirs, as ModelOpt and llmcompressor export them: vLLM, SGLang and TensorRT-LLM
@@ -69,14 +69,14 @@ class Config:
         check_activations(self.activations)
         if self.include is not None and not callable(self.include):
             raise TypeError(f"include must be callable (name, module) -> bool or None; got {self.include!r}")
-        _checks.check_bool("skip_output_head", self.skip_output_head)
+        checks.check_bool("skip_output_head", self.skip_output_head)
         if (not isinstance(self.min_weight_numel, int) or isinstance(self.min_weight_numel, bool)
                 or self.min_weight_numel < 0):
             raise ValueError(f"min_weight_numel must be an int >= 0; got {self.min_weight_numel!r}")
         if self.hessians is not None and not isinstance(self.hessians, dict):
             raise TypeError(f"hessians must be a dict {{layer name: tensor}} or None; got "
                             f"{type(self.hessians).__name__}")
-        _checks.check_weight_method(self.weight_method, self.hessians)
+        checks.check_weight_method(self.weight_method, self.hessians)
         if self.input_scales is not None:
             if not isinstance(self.input_scales, dict):
                 raise TypeError(f"input_scales must be a dict {{layer name: tensor}} or None; got "
@@ -84,9 +84,9 @@ class Config:
             if self.activations == "bf16":
                 raise ValueError('input_scales quantize activations: they need activations="nvfp4" '
                                  '(or "auto", W4A4 where the GPU multiplies NVFP4); got "bf16"')
-        _checks.check_bool("merge_linears", self.merge_linears)
-        _checks.check_bool("fuse_norms", self.fuse_norms)
-        _checks.check_bool("share_global_scales", self.share_global_scales)
+        checks.check_bool("merge_linears", self.merge_linears)
+        checks.check_bool("fuse_norms", self.fuse_norms)
+        checks.check_bool("share_global_scales", self.share_global_scales)
 
 
 def check_activations(mode) -> None:

@@ -32,11 +32,14 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from . import api, moe, ops, tiled
-from .config import Config
-from .convert import convert
-from .format import BLOCK_SIZE
-from .kernels import plan
+from nvfp4_inductor import api, ops
+from nvfp4_inductor.ops import grouped as grouped_ops
+
+from nvfp4_inductor.reference import tiled
+from nvfp4_inductor.config import Config
+from nvfp4_inductor.modules.convert import convert
+from nvfp4_inductor.format import BLOCK_SIZE
+from nvfp4_inductor.kernels import plan
 
 __all__ = ["add_arguments", "main"]
 
@@ -155,7 +158,7 @@ def shapes(quick: bool) -> list[tuple]:
 def check_quantize(per_row: bool, swizzle: bool) -> Callable:
     """The quantize kernel (dynamic global scale: per tensor or per row; plain or swizzled scales)."""
     def run(device, gen, quick):
-        from .kernels import quantize as quantize_kernels
+        from nvfp4_inductor.kernels import quantize as quantize_kernels
 
         done = []
         for i, shape in enumerate(shapes(quick)):
@@ -174,7 +177,7 @@ def check_quantize(per_row: bool, swizzle: bool) -> Callable:
 
 def check_dequantize(device, gen, quick) -> str:
     """The dequantize kernel on whole tensors."""
-    from .kernels import dequantize as dequantize_kernels
+    from nvfp4_inductor.kernels import dequantize as dequantize_kernels
 
     done = []
     for i, shape in enumerate(shapes(quick)):
@@ -194,7 +197,7 @@ def check_dequantize(device, gen, quick) -> str:
 
 def check_dequantize_rows(device, gen, quick) -> str:
     """The dequantize kernel on rows gathered by index (nvfp4::dequantize_rows)."""
-    from .kernels import dequantize as dequantize_kernels
+    from nvfp4_inductor.kernels import dequantize as dequantize_kernels
 
     done = []
     for i, (rows, k) in enumerate([(1, 16), (37, 80), (300, 272)][:2 if quick else 3]):
@@ -213,8 +216,8 @@ def check_dequantize_rows(device, gen, quick) -> str:
 
 def check_scale_search(device, gen, quick) -> str:
     """The pruned scale-search kernel against the reference's search over every candidate."""
-    from . import scale_search
-    from .kernels import scale_search as search_kernels
+    from nvfp4_inductor.reference import scale_search
+    from nvfp4_inductor.kernels import scale_search as search_kernels
 
     done = []
     for rows, k in [(5, 48), (33, 64)] if quick else [(5, 48), (33, 64), (130, 1024)]:
@@ -242,7 +245,7 @@ def runnable(m: int, n: int, k: int, tiled: bool, activation: str, device: torch
 def check_linear(activation: str) -> Callable:
     """nvfp4::linear's CUDA implementation (row-major weights, plain or swizzled scales) at linear_ms."""
     def run(device, gen, quick):
-        from .kernels import gemm
+        from nvfp4_inductor.kernels import gemm
 
         n, k = (48, 96) if quick else (80, 1056)
         done, skipped, worst = [], [], 0.0
@@ -269,7 +272,7 @@ def check_nvfp4_linear(activation: str) -> Callable:
     """An nn.Linear converted by nv.convert (tiled weights): its eager path on CUDA, else
     nvfp4::linear_tiled's CUDA implementation, at linear_ms."""
     def run(device, gen, quick):
-        from .kernels import gemm
+        from nvfp4_inductor.kernels import gemm
 
         n, k = (48, 96) if quick else (1056, 1040)  # K padded to whole 64-wide tiles
         linear = nn.Linear(k, n).to(torch.bfloat16)
@@ -309,7 +312,7 @@ EXPERT_TOKENS = (7, 0, 12, 1, 9)
 
 
 def check_grouped(activation: str) -> Callable:
-    """The grouped MoE kernels (moe.grouped_cuda) on tiled experts, plain (with bias) and gated
+    """The grouped MoE kernels (ops.grouped.grouped_cuda) on tiled experts, plain (with bias) and gated
     (SiLU(gate) * up, without), against the ops' reference loop of dense linears."""
     def run(device, gen, quick):
         k, leftover = (144, 3) if quick else (1040, 5)
@@ -326,14 +329,14 @@ def check_grouped(activation: str) -> Callable:
             g = torch.stack([q.global_scale for q in experts])
             bias = None if gated else sample(gen, (len(EXPERT_TOKENS), n))
             x = sample(gen, (t, k))
-            op = moe.grouped_linear_tiled_silu_mul if gated else moe.grouped_linear_tiled
+            op = grouped_ops.grouped_linear_tiled_silu_mul if gated else grouped_ops.grouped_linear_tiled
             want = op(x, offsets, codes, bits, g, bias, n, activation)
             args = [None if a is None else a.to(device) for a in (x, offsets, codes, bits, g, bias)]
             with warnings.catch_warnings():
                 # SiLU's exp(-gate) overflows to inf for gates below about -88 (SiLU is then -0, as
                 # it should be); the interpreter's numpy warns about it
                 warnings.filterwarnings("ignore", "overflow encountered in exp", RuntimeWarning)
-                got = moe.grouped_cuda(*args, n, activation, gated)
+                got = grouped_ops.grouped_cuda(*args, n, activation, gated)
             what = "gated" if gated else "plain"
             start = 0
             for e, end in enumerate(offsets.tolist()):  # per expert: their magnitudes are 10^4 apart

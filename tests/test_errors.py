@@ -121,13 +121,10 @@ def test_ops_check_too():
         torch.ops.nvfp4.swizzle_scales(torch.zeros(4, 4, dtype=E4M3))
 
 
-def test_linear_takes_activations_and_its_old_spelling():
-    """nv.linear names the format of x `activations`, as Config and NVFP4Linear do; `activation=`
-    still works, with a DeprecationWarning, and the two disagreeing is an error."""
+def test_linear_takes_activations_only():
+    """nv.linear names the format of x `activations`, as Config and NVFP4Linear do: there is no
+    other spelling (an unknown keyword is a TypeError)."""
     x = torch.randn(3, 32)
     w = nv.quantize(torch.randn(16, 32))
-    want = nv.linear(x, w, activations="nvfp4")
-    with pytest.warns(DeprecationWarning, match="use activations="):
-        assert torch.equal(nv.linear(x, w, activation="nvfp4"), want)
-    with pytest.raises(ValueError, match="both given"):
-        nv.linear(x, w, activations="nvfp4", activation="bf16")
+    with pytest.raises(TypeError, match="unexpected keyword argument 'activation'"):
+        nv.linear(x, w, activation="nvfp4")

@@ -223,11 +223,11 @@ def test_reference_pack_unpack_round_trip():
     assert torch.equal(reference.unpack_nibbles(reference.pack_nibbles(codes)), codes)
 
 
-# --- the tiled weight layout (nvfp4_inductor/tiled.py) ------------------------------------------
+# --- the tiled weight layout (nvfp4_inductor/reference/tiled.py)-----------------------------------------
 
 @pytest.mark.parametrize("n, k", [(64, 64), (80, 48), (16, 208), (200, 1040)])
 def test_tile_untile_round_trip_and_padding(n, k):
-    from nvfp4_inductor import tiled
+    from nvfp4_inductor.reference import tiled
 
     data, scale, _ = _q_args(torch.randn(n, k))
     torch.library.opcheck(OPS.tile_weight.default, (data, scale))
@@ -330,7 +330,7 @@ def test_untile_weight_inverts_tile_weight_and_rejects_bad_input():
 def test_linear_tiled_silu_mul_is_the_gated_mlp(activation):
     """gate and up interleaved by 32 rows into one tiled weight: silu(gate(x)) * up(x), each linear
     as linear_tiled computes it (its own global scale per row); x's global scale joins them."""
-    from nvfp4_inductor import tiled
+    from nvfp4_inductor.reference import tiled
 
     x = torch.randn(3, 80, dtype=torch.bfloat16)
     gate, up = (nv.quantize(torch.randn(64, 80)) for _ in range(2))

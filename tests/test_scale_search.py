@@ -16,7 +16,8 @@ from torch import nn
 
 import nvfp4_inductor as nv
 from helpers.inputs import grid_blocks, sample, scalable_values, times_power_of_two
-from nvfp4_inductor import reference, scale_search
+from nvfp4_inductor import reference
+from nvfp4_inductor.reference import scale_search
 from nvfp4_inductor.calibrate import hessian_blocks
 from nvfp4_inductor.format import BLOCK_SIZE
 

@@ -28,7 +28,7 @@ numbers as the bit formulas, fewer instructions (tests/kernels/test_quantize.py 
 import triton
 import triton.language as tl
 
-from ..format import (
+from nvfp4_inductor.format import (
     BLOCK_SIZE,
     E2M1_MAX,
     E4M3_MAX,
@@ -234,7 +234,7 @@ def swizzled_scale_offset(row, col, cols_pad):
 
 @triton.jit
 def tiled_scale_offset(r, c):
-    """Tile row r, block c -> the byte of its scale in a tile of nvfp4_inductor.tiled's layout
+    """Tile row r, block c -> the byte of its scale in a tile of nvfp4_inductor.reference.tiled's layout
     (tiled.scale_index: the register-fed GEMM's word a thread)."""
     return 128 * (r // 32) + 16 * (r % 8) + 4 * c + (r % 32) // 8
 

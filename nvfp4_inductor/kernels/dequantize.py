@@ -8,7 +8,7 @@ few rows). An index outside [0, rows) yields a NaN row: the eager op checks the 
 so that happens only where no check can run (inside a CUDA-graph capture).
 Scales are read plain, (rows, K/16), or from the swizzled 128x4-tile layout.
 
-A tiled weight (nvfp4_inductor.tiled) wanted as bf16 e2m1 * block scale, without g (what the
+A tiled weight (nvfp4_inductor.reference.tiled) wanted as bf16 e2m1 * block scale, without g (what the
 dequantize + cuBLAS paths multiply), takes `_tiles_bf16_kernel` instead: one 64 x 64 tile a
 program, decoded by the skinny GEMM's word decode (gemm_splitk.decode_tile, ~3 instructions a
 weight instead of ~10 for the fp32 decode above).
@@ -18,10 +18,10 @@ import torch
 import triton
 import triton.language as tl
 
-from ..format import BLOCK_SIZE
-from ..tiled import TILE_K, TILE_N
-from ._common import BLOCK, e2m1_decode, e4m3_bits_to_f32, scale_offsets, store_pairs, tiled_scale_offset
-from .gemm_splitk import decode_tile
+from nvfp4_inductor.format import BLOCK_SIZE
+from nvfp4_inductor.reference.tiled import TILE_K, TILE_N
+from nvfp4_inductor.kernels._common import BLOCK, e2m1_decode, e4m3_bits_to_f32, scale_offsets, store_pairs, tiled_scale_offset
+from nvfp4_inductor.kernels.gemm_splitk import decode_tile
 
 TILE_N_: tl.constexpr = tl.constexpr(TILE_N)
 TILE_K_: tl.constexpr = tl.constexpr(TILE_K)
@@ -68,7 +68,7 @@ def _dequantize_kernel(
     pair_mask = row_ok[:, None] & (pair_cols < K // 2)[None, :]
     block_cols = tl.program_id(1) * (BLOCK_K // BLOCK) + tl.arange(0, BLOCK_K // BLOCK)
     block_mask = load_ok[:, None] & (block_cols < K // BLOCK)[None, :]
-    if TILED:  # nvfp4_inductor.tiled's layout (its docstring has the index formulas)
+    if TILED:  # nvfp4_inductor.reference.tiled's layout (its docstring has the index formulas)
         data_offsets = _tiled_offset(src[:, None], pair_cols[None, :], K, 2)
         offsets = _tiled_offset(src[:, None], block_cols[None, :], K, BLOCK)
     else:
@@ -119,7 +119,7 @@ def _tiles_bf16_kernel(data_ptr, scale_ptr, out_ptr, N, K, USE_ASM: tl.constexpr
 def dequantize(data, scale, global_scale, swizzled: bool, dtype, indices=None, tiled_nk=None):
     """NVFP4 parts (checked by the op) -> (..., K) of dtype; with indices (any shape), only the
     rows of the 2-D data named by them, as indices.shape + (K,). global_scale None: leave it out
-    (e2m1 * block scale only). tiled_nk = (N, K): data and scale are nvfp4_inductor.tiled's 1-D
+    (e2m1 * block scale only). tiled_nk = (N, K): data and scale are nvfp4_inductor.reference.tiled's 1-D
     layout of an (N, K) weight."""
     if global_scale is not None:  # per row: read as a contiguous list of the rows' scales
         global_scale = global_scale.contiguous()

@@ -1,7 +1,7 @@
 """The eager NVFP4 linears on CUDA: y = (x @ W^T) * global scales (+ bias), W NVFP4.
 
     linear         W row-major (N, K/2) codes + (N, K/16) scales, plain or swizzled (nvfp4::linear)
-    linear_tiled   W in the tiled layout of nvfp4_inductor.tiled (nvfp4::linear_tiled, what
+    linear_tiled   W in the tiled layout of nvfp4_inductor.reference.tiled (nvfp4::linear_tiled, what
                    backend="nvfp4" compiles; this is its eager form and its Inductor extern choice)
 
 Which kernel runs is plan.plan_gemm's choice: the split-K GEMM (gemm_splitk.py) at decode sizes,
@@ -12,7 +12,7 @@ block-scaled MMA, else to its values (e2m1 * block scale, exact in bf16) multipl
 
 import torch
 
-from . import plan
+from nvfp4_inductor.kernels import plan
 
 
 def _rows(x):
@@ -23,7 +23,7 @@ def _rows(x):
 
 def linear(x, w_data, w_scale, w_global_scale, bias, w_swizzled: bool, activation: str):
     """nvfp4::linear on CUDA (arguments checked by the op): x (..., K) -> (..., N) in x.dtype."""
-    from .dequantize import dequantize
+    from nvfp4_inductor.kernels.dequantize import dequantize
 
     lead, k = x.shape[:-1], x.shape[-1]
     n = w_data.shape[0]
@@ -49,7 +49,7 @@ def _activation_operand(x2, activation):
     x (dynamic per-tensor scale) and takes its values without the global scale (e2m1 * block
     scale, exact in bf16: quantize_values, one kernel), which goes to the epilogue with the
     weight's."""
-    from .quantize import quantize
+    from nvfp4_inductor.kernels.quantize import quantize
 
     if activation != "nvfp4":
         return x2.to(torch.bfloat16), None
@@ -61,8 +61,8 @@ def _linear_splitk(x2, w_data, w_scale, w_global_scale, bias, w_swizzled, activa
                    tiled_n):
     """Decode sizes: the split-K kernel, both global scales in its epilogue, x a bf16 operand (W4A4:
     its quantized values), or x's codes where the plan multiplies NVFP4 (sm_100, tiled W)."""
-    from .gemm_splitk import gemm_splitk
-    from .quantize import quantize
+    from nvfp4_inductor.kernels.gemm_splitk import gemm_splitk
+    from nvfp4_inductor.kernels.quantize import quantize
 
     if x_format == "nvfp4":
         a, a_scale, x_global_scale = quantize(x2, None, False, False)
@@ -77,7 +77,7 @@ def _linear_dequant_cublas(x2, w, w_global_scale, bias, activation, out_dtype):
     """x (M, K), W as bf16 e2m1 * block scale (exact in bf16; the global scale would not be:
     measured 3e-3 relative error when folded in): one cuBLASLt GEMM that reads the global scales
     from the device as alpha, adds the bias and rounds once to out_dtype (kernels/cublaslt.py)."""
-    from .cublaslt import scaled_mm
+    from nvfp4_inductor.kernels.cublaslt import scaled_mm
 
     a, x_global_scale = _activation_operand(x2, activation)
     return scaled_mm(a, w, _product(w_global_scale, x_global_scale), bias, out_dtype)
@@ -85,18 +85,18 @@ def _linear_dequant_cublas(x2, w, w_global_scale, bias, activation, out_dtype):
 
 def linear_tiled(x, w_data, w_scale, w_global_scale, bias, n: int, activation: str, norm_h=None,
                  norm_eps: float = 0.0):
-    """nvfp4::linear_tiled on CUDA: W in the tiled layout (nvfp4_inductor.tiled). Small M runs the
+    """nvfp4::linear_tiled on CUDA: W in the tiled layout (nvfp4_inductor.reference.tiled). Small M runs the
     skinny kernel on it; larger M dequantizes it (the dequantize kernel reads the tiled layout)
     for a cuBLAS GEMM, whatever x's dtype (x is used as bf16, as W4A16 defines). With norm_h (a
     deferred RMSNorm, which backend="nvfp4" compiles into its template) the eager op takes fp32
     products from cuBLAS and applies the norm's row factor, the global scale and the bias."""
-    from .dequantize import dequantize
+    from nvfp4_inductor.kernels.dequantize import dequantize
 
     lead, k = x.shape[:-1], x.shape[-1]
     w_global_scale = w_global_scale.contiguous()  # per row: the kernels read it as a contiguous list
     x2 = _rows(x)
     if norm_h is not None:
-        from ..reference import rms_scale
+        from nvfp4_inductor.reference import rms_scale
 
         a, x_global_scale = _activation_operand(x2, activation)
         y = mm_tiled_f32(a, w_data, w_scale, n) * rms_scale(norm_h.reshape(-1, k), norm_eps)
@@ -117,7 +117,7 @@ def bind_linear_tiled(x, w_data, w_scale, w_global_scale, bias, n: int, activati
     and 16-byte alignment): a callable x -> y or None (see gemm_splitk.BoundLaunch), or None where
     linear_tiled would not launch the split-K kernel directly on such an x (W4A4, x not bf16 or
     not contiguous, more rows than decode sizes, no compiled launch yet)."""
-    from .gemm_splitk import bind_splitk
+    from nvfp4_inductor.kernels.gemm_splitk import bind_splitk
 
     if activation != "bf16" or not x.is_contiguous() or x.dim() == 0:  # (bind_splitk checks the rest)
         return None
@@ -131,7 +131,7 @@ def bind_linear_tiled(x, w_data, w_scale, w_global_scale, bias, n: int, activati
 def mm_tiled_f32(x2, w_data, w_scale, n: int):
     """x (M, K) used as bf16 @ (e2m1 * block scale)^T, W tiled with N = n rows -> (M, N) fp32,
     global scale not applied (the Inductor template's extern choice: dequantize + cuBLAS)."""
-    from .dequantize import dequantize
+    from nvfp4_inductor.kernels.dequantize import dequantize
 
     w = dequantize(w_data, w_scale, None, False, torch.bfloat16, tiled_nk=(n, x2.shape[1]))
     return torch.mm(x2.to(torch.bfloat16), w.T, out_dtype=torch.float32)
@@ -142,8 +142,8 @@ def scaled_mm_tiled(x2, w_data, w_scale, g, bias, n: int, out_dtype):
     (N,) on the device (W4A4: both global scales) -> (M, N) out_dtype = g * (x @ (e2m1 * block
     scale)^T) + bias: W dequantized, one cuBLASLt GEMM (the template's extern choice where it
     is the only one: no fp32 product for an epilogue kernel to read)."""
-    from .cublaslt import scaled_mm
-    from .dequantize import dequantize
+    from nvfp4_inductor.kernels.cublaslt import scaled_mm
+    from nvfp4_inductor.kernels.dequantize import dequantize
 
     w = dequantize(w_data, w_scale, None, False, torch.bfloat16, tiled_nk=(n, x2.shape[1]))
     return scaled_mm(x2.to(torch.bfloat16), w, g, bias, out_dtype)

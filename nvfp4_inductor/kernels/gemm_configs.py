@@ -3,7 +3,7 @@ kernel (plan.py). Each value is a measured choice: docs/gemm.md has the sweeps b
 
 from typing import NamedTuple
 
-from ..tiled import TILE_K, TILE_N
+from nvfp4_inductor.reference.tiled import TILE_K, TILE_N
 
 # The split-K GEMM's tl.dot mainloop (gemm_splitk.py): (BLOCK_N, BLOCK_K, programs per SM,
 # num_warps, num_stages). Two warps make Triton use mma.sync (both operands in registers), which

@@ -67,9 +67,9 @@ M, the tl.dot one for larger M and under the Triton interpreter (which runs no i
 import triton
 import triton.language as tl
 
-from ..format import BLOCK_SIZE
-from ..tiled import TILE_K, TILE_N
-from ._common import TILE_BYTES as SWIZZLE_TILE_BYTES, swizzled_scale_offset
+from nvfp4_inductor.format import BLOCK_SIZE
+from nvfp4_inductor.reference.tiled import TILE_K, TILE_N
+from nvfp4_inductor.kernels._common import TILE_BYTES as SWIZZLE_TILE_BYTES, swizzled_scale_offset
 
 _TILE_N: tl.constexpr = tl.constexpr(TILE_N)
 _TILE_K: tl.constexpr = tl.constexpr(TILE_K)

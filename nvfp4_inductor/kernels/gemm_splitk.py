@@ -22,7 +22,7 @@ rate over its HBM bandwidth).
    8 programs per SM stream the weight; each writes fp32 partials, and the last of an output
    tile's splits to finish (an atomic counter, `last_split`) sums them and runs the epilogue
    (global scales, bias, output dtype): one kernel a call.
-4. Weights in the row-major interchange layout, or (TILED) in nvfp4_inductor.tiled's layout,
+4. Weights in the row-major interchange layout, or (TILED) in nvfp4_inductor.reference.tiled's layout,
    where each (BLOCK_N, BLOCK_K) tile is one contiguous run (row-major is L1-bound: docs/gemm.md).
 5. W4A4 runs this kernel on x's quantized values (nvfp4.quantize_values: e2m1 * s_x, exact in
    bf16), both global scales in the epilogue's g; decoding x's codes in every program instead is
@@ -51,13 +51,13 @@ try:
 except ImportError:
     knobs = None
 
-from ..format import BLOCK_SIZE
-from ..tiled import TILE_K, TILE_N
-from .. import capability
-from . import gemm_configs, plan
-from . import gemm_mma
-from .gemm_mma import mma_mainloop
-from ._common import (BLOCK, FP8_NAN, check_swizzled_offsets, e2m1_decode, round_to, scale_offsets,
+from nvfp4_inductor.format import BLOCK_SIZE
+from nvfp4_inductor.reference.tiled import TILE_K, TILE_N
+from nvfp4_inductor import capability
+from nvfp4_inductor.kernels import gemm_configs, plan
+from nvfp4_inductor.kernels import gemm_mma
+from nvfp4_inductor.kernels.gemm_mma import mma_mainloop
+from nvfp4_inductor.kernels._common import (BLOCK, FP8_NAN, check_swizzled_offsets, e2m1_decode, round_to, scale_offsets,
                       tiled_places_to_rows, tiled_row_at, tiled_scale_offset, tiled_scales_by_place)
 
 # $4: 4 packed bytes b0..b3; $5, $6: bf16x2 block scales; $0, $1: low nibbles of (b0, b1), (b2, b3);
@@ -518,7 +518,7 @@ def split_counters(device, tiles: int) -> torch.Tensor:
     return counters
 
 
-def _mma_operands_fit(x, w_data, w_scale, tiled: bool) -> bool:
+def mma_operands_fit(x, w_data, w_scale, tiled: bool) -> bool:
     """x's rows start on 4-byte boundaries (even row stride); W's codes on 8 bytes (row-major: every
     row), tiled scales on 4: the register-fed mainloop's word loads."""
     if tiled:
@@ -637,7 +637,7 @@ def _setup_for(x, w_data, w_scale, swizzled, tiled_n, x_format, mainloop):
     m, k = x.shape[0], x.shape[1] * (2 if x_format == "nvfp4" else 1)
     n = w_data.shape[0] if tiled_n is None else tiled_n
     tiled = tiled_n is not None
-    fits = _mma_operands_fit(x, w_data, w_scale, tiled)
+    fits = mma_operands_fit(x, w_data, w_scale, tiled)
     scale_cols_pad = w_scale.shape[1] if swizzled else k // BLOCK_SIZE
     setup = _launch_setup(m, n, k, tiled, swizzled, x_format, mainloop, fits, w_data.numel() < plan.MMA_MAX_CODE_BYTES,
                           scale_cols_pad, w_scale.data_ptr() % 4 == 0, x.device)
@@ -656,7 +656,7 @@ def gemm_splitk(x, w_data, w_scale, w_global_scale, bias, out_dtype, swizzled, t
     """x (M, K) (bf16 on the GPU: the word decode multiplies in bf16; under the interpreter in fp32),
     M <= 64 (plan.WGMMA_MAX_M with the wgmma mainloop); W NVFP4 (N, K/2) + uint8 scale bits + g
     (() or (N,)) -> (M, N) out_dtype.
-    tiled_n: W is in the tiled layout of nvfp4_inductor.tiled, with N = tiled_n rows. x_scale
+    tiled_n: W is in the tiled layout of nvfp4_inductor.reference.tiled, with N = tiled_n rows. x_scale
     (sm_100, tiled W only): x is NVFP4 itself, codes (M, K/2) + these plain scale bits (M, K/16),
     for the block-scaled MMA; w_global_scale must then hold both global scales (W's times x's).
     Elsewhere W4A4 passes x's quantized values. mainloop: "mma", "dot", "dot_scaled" or "wgmma" (tiled W)

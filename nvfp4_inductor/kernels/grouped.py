@@ -51,12 +51,12 @@ import torch
 import triton
 import triton.language as tl
 
-from .. import capability
-from ..tiled import TILE_K, TILE_N, expert_rows, stored_rows
-from ._common import BLOCK, round_to
-from . import gemm_configs, gemm_mma, plan
-from .gemm_mma import mma_mainloop
-from .gemm_splitk import (_mma_operands_fit, dot_scaled_mainloop, last_split, silu_mul_halves, split_counters,
+from nvfp4_inductor import capability
+from nvfp4_inductor.reference.tiled import TILE_K, TILE_N, expert_rows, stored_rows
+from nvfp4_inductor.kernels._common import BLOCK, round_to
+from nvfp4_inductor.kernels import gemm_configs, gemm_mma, plan
+from nvfp4_inductor.kernels.gemm_mma import mma_mainloop
+from nvfp4_inductor.kernels.gemm_splitk import (mma_operands_fit, dot_scaled_mainloop, last_split, silu_mul_halves, split_counters,
                           split_tiles, splitk_mainloop, wgmma_mainloop)
 
 _TILE_N: tl.constexpr = tl.constexpr(TILE_N)
@@ -258,11 +258,11 @@ def _mma_blocks(t: int, e: int) -> int:
 
 
 def _mma_fits(x: torch.Tensor, w_data: torch.Tensor, w_scale: torch.Tensor) -> bool:
-    """The register-fed mainloop's operands: the dense kernel's (gemm_splitk._mma_operands_fit),
+    """The register-fed mainloop's operands: the dense kernel's (gemm_splitk.mma_operands_fit),
     bf16 x, an expert's tiles addressed with 32-bit offsets, inline PTX (sm_90 and up, not the
     interpreter)."""
     return (not _interpreting() and capability.sm90_or_later(x.device) and x.dtype == torch.bfloat16
-            and w_data.shape[1] < 2**31 and _mma_operands_fit(x, w_data, w_scale, tiled=True))
+            and w_data.shape[1] < 2**31 and mma_operands_fit(x, w_data, w_scale, tiled=True))
 
 
 def _wgmma_fits(t: int, e: int, x: torch.Tensor) -> bool:
@@ -322,7 +322,7 @@ def _grouped_dequant(x, offsets, w_data, w_scale, w_global_scale, bias, np_, n_o
     silu(gate) * up, rounded to the output dtype): each linear is rounded once more than in the
     kernel. The offsets are clamped to [0, T] and made non-decreasing first (torch._grouped_mm
     reads memory by them); rows past the groups are zero."""
-    from .dequantize import dequantize
+    from nvfp4_inductor.kernels.dequantize import dequantize
 
     t, k = x.shape
     e = w_data.shape[0]

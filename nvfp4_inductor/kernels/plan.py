@@ -1,5 +1,5 @@
 """Which kernel serves an NVFP4 linear: one decision, taken here, for the eager launchers
-(kernels/gemm.py, kernels/gemm_splitk.py) and the Inductor lowering (inductor/lowering.py) alike.
+(kernels/gemm.py, kernels/gemm_splitk.py) and the Inductor lowering (lowerings/linear.py) alike.
 
     plan_gemm(M, N, K, weight layout, activation, device) -> GemmPlan(kernel, mainloop, x_format)
 
@@ -34,8 +34,8 @@ from typing import NamedTuple
 
 import torch
 
-from .. import capability
-from ..tiled import TILE_N
+from nvfp4_inductor import capability
+from nvfp4_inductor.reference.tiled import TILE_N
 
 # Up to these rows of x the split-K GEMM serves the linear (decode); above them dequantize + cuBLAS
 # (eager) or the template without split K (compiled). On row-major weights the split-K kernel
@@ -82,7 +82,7 @@ def plan_gemm(m: int, n: int, k: int, *, tiled: bool, activation: str, device: t
               compiled: bool = False, mma_operands_fit: bool = True, code_bytes: int = 0) -> GemmPlan:
     """The kernel for (M, K) x @ (N, K) NVFP4 W^T.
 
-    tiled: W in the tiled layout (nvfp4_inductor.tiled) rather than row-major; activation: "bf16"
+    tiled: W in the tiled layout (nvfp4_inductor.reference.tiled) rather than row-major; activation: "bf16"
     (W4A16) or "nvfp4" (W4A4); compiled: for the Inductor lowering (the template may serve every
     M) rather than an eager launch; mma_operands_fit: x's rows start on 4-byte boundaries and W's
     rows (row-major) or codes (tiled) on 8, as the register-fed mainloop's word loads need (the

@@ -16,7 +16,7 @@ Global scale modes (GLOBAL):
     G_FUSED       dynamic per tensor, decode-sized x (padded to powers of two, at most
                   FUSED_AMAX_MAX_TILE elements): every program reduces all of x in one load
                   (it is in L2)                                                1 launch
-    G_PARTIALS    dynamic per tensor: _amax_partials_kernel writes <= MAX_PARTIALS maxima, each
+    G_PARTIALS    dynamic per tensor: amax_partials_kernel writes <= MAX_PARTIALS maxima, each
                   quantize program reduces those (4 KB, from L2)              2 launches
 Nothing is read back to the host: capturable in a CUDA graph, no sync.
 
@@ -35,9 +35,9 @@ import torch
 import triton
 import triton.language as tl
 
-from ..format import BLOCK_SIZE
-from ..reference import swizzled_shape
-from ._common import (
+from nvfp4_inductor.format import BLOCK_SIZE
+from nvfp4_inductor.reference import swizzled_shape
+from nvfp4_inductor.kernels._common import (
     BLOCK,
     FP4_MAX,
     FP4_MAX_TINY,
@@ -60,8 +60,8 @@ from ._common import (
     scale_offsets,
     swizzled_scale_offset,
 )
-from .. import capability
-from .gemm_splitk import decode_tile
+from nvfp4_inductor import capability
+from nvfp4_inductor.kernels.gemm_splitk import decode_tile
 
 G_STATIC: tl.constexpr = tl.constexpr(0)
 G_STATIC_ROW: tl.constexpr = tl.constexpr(1)
@@ -123,7 +123,7 @@ def _tile_abs(x_ptr, row0, col0, M, K, stride_xm, BLOCK_M: tl.constexpr, BLOCK_K
 
 
 @triton.jit
-def _amax_partials_kernel(x_ptr, partials_ptr, M, K, stride_xm, num_programs,
+def amax_partials_kernel(x_ptr, partials_ptr, M, K, stride_xm, num_programs,
                           BLOCK_M: tl.constexpr, BLOCK_K: tl.constexpr, PDL: tl.constexpr = False):
     """Program p: max of finite |x| over tiles p, p + P, p + 2P, ... (grid-stride). The running
     max stays a tile (one max per element, no cross-warp reduction inside the loop). PDL: as the
@@ -385,7 +385,7 @@ def _pair_aligned(t: torch.Tensor) -> torch.Tensor:
     return t
 
 
-def _fits_fused_amax(m: int, k: int) -> bool:
+def fits_fused_amax(m: int, k: int) -> bool:
     return triton.next_power_of_2(max(m, 1)) * triton.next_power_of_2(k) <= FUSED_AMAX_MAX_TILE
 
 
@@ -395,10 +395,10 @@ def rms_norm_quantize_values(h: torch.Tensor, weight: torch.Tensor | None, eps: 
     rms_norm_quantize_values). Decode-sized h (the fused-amax bound) in one launch; larger h,
     where every program normalizing all of h would cost more than it saves, as the norm in torch
     ops and quantize_values' kernels."""
-    from ..reference import rms_norm
+    from nvfp4_inductor.reference import rms_norm
 
     k = h.shape[-1]
-    if not _fits_fused_amax(h.numel() // k, k):
+    if not fits_fused_amax(h.numel() // k, k):
         values, _, g = quantize(rms_norm(h, weight, eps, weight_after_cast), None, False, False,
                                 values=True)
         return values, g
@@ -450,13 +450,13 @@ def quantize(x: torch.Tensor, global_scale: torch.Tensor | None, per_row: bool, 
         if m:
             _row_g_kernel[(triton.cdiv(m, amax_m),)](
                 x2, g_out, m, k, x2.stride(0), BLOCK_M=amax_m, BLOCK_K=amax_k)
-    elif _fits_fused_amax(m, k):
+    elif fits_fused_amax(m, k):
         mode, g_in = G_FUSED, g_out
     else:
         mode, g_in = G_PARTIALS, g_out
         num_partials = min(triton.cdiv(m, amax_m) * triton.cdiv(k, amax_k), MAX_PARTIALS)
         partials = torch.empty(num_partials, dtype=torch.float32, device=x.device)
-        _amax_partials_kernel[(num_partials,)](
+        amax_partials_kernel[(num_partials,)](
             x2, partials, m, k, x2.stride(0), num_partials, BLOCK_M=amax_m, BLOCK_K=amax_k,
             PDL=pdl, launch_pdl=pdl)
     norm_mode, norm_weight, eps = norm

@@ -23,8 +23,8 @@ import warnings
 import torch
 from torch import Tensor
 
-from .. import reference
-from ..format import BLOCK_SIZE, E2M1_MAX, E2M1_MIDPOINTS, E2M1_SIGN_BIT, E4M3_MAX
+from nvfp4_inductor import reference
+from nvfp4_inductor.format import BLOCK_SIZE, E2M1_MAX, E2M1_MIDPOINTS, E2M1_SIGN_BIT, E4M3_MAX
 
 __all__ = ["quantize", "finite_amax"]
 

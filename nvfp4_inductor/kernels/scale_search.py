@@ -1,7 +1,7 @@
 """Weight scale search on the GPU: per 16-element block, the E4M3 scale with the smallest error
 ("mse": squared error; "hessian": (w - w_hat)^T H_g (w - w_hat)), then the codes for it.
 
-The error, its fp32 order and the choice rule are `nvfp4_inductor.scale_search`'s (the reference,
+The error, its fp32 order and the choice rule are `nvfp4_inductor.reference.scale_search`'s (the reference,
 a brute-force sweep); this kernel computes the same fp32 numbers (compiled with
 enable_fp_fusion=False: a contracted multiply-add would round differently from the reference) and
 chooses the same scale, but evaluates only the candidates that can win.
@@ -54,9 +54,9 @@ import torch
 import triton
 import triton.language as tl
 
-from ..format import BLOCK_SIZE
-from ._common import block_scale_bits, e2m1_index_bits, e4m3_bits_to_f32, reciprocal_operands
-from .quantize import AMAX_TILE, MAX_PARTIALS, _amax_partials_kernel
+from nvfp4_inductor.format import BLOCK_SIZE
+from nvfp4_inductor.kernels._common import block_scale_bits, e2m1_index_bits, e4m3_bits_to_f32, reciprocal_operands
+from nvfp4_inductor.kernels.quantize import AMAX_TILE, MAX_PARTIALS, amax_partials_kernel
 
 # One warp per program: the "any thread still searching" tests are warp shuffles (no barrier), and a
 # direction's sweep lasts as long as its slowest of 32 blocks, not of more.
@@ -321,14 +321,14 @@ def hessian_bounds(u: torch.Tensor) -> torch.Tensor:
 
 def _dynamic_global_scale(x2: torch.Tensor) -> torch.Tensor:
     """Per-tensor g = amax / 2688 of the finite elements, on the device (no host sync)."""
-    from ..reference import global_scale_from_amax
+    from nvfp4_inductor.reference import global_scale_from_amax
 
     m, k = x2.shape
     amax_m, amax_k = AMAX_TILE
     num = max(1, min(triton.cdiv(m, amax_m) * triton.cdiv(k, amax_k), MAX_PARTIALS))
     partials = torch.zeros(num, dtype=torch.float32, device=x2.device)
     if m:
-        _amax_partials_kernel[(num,)](x2, partials, m, k, x2.stride(0), num,
+        amax_partials_kernel[(num,)](x2, partials, m, k, x2.stride(0), num,
                                       BLOCK_M=amax_m, BLOCK_K=amax_k)
     return global_scale_from_amax(partials.amax())
 
@@ -336,7 +336,7 @@ def _dynamic_global_scale(x2: torch.Tensor) -> torch.Tensor:
 def hessian_operands(hessian: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """H (K/16, 16, 16) -> (U, lambda) as the kernel reads them. The eigenvalues sync with the
     host (cuSOLVER), so a caller timing or graph-capturing search() prepares these once."""
-    from ..scale_search import hessian_operand
+    from nvfp4_inductor.reference.scale_search import hessian_operand
 
     u = hessian_operand(hessian).contiguous()
     return u, hessian_bounds(u)

@@ -252,7 +252,7 @@ def cases(sm):
                warps, [WORD_DECODE, STORE_16B, NO_FLOAT_TO_INT] + PDL_WAIT_FIRST, 1)
     amax_m, amax_k = qk.AMAX_TILE
     for dtype in DTYPES:
-        yield (f"amax-partials-{dtype}", qk._amax_partials_kernel, {**AMAX_SIGNATURE, "x_ptr": f"*{dtype}"},
+        yield (f"amax-partials-{dtype}", qk.amax_partials_kernel, {**AMAX_SIGNATURE, "x_ptr": f"*{dtype}"},
                {"BLOCK_M": amax_m, "BLOCK_K": amax_k, "PDL": True}, 4, [LOAD_16B] + PDL_WAIT_FIRST, 1)
         yield (f"row-g-{dtype}", qk._row_g_kernel, {**ROW_G_SIGNATURE, "x_ptr": f"*{dtype}"},
                {"BLOCK_M": amax_m, "BLOCK_K": amax_k}, 4, [LOAD_16B], 1)

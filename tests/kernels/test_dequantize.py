@@ -134,7 +134,7 @@ def test_dequantize_kernel_without_global_scale(kernel_device):
 
 @pytest.mark.parametrize("n, k", [(64, 64), (80, 208), (130, 1040)])
 def test_dequantize_reads_the_tiled_layout(kernel_device, n, k):
-    from nvfp4_inductor import tiled
+    from nvfp4_inductor.reference import tiled
 
     gen = torch.Generator().manual_seed(n + k)
     x = torch.randn(n, k, generator=gen) * 5

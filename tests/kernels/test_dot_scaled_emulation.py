@@ -5,7 +5,7 @@ import pytest
 import torch
 
 import nvfp4_inductor as nv
-from nvfp4_inductor import tiled as nv_tiled
+from nvfp4_inductor.reference import tiled as nv_tiled
 from nvfp4_inductor.kernels import gemm, plan
 
 pytestmark = pytest.mark.skipif(torch.cuda.is_available(), reason="the interpreter's stand-in (no GPU)")

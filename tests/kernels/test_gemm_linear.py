@@ -131,7 +131,7 @@ def test_cuda_linear_launchers_under_the_interpreter(m, activation, monkeypatch)
     global scales, tiled dequantize) run on CPU tensors through the interpreted kernels; the
     cuBLASLt GEMM is stood in for by an fp32 matmul. Tolerance: the interpreter truncates fp32 ->
     bf16 (up to 1 ulp) where the GPU rounds; the GPU tests hold these paths to 1e-3."""
-    from nvfp4_inductor import tiled
+    from nvfp4_inductor.reference import tiled
 
     from nvfp4_inductor.kernels import cublaslt
 

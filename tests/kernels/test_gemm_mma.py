@@ -10,7 +10,7 @@ import triton.language as tl
 
 import nvfp4_inductor as nv
 from helpers.gemm import pin_splitk_config
-from nvfp4_inductor import tiled as nv_tiled
+from nvfp4_inductor.reference import tiled as nv_tiled
 from nvfp4_inductor.kernels import gemm_mma, gemm_splitk, plan
 
 
@@ -152,16 +152,16 @@ def test_register_fed_mainloop_refuses_what_it_cannot_run(kernel_device):
     data_t, scale_t = (t.to(kernel_device) for t in nv_tiled.tile(torch.zeros(64, 32, dtype=torch.uint8),
                                                                  torch.zeros(64, 4, dtype=torch.uint8)))
     g = torch.ones((), device=kernel_device)
-    assert gemm_splitk._mma_operands_fit(x[:3], data_t, scale_t, True)
+    assert gemm_splitk.mma_operands_fit(x[:3], data_t, scale_t, True)
     with pytest.raises(ValueError, match="register-fed mainloop needs"):
         gemm_splitk.gemm_splitk(x, data_t, scale_t, g, None, torch.float32, False, tiled_n=64, mainloop="mma")
     assert not plan.mma_runs(33, tiled=True, device=cuda) and plan.mma_runs(32, tiled=True, device=cuda)
     rows = torch.zeros(64 * 32 + 4, dtype=torch.uint8)[4:].view(64, 32)  # rows 4 bytes off 8-byte boundaries
-    assert not gemm_splitk._mma_operands_fit(x[:3], rows, torch.zeros(64, 4, dtype=torch.uint8), False)
+    assert not gemm_splitk.mma_operands_fit(x[:3], rows, torch.zeros(64, 4, dtype=torch.uint8), False)
     odd_scales = torch.zeros(scale_t.numel() + 2, dtype=torch.uint8)[2:]  # 2 bytes off a 4-byte boundary
-    assert not gemm_splitk._mma_operands_fit(x[:3], data_t.cpu(), odd_scales, True)
+    assert not gemm_splitk.mma_operands_fit(x[:3], data_t.cpu(), odd_scales, True)
     odd_x = torch.zeros(3 * 64 + 1, dtype=torch.bfloat16)[1:].view(3, 64)  # x rows 2 bytes off 4
-    assert not gemm_splitk._mma_operands_fit(odd_x, data_t.cpu(), scale_t.cpu(), True)
+    assert not gemm_splitk.mma_operands_fit(odd_x, data_t.cpu(), scale_t.cpu(), True)
     assert not plan.mma_runs(1, tiled=True, device=cuda, code_bytes=plan.MMA_MAX_CODE_BYTES)
     assert not plan.mma_runs(1, tiled=True, device=torch.device("cpu"))
     with pytest.raises(ValueError, match="does not multiply an x of format 'bf16'"):

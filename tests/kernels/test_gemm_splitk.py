@@ -14,7 +14,7 @@ import triton.language as tl
 
 import nvfp4_inductor as nv
 from helpers.gemm import pin_splitk_config
-from nvfp4_inductor import tiled as nv_tiled
+from nvfp4_inductor.reference import tiled as nv_tiled
 from nvfp4_inductor.kernels import gemm_configs, gemm_mma, gemm_splitk, plan
 from nvfp4_inductor.kernels._common import round_to
 
@@ -161,7 +161,7 @@ def test_skinny_gemm_reads_any_scale_byte(kernel_device, reg_mma, monkeypatch):
 
 @pytest.mark.parametrize("m, n, k", [(1, 64, 64), (5, 80, 208), (16, 128, 512)])
 def test_splitk_on_tiled_weights_matches_reference(kernel_device, m, n, k, monkeypatch):
-    from nvfp4_inductor import tiled
+    from nvfp4_inductor.reference import tiled
 
     gen = torch.Generator().manual_seed(m + n * 3 + k)
     operand = torch.bfloat16 if kernel_device == "cuda" else torch.float16
@@ -224,7 +224,7 @@ def test_repeated_launches_take_the_cached_kernel(m):
     """After its first launch, a set-up's compiled kernel is launched directly (no JIT binding):
     fresh inputs every call, x at other alignments (another specialization: compiled, then cached
     too), a bias, per-row global scales; each result against the reference."""
-    from nvfp4_inductor import tiled
+    from nvfp4_inductor.reference import tiled
 
     gen = torch.Generator().manual_seed(m)
     n, k = 192, 320

@@ -205,7 +205,7 @@ def test_quantize_fused_amax_skips_non_finite(kernel_device, dtype, shape):
     """The decode-sized dynamic scale (one launch, every program reduces all of x; bf16 / fp16 on
     the bits): NaN and +-Inf are skipped, the largest finite magnitude of the dtype, negative,
     is the amax, and x with nothing finite but zeros gets g = 1."""
-    assert quantize_kernels._fits_fused_amax(math.prod(shape[:-1]), shape[-1])
+    assert quantize_kernels.fits_fused_amax(math.prod(shape[:-1]), shape[-1])
     gen = torch.Generator().manual_seed(11)
     x = torch.randn(shape, generator=gen).to(dtype)
     big = torch.finfo(dtype).max

@@ -1,0 +1,144 @@
+"""The package's structure, read from its source (docs/architecture.md): imports point down the
+layers only, with no cycle; every import names something that exists (function-level ones
+included, which run only on a GPU or when compiling); no private name crosses a module."""
+
+import ast
+import importlib
+from pathlib import Path
+
+import pytest
+
+PACKAGE = Path(__file__).resolve().parents[1] / "nvfp4_inductor"
+
+# bottom to top: a module may import from its own layer and the layers below it
+LAYERS = (
+    ("base", ("format", "capability", "checkpoint_config")),
+    ("reference", ("reference",)),
+    ("checks", ("checks", "config")),
+    ("kernels", ("kernels",)),
+    ("ops", ("ops",)),
+    ("api", ("api",)),
+    ("modules", ("modules",)),
+    ("templates", ("templates",)),
+    ("lowerings", ("lowerings",)),
+    ("io", ("io",)),
+    ("whole models", ("parallel", "calibrate")),
+    ("entry points", ("selfcheck", "__main__", "")),
+)
+
+
+def _module_name(path: Path) -> str:
+    parts = path.relative_to(PACKAGE.parent).with_suffix("").parts
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+MODULES = {_module_name(p): p for p in sorted(PACKAGE.rglob("*.py"))}
+
+
+def _layer(module: str) -> int:
+    rest = module.removeprefix("nvfp4_inductor").removeprefix(".")
+    for rank, (_, prefixes) in enumerate(LAYERS):
+        if any(rest == p or (p and rest.startswith(p + ".")) for p in prefixes):
+            return rank
+    raise AssertionError(f"{module} is in no layer of LAYERS: add it")
+
+
+def _imports(module: str):
+    """-> [(imported module, [names], line, function-level?)] of module's imports of the package."""
+    tree = ast.parse(MODULES[module].read_text())
+    in_function = {id(node) for f in ast.walk(tree) if isinstance(f, (ast.FunctionDef, ast.AsyncFunctionDef))
+                   for node in ast.walk(f)}
+    found = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.ImportFrom) and node.module and node.module.split(".")[0] == "nvfp4_inductor":
+            assert node.level == 0, f"{module}:{node.lineno}: relative import (the package imports absolutely)"
+            found.append((node.module, [a.name for a in node.names], node.lineno, id(node) in in_function))
+        elif isinstance(node, ast.Import):
+            for alias in node.names:
+                if alias.name.split(".")[0] == "nvfp4_inductor":
+                    found.append((alias.name, [], node.lineno, id(node) in in_function))
+    return found
+
+
+def _edges():
+    """-> {(importer, imported module)}: a name that is a submodule counts as that module."""
+    edges = set()
+    for module in MODULES:
+        for target, names, _, _ in _imports(module):
+            for name in names or [None]:
+                sub = f"{target}.{name}" if name else None
+                dest = sub if sub in MODULES else target
+                if dest != module:
+                    edges.add((module, dest))
+    return edges
+
+
+def test_every_import_of_the_package_resolves():
+    """Each `from nvfp4_inductor... import name` names an existing module and attribute, including
+    the imports inside functions, which only a GPU run or a compile would execute."""
+    for module in MODULES:
+        for target, names, line, _ in _imports(module):
+            assert target in MODULES, f"{module}:{line}: no module {target}"
+            imported = importlib.import_module(target)
+            for name in (n for n in names if n != "*"):
+                assert hasattr(imported, name) or f"{target}.{name}" in MODULES, \
+                    f"{module}:{line}: {target} has no {name}"
+
+
+def test_imports_point_down_the_layers():
+    upward = sorted(f"{a} ({LAYERS[_layer(a)][0]}) imports {b} ({LAYERS[_layer(b)][0]})"
+                    for a, b in _edges() if _layer(b) > _layer(a))
+    assert not upward, "\n".join(upward)
+
+
+def test_the_import_graph_has_no_cycle():
+    graph = {}
+    for a, b in _edges():
+        graph.setdefault(a, set()).add(b)
+    state, cycle = {}, []
+
+    def visit(node, path):
+        state[node] = "open"
+        for nxt in sorted(graph.get(node, ())):
+            if state.get(nxt) == "open":
+                cycle.append(path[path.index(nxt):] + [nxt] if nxt in path else [node, nxt])
+            elif nxt not in state:
+                visit(nxt, path + [nxt])
+        state[node] = "done"
+
+    for node in sorted(graph):
+        if node not in state:
+            visit(node, [node])
+    assert not cycle, " -> ".join(cycle[0])
+
+
+def test_no_private_name_crosses_a_module():
+    """`from m import _x` and `m._x` on an imported package module are refused (a private name used
+    elsewhere belongs in the module's public API, or the code in another layer)."""
+    found = []
+    for module, path in MODULES.items():
+        tree = ast.parse(path.read_text())
+        aliases = {}
+        for target, names, line, _ in _imports(module):
+            found += [f"{module}:{line}: imports {target}.{n}" for n in names if n.startswith("_") and not n.startswith("__")]
+        for node in ast.walk(tree):
+            if isinstance(node, ast.ImportFrom) and node.module and node.module.startswith("nvfp4_inductor"):
+                for a in node.names:
+                    if f"{node.module}.{a.name}" in MODULES:
+                        aliases[a.asname or a.name] = f"{node.module}.{a.name}"
+        for node in ast.walk(tree):
+            if (isinstance(node, ast.Attribute) and isinstance(node.value, ast.Name) and node.value.id in aliases
+                    and node.attr.startswith("_") and not node.attr.startswith("__")):
+                found.append(f"{module}:{node.lineno}: uses {aliases[node.value.id]}.{node.attr}")
+    assert not found, "\n".join(found)
+
+
+def test_templates_import_no_launcher():
+    for module in MODULES:
+        if _layer(module) == _layer("nvfp4_inductor.templates"):
+            assert not [t for t, *_ in _imports(module) if _layer(t) >= _layer("nvfp4_inductor.kernels")], module
+
+
+@pytest.mark.parametrize("layer", [name for name, _ in LAYERS])
+def test_every_layer_holds_a_module(layer):
+    assert any(LAYERS[_layer(m)][0] == layer for m in MODULES), f"no module in layer {layer!r}"
