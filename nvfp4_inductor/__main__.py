@@ -5,9 +5,8 @@ against the reference)."""
 import argparse
 import sys
 
-from nvfp4_inductor.io import export
-
 from nvfp4_inductor import selfcheck
+from nvfp4_inductor.io import export
 
 
 def main(argv: list[str] | None = None) -> int:

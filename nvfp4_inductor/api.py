@@ -170,8 +170,8 @@ def linear(x: Tensor, w_q: NVFP4, bias: Tensor | None = None, *, activations: st
            x_global_scale=None) -> Tensor:
     """y = x @ W^T (+ bias): x (..., K), w_q NVFP4 (N, K) -> (..., N) in x.dtype.
 
-    activations (as Config.activations names it): "bf16": x is used as bf16 (W4A16); "nvfp4": x is quantized on the fly (W4A4) with a
-    per-tensor global scale, computed from x on the device, or x_global_scale where given (a
+    activations (as Config.activations names it): "bf16": x is used as bf16 (W4A16); "nvfp4": x
+    is quantized on the fly (W4A4) with a per-tensor global scale, computed from x on the device, or x_global_scale where given (a
     float, or an fp32 tensor of shape (); a calibrated static scale, see collect_input_scales:
     x's amax is then not computed, and values beyond 6 * 448 * x_global_scale saturate; the
     product of the two global scales multiplies the result, as in the CUDA kernels).

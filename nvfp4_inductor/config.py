@@ -7,7 +7,7 @@ from typing import Callable
 import torch
 from torch import nn
 
-from nvfp4_inductor import checks, capability
+from nvfp4_inductor import capability, checks
 from nvfp4_inductor.format import BLOCK_SIZE
 
 __all__ = ["Config"]
@@ -48,7 +48,7 @@ class Config:
         to a power of two: one row of 4096, 16 rows of 256; rounded otherwise than the norm, no
         less accurately: nvfp4_inductor/lowerings/passes/norms.py). False keeps Inductor's norm kernels.
     share_global_scales: nv.convert gives the layers that serving engines fuse (q / k / v, gate /
-        up: nvfp4_inductor.convert.FUSED_GROUPS, siblings of one parent) one global scale, the
+        up: nvfp4_inductor.modules.convert.FUSED_GROUPS, siblings of one parent) one global scale, the
         largest of theirs, as ModelOpt and llmcompressor export them: vLLM, SGLang and TensorRT-LLM
         read one scale per fused group, and decode per-layer scales wrongly. For checkpoints meant
         for them (save_checkpoint warns about groups without it).

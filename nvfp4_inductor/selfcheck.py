@@ -33,13 +33,12 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from nvfp4_inductor import api, ops
-from nvfp4_inductor.ops import grouped as grouped_ops
-
-from nvfp4_inductor.reference import tiled
 from nvfp4_inductor.config import Config
-from nvfp4_inductor.modules.convert import convert
 from nvfp4_inductor.format import BLOCK_SIZE
 from nvfp4_inductor.kernels import plan
+from nvfp4_inductor.modules.convert import convert
+from nvfp4_inductor.ops import grouped as grouped_ops
+from nvfp4_inductor.reference import tiled
 
 __all__ = ["add_arguments", "main"]
 
@@ -152,7 +151,7 @@ def shapes(quick: bool) -> list[tuple]:
 
 # --- the checks --------------------------------------------------------------------------------
 # Each kernel is called through its launcher (nvfp4_inductor.kernels.*, imported on first use as
-# ops.py imports them, so that the interpreter setting is read when they are first defined): on
+# ops/dense.py imports them, so that the interpreter setting is read when they are first defined): on
 # the CPU the ops would run the reference itself. The reference is the op on CPU tensors.
 
 def check_quantize(per_row: bool, swizzle: bool) -> Callable:

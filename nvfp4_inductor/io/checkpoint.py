@@ -1,6 +1,6 @@
 """NVFP4 checkpoints in the formats other tools write and read: NVIDIA ModelOpt's Hugging Face
 export and compressed-tensors' "nvfp4-pack-quantized" (llmcompressor); torchao's flattened
-NVFP4Tensor state dicts are read too (their layout: _torchao). Files are read with safetensors
+NVFP4Tensor state dicts are read too (their layout: io/torchao.py). Files are read with safetensors
 only (never unpickled).
 
                       ModelOpt                               compressed-tensors
@@ -18,7 +18,7 @@ expert under the model's original per-expert names, as ModelOpt exports them:
 ((gate, up, down) = gate_proj / up_proj / down_proj, Mixtral's w1 / w3 / w2); each expert's gate
 and up share one global scale (NVFP4Experts holds one per expert for its gate_up weight). Keys
 are the model's original names too (Mixtral's model.layers.<l>.block_sparse_moe.experts, where
-transformers 5 has .mlp.experts): both directions rename as transformers does (_hf_names).
+transformers 5 has .mlp.experts): both directions rename as transformers does (modules/hf_names.py).
 
 Element 2i sits in the low nibble in both, as here. g = amax / 2688 is well below 1 for any
 weight of ordinary size: a global scale >= 1 (amax >= 2688) is almost always a reciprocal stored
@@ -35,16 +35,14 @@ from safetensors import SafetensorError
 from safetensors.torch import load_file, save_file
 from torch import nn
 
-from nvfp4_inductor import checks, api, checkpoint_config
-
-from nvfp4_inductor.modules import hf_names
-
-from nvfp4_inductor.io import torchao
-from nvfp4_inductor.modules.convert import ConversionReport, fused_groups
-from nvfp4_inductor.modules.linear import NVFP4Linear
-from nvfp4_inductor.modules.common import replace_module
-from nvfp4_inductor.modules.experts import NVFP4Experts, cannot_convert, is_experts
+from nvfp4_inductor import api, checkpoint_config, checks
 from nvfp4_inductor.format import BLOCK_SIZE
+from nvfp4_inductor.io import torchao
+from nvfp4_inductor.modules import hf_names
+from nvfp4_inductor.modules.common import replace_module
+from nvfp4_inductor.modules.convert import ConversionReport, fused_groups, unquantized_modules
+from nvfp4_inductor.modules.experts import cannot_convert, is_experts, NVFP4Experts
+from nvfp4_inductor.modules.linear import NVFP4Linear
 
 __all__ = ["init_empty_weights", "load_checkpoint", "save_checkpoint"]
 
@@ -127,7 +125,7 @@ def _read_tensors(path: Path) -> dict[str, torch.Tensor]:
 
 def _model_keys(model: nn.Module, tensors: dict) -> dict:
     """tensors under model's state-dict keys (transformers renames some models' original module
-    names, _hf_names)."""
+    names, hf_names)."""
     rename = hf_names.key_renamer(model, to_checkpoint=False)
     renamed, original = {}, {}
     for key, value in tensors.items():
@@ -169,9 +167,9 @@ def _torchao_checkpoint(path: Path) -> tuple[dict, dict] | None:
     if method == "torchao":
         files = safetensors_files(path)
         if not torchao.is_torchao(files):
-            raise ValueError(f"{path}: config.json says torchao, but its safetensors files carry no torchao metadata "
-                             "(torchao's flatten_tensor_state_dict); a torchao checkpoint saved another way (torch.save, "
-                             "safe_serialization=False) is not read here")
+            raise ValueError(f"{path}: config.json says torchao, but its safetensors files carry no torchao "
+                             "metadata (torchao's flatten_tensor_state_dict); a torchao checkpoint saved another way "
+                             "(torch.save, safe_serialization=False) is not read here")
         return torchao.read(files)
     if method is not None or (path / "hf_quant_config.json").is_file() or not list(path.glob("*.safetensors")):
         return None
@@ -198,6 +196,20 @@ def stored_global_scale(name: str, value: torch.Tensor | None, fmt: str) -> torc
         raise ValueError(f"{name} = {stored.item()} means a global scale of {g.item()} (amax >= 2688): "
                          f"almost certainly {other}")
     return g
+
+
+def stored_layer(fmt: str, prefix: str, modelopt: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """A layer's tensors under ModelOpt's suffixes (weight, weight_scale, weight_scale_2 and
+    input_scale where present) -> {prefix.name: tensor} under fmt's names, each global scale as fmt
+    stores it (compressed-tensors: 1 / g, shape (1,)); stored_global_scale reads them back."""
+    stored = {}
+    for suffix, name in zip(SUFFIXES["modelopt"], SUFFIXES[fmt]):
+        if suffix in modelopt:
+            value = modelopt[suffix]
+            if fmt == "compressed-tensors" and suffix in ("weight_scale_2", "input_scale"):
+                value = (1.0 / value).reshape(1)
+            stored[f"{prefix}.{name}"] = value
+    return stored
 
 
 def _layer(prefix: str, linear: nn.Linear, tensors: dict, fmt: str, w4a4: bool) -> NVFP4Linear:
@@ -365,7 +377,7 @@ def load_checkpoint(model: nn.Module, path) -> ConversionReport:
 
 
 def _unshared_groups(layers: dict) -> list[list[str]]:
-    """The fused groups (convert.FUSED_GROUPS) among NVFP4 layers whose global scales differ."""
+    """The fused groups (modules/convert.FUSED_GROUPS) among NVFP4 layers whose global scales differ."""
     return [members for members in fused_groups(layers)
             if len({layers[m].weight_scale_2.item() for m in members}) > 1]
 
@@ -377,7 +389,7 @@ def save_checkpoint(model: nn.Module, path, format: str = "modelopt") -> None:  
     Hugging Face config where it has one)."""
     if format not in FORMATS:
         raise ValueError(f"format must be one of {FORMATS}; got {format!r}")
-    # a tensor-parallel share (parallel.NVFP4LinearShard) would be written under its whole layer's
+    # a tensor-parallel share (modules/sharded.NVFP4LinearShard) would be written under its whole layer's
     # name: a checkpoint whose tensors are one rank's rows or columns
     shards = [name for name, m in model.named_modules() if isinstance(m, NVFP4Linear) and getattr(m, "tp_size", 1) > 1]
     if shards:
@@ -400,12 +412,10 @@ def save_checkpoint(model: nn.Module, path, format: str = "modelopt") -> None:  
     # each expert's projections under the per-expert names NVFP4Experts' state dict uses
     expert_layers = [f"{name}.{e}.{proj}" for name, m in experts.items() for e in range(m.num_experts)
                      for proj in m.checkpoint_names]
-    if format == "compressed-tensors":
-        for name in [*layers, *expert_layers]:
-            state[f"{name}.weight_packed"] = state.pop(f"{name}.weight")
-            state[f"{name}.weight_global_scale"] = (1.0 / state.pop(f"{name}.weight_scale_2")).reshape(1)
-            if f"{name}.input_scale" in state:
-                state[f"{name}.input_global_scale"] = (1.0 / state.pop(f"{name}.input_scale")).reshape(1)
+    for name in [*layers, *expert_layers]:
+        modelopt = {suffix: state.pop(f"{name}.{suffix}") for suffix in SUFFIXES["modelopt"]
+                    if f"{name}.{suffix}" in state}
+        state.update(stored_layer(format, name, modelopt))
     # tied tensors are saved once (safetensors refuses shared storage)
     seen = {}
     for key in list(state):
@@ -414,15 +424,12 @@ def save_checkpoint(model: nn.Module, path, format: str = "modelopt") -> None:  
             del state[key]
         else:
             seen[ptr] = key
-    # under the model's original names, as transformers' save_pretrained writes them (_hf_names)
-    to_file, to_file_module = (hf_names.key_renamer(model, to_checkpoint=True),
-                               hf_names.module_renamer(model, to_checkpoint=True))
+    # under the model's original names, as transformers' save_pretrained writes them (hf_names)
+    to_file = hf_names.key_renamer(model, to_checkpoint=True)
     save_file({to_file(key): value for key, value in state.items()}, str(path / "model.safetensors"),
               metadata={"format": "pt"})
-    excluded = sorted(to_file_module(name) for name, m in model.named_modules()
-                      if type(m) is nn.Linear or is_experts(m))
     config = model.config.to_dict() if hasattr(getattr(model, "config", None), "to_dict") else {}
-    write_configs(path, config, format, w4a4, excluded)
+    write_configs(path, config, format, w4a4, unquantized_modules(model))
 
 
 def write_configs(path: Path, config: dict, fmt: str, w4a4: bool, excluded: list[str]) -> None:

@@ -21,17 +21,16 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import torch
+from safetensors import SafetensorError, safe_open
 from torch import nn
 
-from nvfp4_inductor.modules import hf_names
-
 from nvfp4_inductor import api, reference
-
+from nvfp4_inductor.config import Config
 from nvfp4_inductor.io import checkpoint
+from nvfp4_inductor.kernels import quantize_cpu
+from nvfp4_inductor.modules import hf_names
 from nvfp4_inductor.modules.convert import fused_groups, linear_targets
 from nvfp4_inductor.modules.experts import experts_to_convert, is_experts
-from nvfp4_inductor.config import Config
-from nvfp4_inductor.kernels import quantize_cpu
 from nvfp4_inductor.reference.scale_search import METHODS
 
 __all__ = ["add_arguments", "main", "plan", "Plan", "read_tensor"]
@@ -89,7 +88,7 @@ def empty_model(src: Path) -> nn.Module:
         import transformers
     except ImportError:
         raise ValueError("quantize builds the model of config.json with transformers, which is not installed "
-                         "(pip install 'nvfp4_inductor[transformers]')") from None
+                         "(pip install 'nvfp4-inductor[transformers]')") from None
 
     hf_config = transformers.AutoConfig.from_pretrained(str(src))
     with torch.device("meta"):
@@ -143,8 +142,6 @@ def plan(src: Path, method: str, exclude: list[str]) -> Plan:
 
 def _keys(file: Path) -> list[str]:
     """The tensor names of a safetensors file."""
-    from safetensors import SafetensorError, safe_open
-
     try:
         with safe_open(str(file), framework="pt") as f:
             return list(f.keys())
@@ -156,8 +153,6 @@ def read_tensor(file: Path, key: str) -> torch.Tensor:
     """One tensor of a safetensors file. The file is opened for each tensor: safetensors maps it,
     and the pages a read touches count as this process's memory for as long as the mapping lives
     (a handle kept open per shard holds the whole shard by the end)."""
-    from safetensors import safe_open
-
     with safe_open(str(file), framework="pt") as f:
         return f.get_tensor(key)
 
@@ -198,11 +193,8 @@ def _quantize(w: torch.Tensor, g: torch.Tensor, method: str) -> tuple[torch.Tens
 
 def _stored(fmt: str, key: str, data, scale, g) -> dict[str, torch.Tensor]:
     """A quantized weight's tensors under fmt's names (save_checkpoint's, values included)."""
-    prefix = key.removesuffix(".weight")
-    codes, _, g_name, _ = checkpoint.SUFFIXES[fmt]
-    g = g.cpu()
-    stored_g = (1.0 / g).reshape(1) if fmt == "compressed-tensors" else g.clone()
-    return {f"{prefix}.{codes}": data, f"{prefix}.weight_scale": scale, f"{prefix}.{g_name}": stored_g}
+    return checkpoint.stored_layer(fmt, key.removesuffix(".weight"),
+                                   {"weight": data, "weight_scale": scale, "weight_scale_2": g.cpu().clone()})
 
 
 class _Progress:
@@ -317,7 +309,8 @@ def main(args) -> int:
             raise ValueError(f"SRC {src} is not a folder")
         if not (src / "config.json").is_file():
             raise ValueError(f"SRC {src} has no config.json (a Hugging Face model folder has one)")
-        quantized = json.loads((src / "config.json").read_text()).get("quantization_config")
+        config = json.loads((src / "config.json").read_text())
+        quantized = config.get("quantization_config")
         if quantized:
             raise ValueError(f"SRC {src} is already quantized (config.json's quantization_config: "
                              f"{quantized.get('quant_method', quantized) if isinstance(quantized, dict) else quantized}): "
@@ -346,7 +339,6 @@ def main(args) -> int:
         for file in src.glob(pattern):
             if file.is_file():
                 shutil.copyfile(file, partial / file.name)
-    config = json.loads((src / "config.json").read_text())
     checkpoint.write_configs(partial, config, args.format, False, the_plan.excluded)
     if dst.exists():
         dst.rmdir()  # (empty: checked or cleared above)

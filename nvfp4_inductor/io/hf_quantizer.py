@@ -7,23 +7,24 @@ quantizer for `quant_method` "modelopt", which transformers itself does not read
 
 Before the weights load, every nn.Linear the checkpoint's config does not exclude becomes an
 NVFP4Linear with empty (meta) codes and scales, which transformers fills from the files as they
-are (no bf16 copy is made); after loading, each layer's tensors are checked as load_checkpoint
-checks them (nvfp4_inductor/checkpoint.py), and its codes and scales take the tiled layout. compressed-tensors checkpoints are read by
-transformers' own compressed-tensors quantizer (or by nvfp4_inductor.load_checkpoint).
+are (no bf16 copy is made); the files' headers are read first, so that a layer they lack is
+refused rather than left uninitialised; after loading, each layer's tensors are checked as
+load_checkpoint checks them (io/checkpoint.py), and its codes and scales take the tiled layout.
+compressed-tensors checkpoints are read by transformers' own compressed-tensors quantizer (or by
+nvfp4_inductor.load_checkpoint).
 """
 
 import torch
 from safetensors import safe_open
 from torch import nn
 
-from nvfp4_inductor.modules import hf_names
-
 from nvfp4_inductor import api, checkpoint_config
-from nvfp4_inductor.io.checkpoint import stored_global_scale
-from nvfp4_inductor.modules.linear import NVFP4Linear
-from nvfp4_inductor.modules.common import checked_bits, replace_module
 from nvfp4_inductor.format import BLOCK_SIZE
+from nvfp4_inductor.io.checkpoint import stored_global_scale
+from nvfp4_inductor.modules import hf_names
+from nvfp4_inductor.modules.common import checked_bits, replace_module
 from nvfp4_inductor.modules.experts import is_experts
+from nvfp4_inductor.modules.linear import NVFP4Linear
 
 _registered = False
 
@@ -96,7 +97,7 @@ def register_transformers_quantizer() -> None:
 
 def _replace_linears(model: nn.Module, config) -> list[str]:
     """Every nn.Linear not excluded -> an NVFP4Linear whose buffers are empty, on the meta device
-    (excluded names are matched as the files name modules too: _hf_names); -> the names replaced."""
+    (excluded names are matched as the files name modules too: hf_names); -> the names replaced."""
     w4a4 = config.spec.w4a4
     replaced = []
     excluded = hf_names.either_name(model, config.spec.excluded)
@@ -140,7 +141,8 @@ def _check_files_hold(model: nn.Module, layers: list[str], checkpoint_files: lis
             with safe_open(str(file), framework="pt") as handle:
                 keys.update(rename(key) for key in handle.keys())
     for name in layers:
-        absent = [f"{name}.{key}" for key in ("weight", "weight_scale", "weight_scale_2") if f"{name}.{key}" not in keys]
+        absent = [f"{name}.{key}" for key in ("weight", "weight_scale", "weight_scale_2")
+                  if f"{name}.{key}" not in keys]
         if absent:
             raise ValueError(f"the checkpoint quantizes {name!r} but lacks {absent}: the layer would be left "
                              "uninitialised")

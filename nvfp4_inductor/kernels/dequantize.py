@@ -19,9 +19,11 @@ import triton
 import triton.language as tl
 
 from nvfp4_inductor.format import BLOCK_SIZE
-from nvfp4_inductor.reference.tiled import TILE_K, TILE_N
-from nvfp4_inductor.kernels._common import BLOCK, e2m1_decode, e4m3_bits_to_f32, scale_offsets, store_pairs, tiled_scale_offset
+from nvfp4_inductor.kernels._common import (
+    BLOCK, e2m1_decode, e4m3_bits_to_f32, scale_offsets, store_pairs, tiled_scale_offset,
+)
 from nvfp4_inductor.kernels.gemm_splitk import decode_tile
+from nvfp4_inductor.reference.tiled import TILE_K, TILE_N
 
 TILE_N_: tl.constexpr = tl.constexpr(TILE_N)
 TILE_K_: tl.constexpr = tl.constexpr(TILE_K)

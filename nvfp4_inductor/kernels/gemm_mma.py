@@ -1,5 +1,5 @@
 """Register-fed skinny NVFP4 GEMM for decode on sm_90: y = x @ W^T, x (M <= 32, K) bf16, W NVFP4
-in the tiled layout (nvfp4_inductor/tiled.py: 64 x 64 tiles, each tile's 64 rows of 32 bytes
+in the tiled layout (nvfp4_inductor/reference/tiled.py: 64 x 64 tiles, each tile's 64 rows of 32 bytes
 contiguous, its 256 e4m3 scale bytes in the order the lanes below read them; what the backend
 makes) or in the row-major interchange layout (what nv.linear takes; see Row-major weights below).
 
@@ -68,8 +68,8 @@ import triton
 import triton.language as tl
 
 from nvfp4_inductor.format import BLOCK_SIZE
+from nvfp4_inductor.kernels._common import swizzled_scale_offset, TILE_BYTES as SWIZZLE_TILE_BYTES
 from nvfp4_inductor.reference.tiled import TILE_K, TILE_N
-from nvfp4_inductor.kernels._common import TILE_BYTES as SWIZZLE_TILE_BYTES, swizzled_scale_offset
 
 _TILE_N: tl.constexpr = tl.constexpr(TILE_N)
 _TILE_K: tl.constexpr = tl.constexpr(TILE_K)

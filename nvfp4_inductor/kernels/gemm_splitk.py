@@ -51,14 +51,16 @@ try:
 except ImportError:
     knobs = None
 
-from nvfp4_inductor.format import BLOCK_SIZE
-from nvfp4_inductor.reference.tiled import TILE_K, TILE_N
 from nvfp4_inductor import capability
+from nvfp4_inductor.format import BLOCK_SIZE
 from nvfp4_inductor.kernels import gemm_configs, plan
 from nvfp4_inductor.kernels import gemm_mma
+from nvfp4_inductor.kernels._common import (
+    BLOCK, FP8_NAN, check_swizzled_offsets, e2m1_decode, round_to, scale_offsets, tiled_places_to_rows, tiled_row_at,
+    tiled_scale_offset, tiled_scales_by_place,
+)
 from nvfp4_inductor.kernels.gemm_mma import mma_mainloop
-from nvfp4_inductor.kernels._common import (BLOCK, FP8_NAN, check_swizzled_offsets, e2m1_decode, round_to, scale_offsets,
-                      tiled_places_to_rows, tiled_row_at, tiled_scale_offset, tiled_scales_by_place)
+from nvfp4_inductor.reference.tiled import TILE_K, TILE_N
 
 # $4: 4 packed bytes b0..b3; $5, $6: bf16x2 block scales; $0, $1: low nibbles of (b0, b1), (b2, b3);
 # $2, $3: their high nibbles (see 1. and 2. above).

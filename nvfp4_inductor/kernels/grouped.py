@@ -52,12 +52,14 @@ import triton
 import triton.language as tl
 
 from nvfp4_inductor import capability
-from nvfp4_inductor.reference.tiled import TILE_K, TILE_N, expert_rows, stored_rows
-from nvfp4_inductor.kernels._common import BLOCK, round_to
 from nvfp4_inductor.kernels import gemm_configs, gemm_mma, plan
+from nvfp4_inductor.kernels._common import BLOCK, round_to
 from nvfp4_inductor.kernels.gemm_mma import mma_mainloop
-from nvfp4_inductor.kernels.gemm_splitk import (mma_operands_fit, dot_scaled_mainloop, last_split, silu_mul_halves, split_counters,
-                          split_tiles, splitk_mainloop, wgmma_mainloop)
+from nvfp4_inductor.kernels.gemm_splitk import (
+    mma_operands_fit, dot_scaled_mainloop, last_split, silu_mul_halves, split_counters, split_tiles, splitk_mainloop,
+    wgmma_mainloop,
+)
+from nvfp4_inductor.reference.tiled import expert_rows, stored_rows, TILE_K, TILE_N
 
 _TILE_N: tl.constexpr = tl.constexpr(TILE_N)
 _TILE_K: tl.constexpr = tl.constexpr(TILE_K)

@@ -35,8 +35,8 @@ import torch
 import triton
 import triton.language as tl
 
+from nvfp4_inductor import capability
 from nvfp4_inductor.format import BLOCK_SIZE
-from nvfp4_inductor.reference import swizzled_shape
 from nvfp4_inductor.kernels._common import (
     BLOCK,
     FP4_MAX,
@@ -60,8 +60,8 @@ from nvfp4_inductor.kernels._common import (
     scale_offsets,
     swizzled_scale_offset,
 )
-from nvfp4_inductor import capability
 from nvfp4_inductor.kernels.gemm_splitk import decode_tile
+from nvfp4_inductor.reference import swizzled_shape
 
 G_STATIC: tl.constexpr = tl.constexpr(0)
 G_STATIC_ROW: tl.constexpr = tl.constexpr(1)

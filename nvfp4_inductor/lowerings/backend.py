@@ -23,8 +23,8 @@ import weakref
 import torch
 from torch import nn
 
-from nvfp4_inductor.lowerings import compat as _compat
 from nvfp4_inductor.config import Config, layer_skip_reason, resolve_activation
+from nvfp4_inductor.lowerings import compat as _compat
 from nvfp4_inductor.lowerings.passes import experts as experts_pass
 from nvfp4_inductor.lowerings.passes.linear import LinearToNVFP4
 
@@ -122,7 +122,9 @@ def _compile_frozen(gm: torch.fx.GraphModule, example_inputs, config: Config, pa
     keep.update(experts_pass.experts_keep(config, names, constants))  # 3-D expert weights
     rewrite = LinearToNVFP4(resolve_activation(config.activations, sample), names, keep,
                             config.weight_method, config.merge_linears, config.fuse_norms)
-    from nvfp4_inductor.lowerings import linear as lowering  # imports Inductor's lowering machinery: only when compiling
+    from nvfp4_inductor.lowerings import (  # imports Inductor's lowering machinery: only when compiling
+        linear as lowering,
+    )
 
     lowering.register()  # nvfp4.linear_tiled -> the NVFP4 GEMM template + fused epilogue
     patches.update({"freezing": True, "joint_custom_post_pass": rewrite})

@@ -57,10 +57,9 @@ from torch._inductor.select_algorithm import (
 )
 
 from nvfp4_inductor import capability, templates
-
-from nvfp4_inductor.reference import tiled
-from nvfp4_inductor.lowerings import compat as _compat
 from nvfp4_inductor.kernels import gemm_configs, plan
+from nvfp4_inductor.lowerings import compat as _compat
+from nvfp4_inductor.reference import tiled
 
 aten = torch.ops.aten
 OP = torch.ops.nvfp4.linear_tiled.default

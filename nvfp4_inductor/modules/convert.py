@@ -13,11 +13,11 @@ from nvfp4_inductor.config import Config, layer_skip_reason
 from nvfp4_inductor.format import BLOCK_SIZE
 from nvfp4_inductor.modules import hf_names
 from nvfp4_inductor.modules.common import checked_input_scale, replace_module
-from nvfp4_inductor.modules.experts import convert_experts_for_report
+from nvfp4_inductor.modules.experts import convert_experts_for_report, is_experts, NVFP4Experts
 from nvfp4_inductor.modules.linear import NVFP4Linear
 from nvfp4_inductor.reference import compute_global_scale
 
-__all__ = ["ConversionReport", "convert", "linear_targets", "FUSED_GROUPS", "fused_groups"]
+__all__ = ["ConversionReport", "convert", "linear_targets", "FUSED_GROUPS", "fused_groups", "unquantized_modules"]
 
 
 @dataclass
@@ -130,7 +130,7 @@ def linear_targets(model: nn.Module, config: Config) -> list[tuple[list[str], nn
 
 def convert(model: nn.Module, config: Config | None = None) -> ConversionReport:
     """Replace, in place, every eligible nn.Linear of model by an NVFP4Linear, and every
-    transformers experts module (3-D expert weights) by an NVFP4Experts (nvfp4_inductor.moe);
+    transformers experts module (3-D expert weights) by an NVFP4Experts (modules/experts.py);
     returns a report.
 
     The bf16 weights are released (nothing in the model refers to them any more)."""
@@ -162,7 +162,7 @@ def convert(model: nn.Module, config: Config | None = None) -> ConversionReport:
     report.layers += modules
     report.skipped.update(refused)
     if report.layers:
-        _record_quantization(model, report)
+        _record_quantization(model)
     if not report.layers:  # nothing to gain, and nothing changed: say so rather than return quietly
         found = (f"none of its {len(report.skipped)} nn.Linear layers qualified: see the report's "
                  "skipped reasons" if report.skipped else "it has no nn.Linear layers")
@@ -181,19 +181,22 @@ def _from_linear(linear: nn.Linear, activations: str, method: str, hessian, glob
     return NVFP4Linear.from_linear(linear, activations, method, hessian, global_scale)
 
 
-def _record_quantization(model: nn.Module, report: ConversionReport) -> None:
+def _record_quantization(model: nn.Module) -> None:
     """A transformers model's config gets the ModelOpt quantization_config of what the model now
     holds, so that its save_pretrained writes a checkpoint that from_pretrained (after
     register_transformers_quantizer) and ModelOpt readers load; other models are left alone."""
     config = getattr(model, "config", None)
     if not (hasattr(config, "to_dict") and hasattr(model, "save_pretrained")):
         return
+    w4a4 = any(m.activations == "nvfp4" for m in model.modules() if isinstance(m, (NVFP4Linear, NVFP4Experts)))
+    config.quantization_config = checkpoint_config.modelopt_configs(w4a4, unquantized_modules(model))[0]
+
+
+def unquantized_modules(model: nn.Module) -> list[str]:
+    """model's nn.Linear layers and transformers experts modules left unquantized, under the
+    names its checkpoint files give them (hf_names), sorted: a quantization config's exclude list."""
     rename = hf_names.module_renamer(model, to_checkpoint=True)
-    excluded = sorted(rename(name) for name, m in model.named_modules()
-                      if type(m) is nn.Linear or name in report.skipped)
-    w4a4 = any(getattr(m, "activations", None) == "nvfp4" for m in model.modules()
-               if isinstance(m, NVFP4Linear) or hasattr(m, "checkpoint_names"))
-    config.quantization_config = checkpoint_config.modelopt_configs(w4a4, excluded)[0]
+    return sorted(rename(name) for name, m in model.named_modules() if type(m) is nn.Linear or is_experts(m))
 
 
 # Linears that engines fuse into one GEMM with one global scale (vLLM, SGLang, TensorRT-LLM read

@@ -8,13 +8,14 @@ import torch
 from torch import Tensor, nn
 
 from nvfp4_inductor import checks
-
-from nvfp4_inductor.reference import tiled
-from nvfp4_inductor.config import Config, check_activations, resolve_activation
+from nvfp4_inductor.config import check_activations, Config, resolve_activation
 from nvfp4_inductor.format import BLOCK_SIZE
 from nvfp4_inductor.modules import hf_names
-from nvfp4_inductor.modules.common import apply_keeping_buffer_dtypes, checked_bits, checked_global_scale, replace_module
+from nvfp4_inductor.modules.common import (
+    apply_keeping_buffer_dtypes, checked_bits, checked_global_scale, replace_module,
+)
 from nvfp4_inductor.ops.grouped import quantize_experts
+from nvfp4_inductor.reference import tiled
 
 __all__ = ["NVFP4Experts", "convert_experts", "experts_to_convert", "is_experts", "cannot_convert",
            "convert_experts_for_report"]

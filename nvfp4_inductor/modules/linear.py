@@ -1,4 +1,5 @@
-"""`NVFP4Linear`, the layer `convert(model, config)` puts in place of an `nn.Linear`: it keeps only the NVFP4 weight (the bf16 copy is freed), in the tiled layout, and runs
+"""`NVFP4Linear`, the layer `convert(model, config)` puts in place of an `nn.Linear`: it keeps
+only the NVFP4 weight (the bf16 copy is freed), in the tiled layout, and runs
 `nvfp4::linear_tiled`.
 
 Its state dict holds the weight under the ModelOpt checkpoint names: `weight` uint8 (N, K/2),
@@ -10,11 +11,13 @@ import sys
 import torch
 from torch import nn
 
-from nvfp4_inductor import checks, api
+from nvfp4_inductor import api, checks
 from nvfp4_inductor.config import check_activations, resolve_activation
 from nvfp4_inductor.format import BLOCK_SIZE
 from nvfp4_inductor.kernels import gemm, plan  # (no Triton import: gemm.py imports its kernels when they launch)
-from nvfp4_inductor.modules.common import apply_keeping_buffer_dtypes, checked_bits, checked_global_scale, checked_input_scale
+from nvfp4_inductor.modules.common import (
+    apply_keeping_buffer_dtypes, checked_bits, checked_global_scale, checked_input_scale,
+)
 from nvfp4_inductor.reference.tiled import tile, tiled_shapes, untile
 
 __all__ = ["NVFP4Linear"]

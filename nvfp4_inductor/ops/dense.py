@@ -14,9 +14,8 @@ import torch
 from torch import Tensor
 
 from nvfp4_inductor import checks, reference
-
-from nvfp4_inductor.reference import scale_search, tiled
 from nvfp4_inductor.format import BLOCK_SIZE
+from nvfp4_inductor.reference import scale_search, tiled
 
 __all__ = [
     "quantize", "quantize_values", "rms_norm_quantize_values", "quantize_weight", "dequantize",

@@ -29,9 +29,9 @@ import torch
 from torch import Tensor
 
 from nvfp4_inductor import capability, checks, reference
+from nvfp4_inductor.format import BLOCK_SIZE
 from nvfp4_inductor.ops import dense
 from nvfp4_inductor.reference import tiled
-from nvfp4_inductor.format import BLOCK_SIZE
 
 __all__ = ["grouped_linear_tiled", "grouped_linear_tiled_silu_mul", "quantize_experts_tiled", "check_grouped_args",
            "grouped_cuda", "group_quantize", "group_quantized_values", "quantize_experts"]

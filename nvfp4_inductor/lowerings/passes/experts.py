@@ -36,9 +36,9 @@ from torch import fx
 from torch.utils._pytree import tree_map
 
 from nvfp4_inductor import checks
-from nvfp4_inductor.modules.experts import is_experts
 from nvfp4_inductor.format import BLOCK_SIZE
-from nvfp4_inductor.lowerings.passes.fx import call as _call, val as _val, silu_mul_operands
+from nvfp4_inductor.lowerings.passes.fx import call as _call, silu_mul_operands, val as _val
+from nvfp4_inductor.modules.experts import is_experts
 
 log = logging.getLogger("nvfp4_inductor")
 aten = torch.ops.aten

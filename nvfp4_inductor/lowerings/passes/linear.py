@@ -10,7 +10,7 @@ the parameters are the first placeholders. `aten.mm(x, permute(W, [1, 0]))` and
 
 and freezing's constant folding then runs the quantize and the tiling on the real weights once, at
 compile time: the compiled code holds the NVFP4 weights as frozen constants, in the layout the
-skinny decode GEMM reads fastest (nvfp4_inductor/tiled.py), and calls only nvfp4.linear_tiled.
+skinny decode GEMM reads fastest (nvfp4_inductor/reference/tiled.py), and calls only nvfp4.linear_tiled.
 A model converted by nv.convert arrives with `nvfp4.linear_tiled(x, W_data, W_scale, ...)` on
 constant tiled NVFP4 buffers (and `nv.linear` in a model with `nvfp4.linear` on plain ones, which
 get the same tile_weight + linear_tiled); those merge and fuse as below like bf16 weights (with
@@ -47,13 +47,15 @@ import torch
 from torch import fx
 
 from nvfp4_inductor import checks
+from nvfp4_inductor.format import BLOCK_SIZE
+from nvfp4_inductor.kernels import gemm_configs, plan
 from nvfp4_inductor.lowerings import compat as _compat
 from nvfp4_inductor.lowerings.passes import experts as experts_pass, norms as norms_pass
 from nvfp4_inductor.lowerings.passes.fx import CONVERT as _CONVERT
-from nvfp4_inductor.lowerings.passes.fx import LINEAR, VIEWS as _VIEWS, call as _call, tensor_val as _tensor_val, val as _val
+from nvfp4_inductor.lowerings.passes.fx import (
+    call as _call, LINEAR, tensor_val as _tensor_val, val as _val, VIEWS as _VIEWS,
+)
 from nvfp4_inductor.lowerings.passes.fx import silu_mul_operands, view_root as _view_root
-from nvfp4_inductor.format import BLOCK_SIZE
-from nvfp4_inductor.kernels import gemm_configs, plan
 from nvfp4_inductor.reference.tiled import GLU_GROUP, TILE_N
 
 log = logging.getLogger("nvfp4_inductor")

@@ -53,12 +53,14 @@ import operator
 import torch
 from torch import fx
 
-from nvfp4_inductor.lowerings.passes.fx import CONVERT as _CONVERT
-from nvfp4_inductor.lowerings.passes.fx import LINEAR, VIEWS as _VIEWS, call as _call, pairs as _pairs, tensor_val as _tensor_val
-from nvfp4_inductor.lowerings.passes.fx import val as _val, view_root
 from nvfp4_inductor.capability import template_device
 from nvfp4_inductor.kernels import plan
 from nvfp4_inductor.kernels.gemm_configs import rms_in_template
+from nvfp4_inductor.lowerings.passes.fx import CONVERT as _CONVERT
+from nvfp4_inductor.lowerings.passes.fx import (
+    call as _call, LINEAR, pairs as _pairs, tensor_val as _tensor_val, VIEWS as _VIEWS,
+)
+from nvfp4_inductor.lowerings.passes.fx import val as _val, view_root
 
 aten = torch.ops.aten
 # the ops whose x a W4A4 linear quantizes; x is their first argument, the activation the last
