@@ -69,6 +69,7 @@ def test_shares_are_slices_of_the_whole_quantization(results):
     ("torch_style_on_nvfp4", "NotImplementedError", ["nn.Linear"]),
     ("compile_sharded_bf16", "ValueError", ["layers.0.self_attn.q_proj.weight", "tensor-parallel", "convert"]),
     ("save_sharded", "ValueError", ["save_checkpoint", "layers.0.self_attn.q_proj", "tensor-parallel shares"]),
+    ("from_linear_sharded", "TypeError", ["DTensor", "shard_from_linear", "nv.convert"]),
 ])
 def test_bad_shardings_refused(results, case, error, words):
     for rank in results:

@@ -119,6 +119,11 @@ def checks(rank: int, tmp: str) -> dict:
         torch._dynamo.reset()
         nv.compile(model, config)(tokens)
 
+    def from_linear_sharded():
+        model = nn.Sequential(nn.Linear(128, 128))
+        parallelize_module(model, mesh, {"0": torch_tp.ColwiseParallel()})
+        nv.NVFP4Linear.from_linear(model[0], "bf16")
+
     def save_sharded():
         model = single(False)
         parallelize_module(model, mesh, nv_plan)
@@ -127,7 +132,7 @@ def checks(rank: int, tmp: str) -> dict:
     for name, fn in (("odd_colwise", odd_colwise), ("odd_rowwise", odd_rowwise), ("twice", twice),
                      ("odd_bf16_then_convert", odd_bf16_then_convert),
                      ("torch_style_on_nvfp4", torch_style_on_nvfp4), ("compile_sharded_bf16", compile_sharded_bf16),
-                     ("save_sharded", save_sharded)):
+                     ("save_sharded", save_sharded), ("from_linear_sharded", from_linear_sharded)):
         results[f"refused {name}"] = _error(fn)
 
     # a checkpoint loaded straight into the sharded model, each rank reading its share
