@@ -2,10 +2,10 @@
 compiled by Inductor's C++ backend into one fused loop.
 
 The reference spells the contract out step by step, each step a full-size fp32 temporary that
-streams through memory (about 30 MB/s of bf16 on two cores, docs/checkpoints.md). Compiled, the
-block amax, the block scale, the reciprocal, the product and the encode run per block in
-registers. The operations are the reference's, in its order (reference.py's docstring), with
-two rearrangements that give the same bits:
+streams through memory (the numbers: docs/checkpoints.md). Compiled, the block amax, the block
+scale, the reciprocal, the product and the encode run per block in registers. The operations are
+the reference's, in its order (reference/__init__.py's docstring), with two rearrangements that
+give the same bits:
     - the block-finite test reads the block amax (amax propagates NaN, and is inf for an inf);
     - the code is summed in fp32, sign * 8 plus one per midpoint below |y| (a tie counting for
       the odd midpoints only), and the two codes of a byte as low + 16 * high: every partial sum
