@@ -187,9 +187,9 @@ def main() -> None:
     import triton
     from bench_quantize import copy_bandwidth_gbs, graph_us
 
-    from nvfp4_inductor.kernels import grouped
+    from nvfp4_inductor.kernels import gemm_configs
 
-    splits_for = grouped.splits_for
+    grouped_splits = gemm_configs.grouped_splits
 
     torch.manual_seed(0)
     print(f"GPU: {torch.cuda.get_device_name()}, torch {torch.__version__}, triton {triton.__version__}")
@@ -220,11 +220,11 @@ def main() -> None:
                 loop = float("nan") if args.no_eager else event_us(lambda: eager(*calls[0]))
                 t16 = graph_us(each(w4a16), calls=2, reps=10) / ROUTINGS
                 t4 = graph_us(each(w4a4), calls=2, reps=10) / ROUTINGS
-                grouped.splits_for = lambda *_: 1  # (read at each launch: the graph captures one split)
+                gemm_configs.grouped_splits = lambda *_: 1  # (the planner's, read at each launch)
                 try:
                     t16_unsplit = graph_us(each(w4a16), calls=2, reps=10) / ROUTINGS
                 finally:
-                    grouped.splits_for = splits_for
+                    gemm_configs.grouped_splits = grouped_splits
             floor = (hit * 3 * h * i * 0.5625 + 2 * t * h * 2) / copy / 1e3
             times = (loop, t16, t4, t16_unsplit, floor)
             print(f"{name:>8} {t:>5} {hit:5.1f} {base:13.1f} " + " ".join(f"{v:8.1f}" for v in times[:4])

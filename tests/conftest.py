@@ -28,11 +28,9 @@ def kernel_device() -> str:
 
 @pytest.fixture(autouse=True)
 def _fresh_launch_setups():
-    """The split-K launcher caches its launch set-up per size and layout; tests that patch the
-    plan or the tile tables must not see another test's cached choices."""
-    import sys
+    """The planner caches split-K launches per size and layout; tests that patch the plan or the
+    tile tables must not see another test's cached choices."""
+    from nvfp4_inductor.kernels import plan
 
     yield
-    module = sys.modules.get("nvfp4_inductor.kernels.gemm_splitk")
-    if module is not None:
-        module._launch_setup.cache_clear()
+    plan.splitk_launch.cache_clear()

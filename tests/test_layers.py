@@ -15,6 +15,8 @@ LAYERS = (
     ("base", ("format", "capability", "checkpoint_config")),
     ("reference", ("reference",)),
     ("checks", ("checks", "config")),
+    ("planner", ("kernels.gemm_configs", "kernels.plan")),
+    ("device code", ("kernels.device",)),
     ("kernels", ("kernels",)),
     ("ops", ("ops",)),
     ("api", ("api",)),
@@ -134,11 +136,58 @@ def test_no_private_name_crosses_a_module():
 
 
 def test_templates_import_no_launcher():
+    """The templates' modules and the kernel sources they render import device code only (and
+    nothing above the kernels' device layer)."""
     for module in MODULES:
         if _layer(module) == _layer("nvfp4_inductor.templates"):
             assert not [t for t, *_ in _imports(module) if _layer(t) >= _layer("nvfp4_inductor.kernels")], module
+    rendered = sorted((PACKAGE / "templates").glob("*.jinja"))
+    assert rendered
+    for path in rendered:
+        imports = [line.split()[1] for line in path.read_text().splitlines()
+                   if line.startswith(("from nvfp4_inductor", "import nvfp4_inductor"))]
+        assert imports, path.name
+        for target in imports:
+            assert target in MODULES and _layer(target) == _layer("nvfp4_inductor.kernels.device"), \
+                f"{path.name} imports {target}"
 
 
 @pytest.mark.parametrize("layer", [name for name, _ in LAYERS])
 def test_every_layer_holds_a_module(layer):
     assert any(LAYERS[_layer(m)][0] == layer for m in MODULES), f"no module in layer {layer!r}"
+
+
+def test_x_reaches_the_kernel_through_few_modules():
+    """The eager path of x on a GPU (NVFP4Linear.forward calls kernels/gemm.linear_tiled, which plans
+    once and launches): the package functions that receive x, or the operand made from it, lie in
+    kernels/gemm.py, kernels/plan.py and kernels/gemm_splitk.py, each entered once, in that order
+    (run here on the CPU, the kernel under the Triton interpreter)."""
+    import sys
+
+    import torch
+
+    import nvfp4_inductor as nv
+    from nvfp4_inductor.kernels import gemm
+    from nvfp4_inductor.reference import tiled
+
+    w = nv.quantize(torch.randn(64, 128))
+    data, scale = tiled.tile(w.data, w.scale.view(torch.uint8))
+    x = torch.randn(3, 128).to(torch.bfloat16)
+    visits = []
+
+    def profile(frame, event, arg):
+        module = frame.f_globals.get("__name__", "")
+        if event == "call" and module.startswith("nvfp4_inductor."):
+            holds_x = any(isinstance(v, torch.Tensor) and v.untyped_storage().data_ptr() == x.untyped_storage().data_ptr()
+                          for v in frame.f_locals.values())
+            if holds_x and (not visits or visits[-1] != module):
+                visits.append(module)
+
+    sys.setprofile(profile)
+    try:
+        y = gemm.linear_tiled(x, data, scale, w.global_scale, None, 64, "bf16")
+    finally:
+        sys.setprofile(None)
+    assert y.shape == (3, 64)
+    kernels = "nvfp4_inductor.kernels."
+    assert visits == [kernels + "gemm", kernels + "plan", kernels + "gemm_splitk"], visits

@@ -82,7 +82,7 @@ def test_without_the_interpreter_the_kernels_are_skipped_not_failed(capsys, monk
 def test_nvfp4_calls_reads_code_not_comments():
     code = ("# torch.ops.nvfp4.linear_tiled.default(arg0_1)\n"
             "buf0 = torch.ops.nvfp4.quantize_values.default(arg0_1)\n"
-            "from nvfp4_inductor.kernels.gemm_splitk import last_split\n"
+            "from nvfp4_inductor.kernels.device.epilogue import last_split\n"
             "extern_kernels.nvfp4_scaled_mm_tiled(buf0)\n")
     assert selfcheck.nvfp4_calls(code) == ["quantize_values", "template", "nvfp4_scaled_mm_tiled"]
     assert selfcheck.nvfp4_calls("# torch.ops.nvfp4.linear_tiled.default(x)\nbuf = mm(x, w)") == []

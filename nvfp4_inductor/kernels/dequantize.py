@@ -10,7 +10,7 @@ Scales are read plain, (rows, K/16), or from the swizzled 128x4-tile layout.
 
 A tiled weight (nvfp4_inductor.reference.tiled) wanted as bf16 e2m1 * block scale, without g (what the
 dequantize + cuBLAS paths multiply), takes `_tiles_bf16_kernel` instead: one 64 x 64 tile a
-program, decoded by the skinny GEMM's word decode (gemm_splitk.decode_tile, ~3 instructions a
+program, decoded by the skinny GEMM's word decode (device/mainloops.decode_tile, ~3 instructions a
 weight instead of ~10 for the fp32 decode above).
 """
 
@@ -19,10 +19,10 @@ import triton
 import triton.language as tl
 
 from nvfp4_inductor.format import BLOCK_SIZE
-from nvfp4_inductor.kernels._common import (
+from nvfp4_inductor.kernels.device.common import (
     BLOCK, e2m1_decode, e4m3_bits_to_f32, scale_offsets, store_pairs, tiled_scale_offset,
 )
-from nvfp4_inductor.kernels.gemm_splitk import decode_tile
+from nvfp4_inductor.kernels.device.mainloops import decode_tile
 from nvfp4_inductor.reference.tiled import TILE_K, TILE_N
 
 TILE_N_: tl.constexpr = tl.constexpr(TILE_N)

@@ -6,7 +6,8 @@
 
 Which kernel runs is plan.plan_gemm's choice: the split-K GEMM (gemm_splitk.py) at decode sizes,
 else W dequantized to bf16 (e2m1 * block scale: exact) and one cuBLASLt GEMM that reads the
-global scale on the device (cublaslt.py). W4A4 quantizes x first: to its codes for sm_100's
+global scale on the device (cublaslt.py). plan.plan_gemm also returns the split-K launch, which
+gemm_splitk carries out. W4A4 quantizes x first: to its codes for sm_100's
 block-scaled MMA, else to its values (e2m1 * block scale, exact in bf16) multiplied as W4A16.
 """
 
@@ -23,20 +24,9 @@ def _rows(x):
 
 def linear(x, w_data, w_scale, w_global_scale, bias, w_swizzled: bool, activation: str):
     """nvfp4::linear on CUDA (arguments checked by the op): x (..., K) -> (..., N) in x.dtype."""
-    from nvfp4_inductor.kernels.dequantize import dequantize
-
-    lead, k = x.shape[:-1], x.shape[-1]
-    n = w_data.shape[0]
-    w_global_scale = w_global_scale.contiguous()  # per row: the kernels read it as a contiguous list
-    x2 = _rows(x)
-    chosen = plan.plan_gemm(x2.shape[0], n, k, tiled=False, activation=activation, device=x.device)
-    if chosen.kernel == "splitk":
-        y = _linear_splitk(x2, w_data, w_scale, w_global_scale, bias, w_swizzled, activation,
-                           chosen.x_format, x.dtype, None)
-    else:
-        w = dequantize(w_data, w_scale, None, w_swizzled, torch.bfloat16)
-        y = _linear_dequant_cublas(x2, w, w_global_scale, bias, activation, x.dtype)
-    return y.reshape(*lead, n)
+    lead, n = x.shape[:-1], w_data.shape[0]
+    return _linear(_rows(x), w_data, w_scale, w_global_scale, bias, n, activation, w_swizzled, None,
+                   x.dtype).reshape(*lead, n)
 
 
 def _product(w_global_scale, x_global_scale):
@@ -57,29 +47,38 @@ def _activation_operand(x2, activation):
     return values, x_global_scale
 
 
-def _linear_splitk(x2, w_data, w_scale, w_global_scale, bias, w_swizzled, activation, x_format, out_dtype,
-                   tiled_n):
-    """Decode sizes: the split-K kernel, both global scales in its epilogue, x a bf16 operand (W4A4:
-    its quantized values), or x's codes where the plan multiplies NVFP4 (sm_100, tiled W)."""
+def _linear(x2, w_data, w_scale, w_global_scale, bias, n, activation, w_swizzled, tiled_n, out_dtype):
+    """x (M, K) with unit K stride -> (M, N) out_dtype: plan.plan_gemm's kernel, planned once with
+    the operand it multiplies (x as bf16, W4A4 its quantized values; on sm_100 with tiled W x's
+    codes and scales, for the block-scaled MMA)."""
+    from nvfp4_inductor.kernels.cublaslt import scaled_mm
+    from nvfp4_inductor.kernels.dequantize import dequantize
     from nvfp4_inductor.kernels.gemm_splitk import gemm_splitk
     from nvfp4_inductor.kernels.quantize import quantize
 
-    if x_format == "nvfp4":
-        a, a_scale, x_global_scale = quantize(x2, None, False, False)
-        return gemm_splitk(a, w_data, w_scale, w_global_scale * x_global_scale, bias, out_dtype, w_swizzled,
-                           tiled_n=tiled_n, x_scale=a_scale)
-    a, x_global_scale = _activation_operand(x2, activation)
-    return gemm_splitk(a, w_data, w_scale, _product(w_global_scale, x_global_scale), bias, out_dtype,
-                       w_swizzled, tiled_n=tiled_n)
-
-
-def _linear_dequant_cublas(x2, w, w_global_scale, bias, activation, out_dtype):
-    """x (M, K), W as bf16 e2m1 * block scale (exact in bf16; the global scale would not be:
-    measured 3e-3 relative error when folded in): one cuBLASLt GEMM that reads the global scales
-    from the device as alpha, adds the bias and rounds once to out_dtype (kernels/cublaslt.py)."""
-    from nvfp4_inductor.kernels.cublaslt import scaled_mm
-
-    a, x_global_scale = _activation_operand(x2, activation)
+    m, k = x2.shape
+    tiled = tiled_n is not None
+    w_global_scale = w_global_scale.contiguous()  # per row: the kernels read it as a contiguous list
+    x_format = plan.x_format(activation, x2.device, tiled)
+    a = x_global_scale = None
+    if x_format == "bf16":
+        a, x_global_scale = _activation_operand(x2, activation)
+    chosen = plan.plan_gemm(m, n, k, tiled=tiled, activation=activation, device=x2.device,
+                            mma_operands_fit=a is None or plan.mma_operands_aligned(a, w_data, w_scale, tiled),
+                            code_bytes=w_data.numel(), swizzled=w_swizzled,
+                            scale_word_aligned=w_scale.data_ptr() % 4 == 0)
+    if chosen.kernel == "splitk":
+        a_scale = None
+        if x_format == "nvfp4":  # (sm_100: both global scales in the epilogue's g)
+            a, a_scale, x_global_scale = quantize(x2, None, False, False)
+        return gemm_splitk(a, w_data, w_scale, _product(w_global_scale, x_global_scale), bias, out_dtype,
+                           w_swizzled, tiled_n=tiled_n, x_scale=a_scale, launch=chosen.launch)
+    if a is None:
+        a, x_global_scale = _activation_operand(x2, activation)
+    # W as bf16 e2m1 * block scale (exact in bf16; the global scale would not be: measured 3e-3
+    # relative error when folded in), then one cuBLASLt GEMM that reads the global scales from the
+    # device as alpha, adds the bias and rounds once to out_dtype (kernels/cublaslt.py)
+    w = dequantize(w_data, w_scale, None, w_swizzled, torch.bfloat16, tiled_nk=None if tiled_n is None else (n, k))
     return scaled_mm(a, w, _product(w_global_scale, x_global_scale), bias, out_dtype)
 
 
@@ -90,42 +89,36 @@ def linear_tiled(x, w_data, w_scale, w_global_scale, bias, n: int, activation: s
     for a cuBLAS GEMM, whatever x's dtype (x is used as bf16, as W4A16 defines). With norm_h (a
     deferred RMSNorm, which backend="nvfp4" compiles into its template) the eager op takes fp32
     products from cuBLAS and applies the norm's row factor, the global scale and the bias."""
-    from nvfp4_inductor.kernels.dequantize import dequantize
-
     lead, k = x.shape[:-1], x.shape[-1]
-    w_global_scale = w_global_scale.contiguous()  # per row: the kernels read it as a contiguous list
     x2 = _rows(x)
     if norm_h is not None:
         from nvfp4_inductor.reference import rms_scale
 
         a, x_global_scale = _activation_operand(x2, activation)
         y = mm_tiled_f32(a, w_data, w_scale, n) * rms_scale(norm_h.reshape(-1, k), norm_eps)
-        y = y * _product(w_global_scale, x_global_scale)
+        y = y * _product(w_global_scale.contiguous(), x_global_scale)
         if bias is not None:
             y = y + bias.float()
         return y.to(x.dtype).reshape(*lead, n)
-    chosen = plan.plan_gemm(x2.shape[0], n, k, tiled=True, activation=activation, device=x.device)
-    if chosen.kernel == "splitk":
-        return _linear_splitk(x2, w_data, w_scale, w_global_scale, bias, False, activation,
-                              chosen.x_format, x.dtype, n).reshape(*lead, n)
-    w = dequantize(w_data, w_scale, None, False, torch.bfloat16, tiled_nk=(n, k))
-    return _linear_dequant_cublas(x2, w, w_global_scale, bias, activation, x.dtype).reshape(*lead, n)
+    return _linear(x2, w_data, w_scale, w_global_scale, bias, n, activation, False, n, x.dtype).reshape(*lead, n)
 
 
 def bind_linear_tiled(x, w_data, w_scale, w_global_scale, bias, n: int, activation: str):
     """linear_tiled(x, ...) bound to these weights for xs like x (its shape, strides, dtype, device
-    and 16-byte alignment): a callable x -> y or None (see gemm_splitk.BoundLaunch), or None where
+    and 16-byte alignment): a callable x -> y or None (see launch.BoundLaunch), or None where
     linear_tiled would not launch the split-K kernel directly on such an x (W4A4, x not bf16 or
     not contiguous, more rows than decode sizes, no compiled launch yet)."""
     from nvfp4_inductor.kernels.gemm_splitk import bind_splitk
 
-    if activation != "bf16" or not x.is_contiguous() or x.dim() == 0:  # (bind_splitk checks the rest)
-        return None
+    if activation != "bf16" or not x.is_contiguous() or x.dim() == 0 or x.dtype != torch.bfloat16:
+        return None  # (bind_splitk checks the rest)
     x2 = x.reshape(-1, x.shape[-1])
-    chosen = plan.plan_gemm(x2.shape[0], n, x2.shape[1], tiled=True, activation=activation, device=x.device)
+    chosen = plan.plan_gemm(x2.shape[0], n, x2.shape[1], tiled=True, activation=activation, device=x.device,
+                            mma_operands_fit=plan.mma_operands_aligned(x2, w_data, w_scale, True),
+                            code_bytes=w_data.numel(), scale_word_aligned=w_scale.data_ptr() % 4 == 0)
     if chosen.kernel != "splitk" or chosen.x_format != "bf16":
         return None
-    return bind_splitk(x2, w_data, w_scale, w_global_scale, bias, x.dtype, n, (*x.shape[:-1], n))
+    return bind_splitk(x2, w_data, w_scale, w_global_scale, bias, x.dtype, n, (*x.shape[:-1], n), chosen.launch)
 
 
 def mm_tiled_f32(x2, w_data, w_scale, n: int):

@@ -5,17 +5,15 @@ from typing import NamedTuple
 
 from nvfp4_inductor.reference.tiled import TILE_K, TILE_N
 
-# The split-K GEMM's tl.dot mainloop (gemm_splitk.py): (BLOCK_N, BLOCK_K, programs per SM,
+# The split-K GEMM's tl.dot mainloop (device/mainloops.dot_mainloop): (BLOCK_N, BLOCK_K, programs per SM,
 # num_warps, num_stages). Two warps make Triton use mma.sync (both operands in registers), which
 # beats every 4- and 8-warp wgmma tile at decode sizes; small K-tiles and 8 programs per SM keep
 # the L1 / shared-memory pipe that stages the packed tile from being the limit; the widest weights
-# (N >= WIDE_N) want 16 programs per SM.
-SPLITK_CONFIG = (64, 64, 8, 2, 4)
-SPLITK_CONFIG_WIDE_N = (64, 64, 16, 2, 4)
+# (N >= WIDE_N) want 16 programs per SM. Row-major and tiled weights alike (tiled: BLOCK_N x
+# BLOCK_K = TILE_N x TILE_K).
+SPLITK_CONFIG = (TILE_N, TILE_K, 8, 2, 4)
+SPLITK_CONFIG_WIDE_N = (TILE_N, TILE_K, 16, 2, 4)
 WIDE_N = 16384
-# The same kernel on tiled weights (BLOCK_N x BLOCK_K = TILE_N x TILE_K).
-TILED_CONFIG = (64, 64, 8, 2, 4)
-TILED_CONFIG_WIDE_N = (64, 64, 16, 2, 4)
 
 # The wgmma mainloop (sm_90, tiled W, plan.WGMMA_MIN_M..WGMMA_MAX_M rows): (BLOCK_M, BLOCK_K, warps,
 # stages); a K-step is two whole tiles. The best of 64 / 128 rows, one or two tiles a step, 4 or 8
@@ -33,7 +31,19 @@ def wgmma_config(m: int, n: int, k: int, num_sms: int) -> tuple[int, int, int, i
     return block_m, TILE_N, block_k, splits, warps, stages
 
 
-# The register-fed mainloop (gemm_mma.py): a warp per 32 rows of the 64 x 64 tile, so 2 warps; it
+def tiled_step(mainloop: str) -> tuple[int, int]:
+    """(BLOCK_N, BLOCK_K) by which a mainloop steps through tiled weights: whole tiles; two along K
+    a wgmma step; 2 x 2 for sm_100's block-scaled MMA."""
+    if mainloop == "dot_scaled":
+        return 2 * TILE_N, 2 * TILE_K
+    return (TILE_N, WGMMA_CONFIG[1]) if mainloop == "wgmma" else (TILE_N, TILE_K)
+
+
+# The register-fed mainloop's grouped k-mapping (row-major W, plain scales, M <= 8: device/mma.py,
+# LAYOUT_GROUPED): K-tiles whose scales a lane reads as one word; splits cover whole groups.
+MMA_GROUP = 4
+
+# The register-fed mainloop (device/mma.py): a warp per 32 rows of the 64 x 64 tile, so 2 warps; it
 # prefetches in registers itself (no Triton pipelining: num_stages 1). 16 programs per SM at
 # M <= 8, 8 at M = 9..16 (more registers a thread), 6 above.
 REG_MMA_CONFIG = (64, 64, 16, 2, 1)
@@ -56,7 +66,7 @@ def reg_mma_blocks(m: int) -> int:
     return 1 if m <= 8 else 2 if m <= 16 else 4
 
 
-def splitk_config(m: int, n: int, k: int, num_sms: int, tiled: bool = False,
+def splitk_config(m: int, n: int, k: int, num_sms: int,
                   min_steps: int | None = None, reg_mma: bool = False, grouped: bool = False
                   ) -> tuple[int, int, int, int, int, int]:
     """-> (BLOCK_M, BLOCK_N, BLOCK_K, num_splits, num_warps, num_stages) of the split-K kernel;
@@ -75,8 +85,6 @@ def splitk_config(m: int, n: int, k: int, num_sms: int, tiled: bool = False,
             min_steps = REG_MMA_GROUPED_MIN_STEPS if grouped else REG_MMA_MIN_STEPS[m > 8]
         if 8 < m <= 16:
             max_per_sm = REG_MMA_MAX_PER_SM_TWO_B
-    elif tiled:
-        block_n, block_k, per_sm, warps, stages = TILED_CONFIG_WIDE_N if wide else TILED_CONFIG
     else:
         block_n, block_k, per_sm, warps, stages = SPLITK_CONFIG_WIDE_N if wide else SPLITK_CONFIG
     return _skinny_config(m, n, k, num_sms, block_n, block_k, per_sm, warps, stages, min_steps or 1,
@@ -84,8 +92,8 @@ def splitk_config(m: int, n: int, k: int, num_sms: int, tiled: bool = False,
 
 
 # The eager launcher's tl.dot mainloop splits K into ranges of at least this many K-steps (many
-# one-step splits were slow to sum); the Inductor template keeps one step as its minimum (the
-# 8-step rule cost it decode tokens/s); the register-fed mainloop has its own rule in both.
+# one-step splits were slow to sum); the Inductor template keeps one step as its minimum (it
+# measured faster at decode: docs/gemm.md); the register-fed mainloop has its own rule in both.
 MIN_STEPS_PER_SPLIT = 8
 
 
@@ -105,7 +113,7 @@ def _skinny_config(m, n, k, num_sms, block_n, block_k, per_sm, warps, stages, mi
 
 
 # The last split of an output tile sums the tile's partials in the GEMM kernel itself
-# (gemm_splitk.sum_splits): SPLITS partials of BLOCK_N x ROWS at a time, SPLIT_SUM_PER_THREAD a
+# (device/epilogue.sum_splits): SPLITS partials of BLOCK_N x ROWS at a time, SPLIT_SUM_PER_THREAD a
 # thread (by ROWS, M rounded up to a power of two; 8 where not listed). Each round is an L2 round
 # trip after the tile's slowest split, so more at once where that measured faster (M = 1 and
 # 9..16); none of these adds registers to the register-fed kernel's, 4 at M = 16 would.
@@ -128,7 +136,7 @@ RMS_MAX_ELEMENTS = 4096
 
 
 def rms_in_template(m: int, k: int) -> bool:
-    """Whether the template's last split can read h's m rows of k whole (gemm_splitk.load_rows)."""
+    """Whether the template's last split can read h's m rows of k whole (device/epilogue.load_rows)."""
     return (1 << (m - 1).bit_length()) * (1 << (k - 1).bit_length()) <= RMS_MAX_ELEMENTS
 
 
@@ -139,7 +147,7 @@ def split_ranges(k: int, block_k: int, splits: int) -> tuple[int, int]:
     return -(-steps // per_split), per_split
 
 
-# sm_100, W tiled and x NVFP4 (gemm_splitk.dot_scaled_mainloop): tcgen05 block-scaled MMA needs
+# sm_100, W tiled and x NVFP4 (device/mainloops.dot_scaled_mainloop): tcgen05 block-scaled MMA needs
 # 128 x 128 weight steps (compiled for sm_100 only, never timed).
 DOT_SCALED_SPLITK = (128, 128, 8, 4, 3)  # BLOCK_N, BLOCK_K, programs per SM, warps, stages
 
@@ -160,8 +168,8 @@ class TemplateConfig(NamedTuple):
     num_stages: int
     block_n: int = TILE_N
     block_k: int = TILE_K
-    reg_mma: int = 0  # 1, 2 or 4: the register-fed mainloop for x rows up to 8 * reg_mma (gemm_mma.py)
-    wgmma: bool = False  # the wgmma mainloop (gemm_splitk.wgmma_mainloop)
+    mainloop: str = "dot"  # plan.py's names: "dot", "mma", "wgmma" or "dot_scaled"
+    reg_mma: int = 0  # 1, 2 or 4: the register-fed mainloop for x rows up to 8 * reg_mma (device/mma.py)
 
 
 # Above the decode sizes, one program per (BLOCK_M, BLOCK_N) output tile: (BLOCK_M, warps, stages),
@@ -178,13 +186,13 @@ def template_configs(m: int, n: int, k: int, num_sms: int, kernel: str, mainloop
     if mainloop == "wgmma":
         block_m, block_n, block_k, splits, warps, stages = wgmma_config(m, n, k, num_sms)
         splits, per_split = split_ranges(k, block_k, splits)
-        return [TemplateConfig(block_m, splits, per_split, warps, s, block_n, block_k, wgmma=True)
+        return [TemplateConfig(block_m, splits, per_split, warps, s, block_n, block_k, "wgmma")
                 for s in (stages, stages + 1)]
     if mainloop == "mma":
         block_m, block_n, block_k, splits, warps, stages = splitk_config(m, n, k, num_sms, reg_mma=True)
         splits, per_split = split_ranges(k, block_k, splits)
-        first = TemplateConfig(block_m, splits, per_split, warps, stages, block_n, block_k,
-                               reg_mma=reg_mma_blocks(m))
+        first = TemplateConfig(block_m, splits, per_split, warps, stages, block_n, block_k, "mma",
+                               reg_mma_blocks(m))
         # every choice must store the same (split, M, N) partials
         return [first] + [c._replace(split=splits, tiles_per_split=per_split)
                           for c in template_configs(m, n, k, num_sms, kernel, "dot")]
@@ -193,12 +201,41 @@ def template_configs(m: int, n: int, k: int, num_sms: int, kernel: str, mainloop
             block_m, block_n, block_k, splits, warps, stages = dot_scaled_splitk_config(m, n, k, num_sms)
             variants = [(warps, stages), (4, 4), (8, 3)]
         else:
-            block_m, block_n, block_k, splits, warps, stages = splitk_config(m, n, k, num_sms, tiled=True)
+            block_m, block_n, block_k, splits, warps, stages = splitk_config(m, n, k, num_sms)
             variants = [(warps, stages)] + [(w, s) for w in (2, 4) for s in (3, 4, 5)
                                             if (w, s) != (warps, stages)]
         splits, per_split = split_ranges(k, block_k, splits)
-        return [TemplateConfig(block_m, splits, per_split, w, s, block_n, block_k) for w, s in variants]
-    block_n, block_k = (2 * TILE_N, 2 * TILE_K) if mainloop == "dot_scaled" else (TILE_N, TILE_K)
+        return [TemplateConfig(block_m, splits, per_split, w, s, block_n, block_k, mainloop) for w, s in variants]
+    block_n, block_k = tiled_step(mainloop)
     steps = -(-k // block_k)
-    return [TemplateConfig(block_m, 1, steps, w, s, block_n, block_k)
+    return [TemplateConfig(block_m, 1, steps, w, s, block_n, block_k, mainloop)
             for block_m, w, s in TEMPLATE_WIDE_CONFIGS]
+
+
+# The grouped GEMM of mixture-of-experts layers (kernels/grouped.py), its tl.dot mainloop: BLOCK_M 16
+# (tl.dot's least) where most experts get a few tokens (decode where the register-fed mainloop does
+# not fit), 64 where they get many (up to the dequantize form, or where it does not apply); two
+# warps keep the dot on mma.sync at BLOCK_M 16, as the dense split-K kernel. (BLOCK_M, BLOCK_N,
+# BLOCK_K, num_warps)
+GROUPED_DECODE_CONFIG = (16, TILE_N, TILE_K, 2)
+GROUPED_PREFILL_CONFIG = (64, TILE_N, TILE_K, 4)
+# sm_100's block-scaled MMA (tcgen05 mxf4nvf4) takes 128 x 128 weight steps, as the dense kernel's.
+GROUPED_DOT_SCALED_DECODE_CONFIG = (16, 2 * TILE_N, 2 * TILE_K, 4)
+GROUPED_DOT_SCALED_PREFILL_CONFIG = (64, 2 * TILE_N, 2 * TILE_K, 4)
+# Under the interpreter a program costs per operation, not per element: few, small programs.
+GROUPED_INTERPRET_CONFIG = (16, TILE_N, TILE_K, 1)
+# Decode: K split so that the programs of the tiles that can have rows (at most one per expert
+# with rows, and there are at most min(T, E) of those) fill every SM GROUPED_PROGRAMS_PER_SM
+# times, each split at least GROUPED_MIN_STEPS K-steps of the tl.dot mainloop (the register-fed
+# one: REG_MMA_MIN_STEPS), as the dense split-K kernel does (docs/gemm.md).
+GROUPED_PROGRAMS_PER_SM = 8
+GROUPED_MIN_STEPS = 4
+# The prefill form's epilogue kernel (grouped.grouped_epilogue_kernel): (BLOCK_M, BLOCK_N, num_warps)
+GROUPED_EPILOGUE_CONFIG = (32, 128, 4)
+
+
+def grouped_splits(tiles: int, steps: int, num_sms: int, min_steps: int = GROUPED_MIN_STEPS) -> int:
+    """How many ranges K's `steps` steps are split into (1: no split) for `tiles` output tiles
+    that have rows."""
+    wanted = -(-GROUPED_PROGRAMS_PER_SM * num_sms // tiles)
+    return max(1, min(wanted, steps // min_steps))

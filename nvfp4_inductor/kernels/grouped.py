@@ -13,21 +13,22 @@ device, so the launch is sized for the worst case and every program finds its wo
    (m, n) loads the E offsets, takes the inclusive cumulative sum of the tile counts, and finds
    its expert as the number of experts whose sum is <= m; a program past the last tile returns at
    once. No host sync, so a launch can be captured in a CUDA graph and replayed with other routings.
-2. Mainloop: the dense split-K kernel's, on the expert's tiles and the tile's rows of x, by the
+2. Mainloop: the dense split-K kernel's (device/mainloops.mainloop), on the expert's tiles and the tile's rows of x, as
+   plan.plan_grouped chooses by the
    rows an expert gets on average (T / E; the counts stay on the device):
    - decode (at most 16 on CUDA, sm_90 and up, bf16 x): the register-fed mainloop
-     (gemm_mma.mma_mainloop) on 8, 16 or 32 rows of x, K split so that the few experts hit still
+     (device/mma.mma_mainloop) on 8, 16 or 32 rows of x, K split so that the few experts hit still
      fill the SMs (the dense split-K scheme: fp32 partials, the tile's last split sums them in order);
-   - serving batches (17 to plan.WGMMA_MAX_M on sm_90, bf16 x): gemm_splitk.wgmma_mainloop on
+   - serving batches (17 to plan.WGMMA_MAX_M on sm_90, bf16 x): the wgmma mainloop on
      blocks of 64 rows;
-   - W4A4 on GPUs with the block-scaled MMA (sm_100 and up), any rows (DOT_SCALED): x's per-group
-     NVFP4 codes and scales and the experts' go to tl.dot_scaled (gemm_splitk.dot_scaled_mainloop);
+   - W4A4 on GPUs with the block-scaled MMA (sm_100 and up), any rows (dot_scaled): x's per-group
+     NVFP4 codes and scales and the experts' go to tl.dot_scaled (device/mainloops.dot_scaled_mainloop);
      compiled for sm_100 in CI and run on the CPU through a stand-in, never on hardware;
    - prefill (above those on CUDA, sm_90 and up, K a multiple of 16; not with x's codes): every
      expert dequantized to bf16 once, torch._grouped_mm, then step 3 as a kernel of its own over
      a work list of its own tiles (`_grouped_dequant`; each linear rounded once more, to bf16, in
      between);
-   - otherwise, and under the interpreter: gemm_splitk.splitk_mainloop (each 64 x 64 tile decoded
+   - otherwise, and under the interpreter: the tl.dot mainloop (each 64 x 64 tile decoded
      in registers to e2m1 * s * 2^-7, exact in bf16, and multiplied by tl.dot in fp32);
    x enters rounded to bf16 (W4A16); W4A4 passes x's quantized values (e2m1 * s_x, exact; on
    sm_100 its codes and scale bits) and one global scale per row.
@@ -45,37 +46,22 @@ Under the Triton interpreter (no inline PTX, no bf16 tl.dot) the decode is the b
 products run in fp32.
 """
 
-import os
-
 import torch
 import triton
 import triton.language as tl
 
 from nvfp4_inductor import capability
-from nvfp4_inductor.kernels import gemm_configs, gemm_mma, plan
-from nvfp4_inductor.kernels._common import BLOCK, round_to
-from nvfp4_inductor.kernels.gemm_mma import mma_mainloop
-from nvfp4_inductor.kernels.gemm_splitk import (
-    mma_operands_fit, dot_scaled_mainloop, last_split, silu_mul_halves, split_counters, split_tiles, splitk_mainloop,
-    wgmma_mainloop,
-)
+from nvfp4_inductor.kernels import launch as launches
+from nvfp4_inductor.kernels import plan
+from nvfp4_inductor.kernels.device.common import BLOCK, LAYOUT_TILED, round_to
+from nvfp4_inductor.kernels.device.epilogue import last_split, silu_mul_halves, split_tiles
+from nvfp4_inductor.kernels.device.mainloops import MAINLOOP_DOT_SCALED, MAINLOOPS, mainloop
 from nvfp4_inductor.reference.tiled import expert_rows, stored_rows, TILE_K, TILE_N
 
 _TILE_N: tl.constexpr = tl.constexpr(TILE_N)
 _TILE_K: tl.constexpr = tl.constexpr(TILE_K)
 
-_UNSCALE: tl.constexpr = tl.constexpr(2.0**7)  # the decode's 2^-7 (gemm_splitk's module docstring)
-
-# The tl.dot mainloop's configs: BLOCK_M 16 (tl.dot's least) where most experts get a few tokens
-# (decode where the register-fed mainloop does not fit), 64 where they get many (up to the
-# dequantize form, or where it does not apply); two warps keep the dot on mma.sync at BLOCK_M 16, as the dense split-K kernel.
-DECODE_CONFIG = dict(BLOCK_M=16, BLOCK_N=TILE_N, BLOCK_K=TILE_K, num_warps=2)
-PREFILL_CONFIG = dict(BLOCK_M=64, BLOCK_N=TILE_N, BLOCK_K=TILE_K, num_warps=4)
-# sm_100's block-scaled MMA (tcgen05 mxf4nvf4) takes 128 x 128 weight steps, as the dense kernel's.
-DOT_SCALED_DECODE_CONFIG = dict(BLOCK_M=16, BLOCK_N=128, BLOCK_K=128, num_warps=4)
-DOT_SCALED_PREFILL_CONFIG = dict(BLOCK_M=64, BLOCK_N=128, BLOCK_K=128, num_warps=4)
-# Under the interpreter a program costs per operation, not per element: few, small programs.
-INTERPRET_CONFIG = dict(BLOCK_M=16, BLOCK_N=TILE_N, BLOCK_K=TILE_K, num_warps=1)
+_UNSCALE: tl.constexpr = tl.constexpr(2.0**7)  # the decode's 2^-7 (device/mainloops.py)
 
 
 @triton.jit
@@ -99,30 +85,6 @@ def _find_tile(offsets_ptr, E, T, pid_m, BLOCK_M: tl.constexpr, E_POW2: tl.const
 
 
 @triton.jit
-def _tiled_mainloop(x_ptr, x_scale_ptr, w_ptr, w_scale_ptr, M, N, K, stride_xt, pid_n, pid_k, steps_per_split,
-                    USE_ASM: tl.constexpr, DOT: tl.constexpr, EVEN_K: tl.constexpr, REG_MMA: tl.constexpr,
-                    WGMMA: tl.constexpr, DOT_SCALED: tl.constexpr, BLOCK_M: tl.constexpr,
-                    BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
-    """fp32 (BLOCK_N, ACC_M) products of tile rows pid_n * BLOCK_N ... of one expert's tiled weight
-    (w_ptr, w_scale_ptr; N: its stored rows) and x's M rows at x_ptr, over split pid_k's K-steps:
-    the dense split-K kernel's mainloops (gemm_splitk.py, gemm_mma.py), e2m1 * s * 2^-7 products
-    (not after tl.dot_scaled)."""
-    t_begin, t_end = split_tiles(pid_k, steps_per_split, tl.cdiv(K, BLOCK_K))
-    if REG_MMA > 0:  # sm_90+: mma.sync on registers, the tiled layout (LAYOUT 0)
-        acc = mma_mainloop(x_ptr, w_ptr, w_scale_ptr, M, K, stride_xt, pid_n, t_begin, t_end, REG_MMA, EVEN_K)
-    elif WGMMA:  # sm_90: x's tile as wgmma's first operand
-        acc = wgmma_mainloop(x_ptr, w_ptr, w_scale_ptr, M, K, stride_xt, pid_n, t_begin, t_end, USE_ASM, DOT,
-                             EVEN_K, BLOCK_M, BLOCK_K)
-    elif DOT_SCALED:  # sm_100, W4A4: x's codes and scale bits, the block-scaled MMA
-        acc = dot_scaled_mainloop(x_ptr, x_scale_ptr, w_ptr, w_scale_ptr, M, N, K, stride_xt, pid_n, t_begin,
-                                  t_end, BLOCK_M, BLOCK_N, BLOCK_K)
-    else:
-        acc = splitk_mainloop(x_ptr, w_ptr, w_scale_ptr, M, N, K, stride_xt, 0, pid_n, t_begin, t_end, False,
-                              USE_ASM, DOT, EVEN_K, True, BLOCK_M, BLOCK_N, BLOCK_K)
-    return acc
-
-
-@triton.jit
 def grouped_linear_kernel(
     # pointers
     x_ptr, offsets_ptr, w_ptr, w_scale_ptr, w_global_scale_ptr, x_global_scale_ptr, bias_ptr, out_ptr,
@@ -132,11 +94,10 @@ def grouped_linear_kernel(
     # strides
     stride_xt, stride_ot,
     # meta-parameters
-    HAS_BIAS: tl.constexpr, X_SCALED: tl.constexpr, GATED: tl.constexpr, USE_ASM: tl.constexpr,
-    DOT: tl.constexpr, SPLIT: tl.constexpr,
+    MAINLOOP: tl.constexpr, HAS_BIAS: tl.constexpr, X_SCALED: tl.constexpr, GATED: tl.constexpr,
+    USE_ASM: tl.constexpr, OPERAND: tl.constexpr, SPLIT: tl.constexpr, EVEN: tl.constexpr,
     E_POW2: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
-    REG_MMA: tl.constexpr = 0, WGMMA: tl.constexpr = False, EVEN_K: tl.constexpr = False,
-    ACC_M: tl.constexpr = 16, DOT_SCALED: tl.constexpr = False,
+    REG_MMA: tl.constexpr, ACC_M: tl.constexpr,
 ):
     """out (T, N_OUT) for the work-list tile of this program (module docstring). NP: the rows an
     expert's tiled weight stores (tiled.expert_rows), N_OUT the output columns (with GATED half
@@ -144,12 +105,12 @@ def grouped_linear_kernel(
     tile m + M_TILES * n (blocks of rows first: an expert's weight tile is read by its row blocks
     together), multiplies K-steps [split * steps_per_split, ...); with SPLIT, its fp32 products go
     to partial (splits, T, NP) and the tile's last split to finish sums them in split order and
-    runs the epilogue (the dense split-K kernel's scheme: gemm_splitk.last_split).
-    REG_MMA > 0: gemm_mma.mma_mainloop with REG_MMA blocks of 8 rows (BLOCK_M = 8 * REG_MMA,
-    BLOCK_N = BLOCK_K = 64, 2 warps), its tile ACC_M = 8 * max(REG_MMA, 2) columns wide, those past
-    BLOCK_M unused; WGMMA: gemm_splitk.wgmma_mainloop (BLOCK_M = 64); else ACC_M = BLOCK_M.
+    runs the epilogue (the dense split-K kernel's scheme: device/epilogue.last_split).
+    MAINLOOP: device/mainloops.mainloop's; the register-fed one takes REG_MMA blocks of 8 rows
+    (BLOCK_M = 8 * REG_MMA, BLOCK_N = BLOCK_K = 64, 2 warps), its tile ACC_M = 8 * max(REG_MMA, 2)
+    columns wide, those past BLOCK_M unused; elsewhere ACC_M = BLOCK_M.
     HAS_BIAS: bias (E, NP) in the stored row order; X_SCALED: x_global_scale_ptr (T,), each row's
-    global scale (W4A4). DOT_SCALED (sm_100, W4A4): x_ptr holds x's e2m1 codes (T, K/2) and
+    global scale (W4A4). MAINLOOP_DOT_SCALED (sm_100, W4A4): x_ptr holds x's e2m1 codes (T, K/2) and
     x_scale_ptr their e4m3 bits (T, K/16)."""
     pid_m = tl.program_id(0) % M_TILES
     pid_n = tl.program_id(0) // M_TILES
@@ -167,9 +128,11 @@ def grouped_linear_kernel(
         m_rows = tl.minimum(end - row0, BLOCK_M)
         x_t = x_ptr + row0.to(tl.int64) * stride_xt
         xs_t = x_scale_ptr + row0.to(tl.int64) * (K // BLOCK)
-        acc = _tiled_mainloop(x_t, xs_t, w_e, s_e, m_rows, NP, K, stride_xt, pid_n, pid_k, steps_per_split,
-                              USE_ASM, DOT, EVEN_K, REG_MMA, WGMMA, DOT_SCALED, BLOCK_M, BLOCK_N, BLOCK_K)
-        UNSCALE: tl.constexpr = 1.0 if DOT_SCALED else _UNSCALE  # (the epilogue's: the decode's 2^-7 back)
+        t_begin, t_end = split_tiles(pid_k, steps_per_split, tl.cdiv(K, BLOCK_K))
+        acc = mainloop(x_t, xs_t, w_e, s_e, m_rows, NP, K, stride_xt, 0, pid_n, t_begin, t_end, MAINLOOP,
+                       LAYOUT_TILED, USE_ASM, OPERAND, EVEN, REG_MMA, 0, BLOCK_M, BLOCK_N, BLOCK_K)
+        # (the epilogue's: the decode's 2^-7 back)
+        UNSCALE: tl.constexpr = 1.0 if MAINLOOP == MAINLOOP_DOT_SCALED else _UNSCALE
         if SPLIT:
             # this split's products, then the tile's last split sums all of them, in split order
             mask = t_ok[None, :]
@@ -213,9 +176,6 @@ def _epilogue(acc, expert, ts, t_ok, pid_n, NP, N_OUT, w_global_scale_ptr, x_glo
              mask=(cols < N_OUT)[:, None] & t_ok[None, :])
 
 
-EPILOGUE_CONFIG = dict(BLOCK_M=32, BLOCK_N=128, num_warps=4)
-
-
 @triton.jit
 def grouped_epilogue_kernel(y_ptr, offsets_ptr, w_global_scale_ptr, x_global_scale_ptr, bias_ptr, out_ptr,
                             T, NP, E, N_OUT, M_TILES, stride_yt, stride_ot, HAS_BIAS: tl.constexpr,
@@ -237,87 +197,13 @@ def grouped_epilogue_kernel(y_ptr, offsets_ptr, w_global_scale_ptr, x_global_sca
                   out_ptr, stride_ot, HAS_BIAS, X_SCALED, GATED, 1.0, BLOCK_N)
 
 
-def _interpreting() -> bool:
-    return os.environ.get("TRITON_INTERPRET") == "1"
-
-
-def _config(t: int, e: int, dot_scaled: bool = False) -> dict:
-    """tl.dot (or, dot_scaled, tl.dot_scaled) block sizes from the shapes only (the per-expert
-    counts are on the device): decode tiles where an expert gets at most 16 rows on average."""
-    if _interpreting():
-        return INTERPRET_CONFIG
-    if dot_scaled:
-        return DOT_SCALED_DECODE_CONFIG if t <= 16 * e else DOT_SCALED_PREFILL_CONFIG
-    return DECODE_CONFIG if t <= 16 * e else PREFILL_CONFIG
-
-
-def _mma_blocks(t: int, e: int) -> int:
-    """Blocks of 8 x rows a program of the register-fed mainloop takes (1, 2 or 4), or 0 (tl.dot):
-    about twice the rows an expert gets where the t rows spread evenly over the e experts, so
-    that an expert's rows rarely need a second program, which reads its weights again."""
-    rows = 2 * triton.cdiv(t, e)
-    return next((nb for nb in (1, 2, 4) if rows <= 8 * nb), 0)
-
-
-def _mma_fits(x: torch.Tensor, w_data: torch.Tensor, w_scale: torch.Tensor) -> bool:
-    """The register-fed mainloop's operands: the dense kernel's (gemm_splitk.mma_operands_fit),
-    bf16 x, an expert's tiles addressed with 32-bit offsets, inline PTX (sm_90 and up, not the
-    interpreter)."""
-    return (not _interpreting() and capability.sm90_or_later(x.device) and x.dtype == torch.bfloat16
-            and w_data.shape[1] < 2**31 and mma_operands_fit(x, w_data, w_scale, tiled=True))
-
-
-def _wgmma_fits(t: int, e: int, x: torch.Tensor) -> bool:
-    """The wgmma mainloop (sm_90, bf16 x): up to plan.WGMMA_MAX_M rows an expert on average, as
-    the dense GEMM takes it up to that many rows (docs/backend.md, the experts' kernel)."""
-    return (not _interpreting() and capability.wgmma(x.device) and x.dtype == torch.bfloat16
-            and t <= plan.WGMMA_MAX_M * e)
-
-
-# Decode: K split so that the programs of the tiles that can have rows (at most one per expert
-# with rows, and there are at most min(T, E) of those) fill every SM PROGRAMS_PER_SM times, each
-# split at least MIN_STEPS K-steps of the tl.dot mainloop (the register-fed one:
-# gemm_configs.REG_MMA_MIN_STEPS), as the dense split-K kernel does (docs/gemm.md).
-PROGRAMS_PER_SM = 8
-MIN_STEPS = 4
-
-
-def splits_for(tiles: int, steps: int, num_sms: int, min_steps: int = MIN_STEPS) -> int:
-    """How many ranges K's `steps` steps are split into (1: no split) for `tiles` output tiles
-    that have rows."""
-    wanted = triton.cdiv(PROGRAMS_PER_SM * num_sms, tiles)
-    return max(1, min(wanted, steps // min_steps))
-
-
-# Prefill: from this many rows an expert on average (T / E), decoding each expert's weights once
-# into bf16 and one torch._grouped_mm is about even with the tl.dot kernel, which decodes them
-# again in every row tile, and ahead above; on sm_90 the wgmma mainloop keeps the rows up to
-# plan.WGMMA_MAX_M (docs/backend.md, the experts' kernel).
-DEQUANT_MIN_ROWS = 64
-
-
-def _dequant_runs(t: int, e: int, k: int, x: torch.Tensor) -> bool:
-    """Whether the dequantize + torch._grouped_mm form takes this launch (CUDA, sm_90 and up,
-    where the GEMM's operands are 16-byte aligned: K a multiple of 16)."""
-    if not x.is_cuda or _interpreting() or not capability.sm90_or_later(x.device) or k % 16:
-        return False
-    return t > plan.WGMMA_MAX_M * e if capability.wgmma(x.device) else t >= DEQUANT_MIN_ROWS * e
-
-
-def _row_tiles(t: int, e: int, block_m: int) -> int:
-    """The row tiles of a work-list launch (module docstring, 1.): each expert's rows over
-    block_m, at most t // block_m + min(e, t) in all (each expert with rows adds at most one
-    partial tile)."""
-    return t // block_m + min(e, t)
-
-
 def _stored_bias(bias: torch.Tensor | None, gated: bool) -> torch.Tensor | None:
     """bias (E, N) in the logical row order -> (E, N_pad) in the stored one (tiled.stored_rows)."""
     return None if bias is None else stored_rows(bias[..., None], gated)[..., 0].contiguous()
 
 
 def _grouped_dequant(x, offsets, w_data, w_scale, w_global_scale, bias, np_, n_out, gated, x_global_scale,
-                     out_dtype):
+                     out_dtype, launch: plan.GroupedLaunch):
     """The grouped GEMM as every expert dequantized to bf16 (e2m1 * block scale, exact), one
     torch._grouped_mm (bf16 products, rounded to bf16: torch's only output type) and
     grouped_epilogue_kernel (each row's expert's global scale, W4A4: times the row's, bias,
@@ -335,31 +221,37 @@ def _grouped_dequant(x, offsets, w_data, w_scale, w_global_scale, bias, np_, n_o
     y = torch._grouped_mm(x, w.transpose(-2, -1), offs=offsets)
     del w
     out = torch.zeros((t, n_out), dtype=out_dtype, device=x.device)
-    cfg = EPILOGUE_CONFIG
-    m_tiles = _row_tiles(t, e, cfg["BLOCK_M"])
-    grouped_epilogue_kernel[(m_tiles * triton.cdiv(np_, cfg["BLOCK_N"]),)](
+    grouped_epilogue_kernel[(launch.m_tiles * launch.n_tiles,)](
         y, offsets, w_global_scale, x_global_scale if x_global_scale is not None else w_global_scale,
-        bias if bias is not None else w_global_scale, out, t, np_, e, n_out, m_tiles, y.stride(0), out.stride(0),
-        HAS_BIAS=bias is not None, X_SCALED=x_global_scale is not None, GATED=gated,
-        E_POW2=triton.next_power_of_2(e), BLOCK_M=cfg["BLOCK_M"], BLOCK_N=cfg["BLOCK_N"],
-        num_warps=cfg["num_warps"])
+        bias if bias is not None else w_global_scale, out, t, np_, e, n_out, launch.m_tiles, y.stride(0),
+        out.stride(0), HAS_BIAS=bias is not None, X_SCALED=x_global_scale is not None, GATED=gated,
+        E_POW2=triton.next_power_of_2(e), BLOCK_M=launch.block_m, BLOCK_N=launch.block_n,
+        num_warps=launch.num_warps)
     return out
+
+
+def grouped_launch_for(x, w_data, w_scale, n: int, gated: bool, x_scale=None, splits: int | None = None,
+                       dequant: bool | None = None) -> plan.GroupedLaunch:
+    """plan.plan_grouped for grouped_linear's operands (x already bf16 unless x_scale is given)."""
+    t, k = x.shape[0], x.shape[1] * (2 if x_scale is not None else 1)
+    fits = (x_scale is None and x.dtype == torch.bfloat16 and w_data.shape[1] < 2**31
+            and plan.mma_operands_aligned(x, w_data, w_scale, tiled=True))
+    return plan.plan_grouped(t, w_data.shape[0], expert_rows(n, gated), k, device=x.device,
+                             x_codes=x_scale is not None, mma_operands_fit=fits, splits=splits, dequant=dequant)
 
 
 def grouped_linear(x: torch.Tensor, offsets: torch.Tensor, w_data: torch.Tensor, w_scale: torch.Tensor,
                    w_global_scale: torch.Tensor, bias: torch.Tensor | None, n: int, gated: bool,
-                   x_global_scale: torch.Tensor | None = None,
-                   out_dtype: torch.dtype | None = None, splits: int | None = None,
-                   dequant: bool | None = None, x_scale: torch.Tensor | None = None) -> torch.Tensor:
+                   x_global_scale: torch.Tensor | None = None, out_dtype: torch.dtype | None = None,
+                   x_scale: torch.Tensor | None = None, launch: plan.GroupedLaunch | None = None) -> torch.Tensor:
     """x (T, K) float, offsets (E,) int32, W tiled by tiled.tile_experts ((E, N_pad * K_pad / 2)
     uint8 + (E, N_pad * K_pad / 16) uint8 e4m3 bits) of N logical rows an expert + (E,) fp32,
     bias (E, N) or None -> (T, N) in out_dtype (default x.dtype), or (T, N/2) silu(gate) * up with
     gated. x_global_scale (T,) fp32: x holds W4A4's quantized values (bf16) and this each row's
-    global scale. splits: K ranges (splits_for's choice at decode where None, else 1). dequant:
-    the dequantize + torch._grouped_mm form (_dequant_runs' choice where None). x_scale (T, K/16)
-    uint8 (sm_100, W4A4, with x_global_scale and out_dtype): x holds x's e2m1 codes (T, K/2) uint8
-    and this their e4m3 bits, multiplied by the block-scaled MMA (DOT_SCALED; dequant is not
-    asked). Arguments checked by the caller (moe.check_grouped_args)."""
+    global scale. x_scale (T, K/16) uint8 (sm_100, W4A4, with x_global_scale and out_dtype): x
+    holds x's e2m1 codes (T, K/2) uint8 and this their e4m3 bits, multiplied by the block-scaled
+    MMA. launch: grouped_launch_for's (planned from the operands where None). Arguments checked by
+    the caller (ops/grouped.py)."""
     t, k = x.shape[0], x.shape[1] * (2 if x_scale is not None else 1)
     e = w_data.shape[0]
     np_ = expert_rows(n, gated)
@@ -378,50 +270,29 @@ def grouped_linear(x: torch.Tensor, offsets: torch.Tensor, w_data: torch.Tensor,
     if x_scale is not None:
         x_scale = x_scale.contiguous()
     bias = _stored_bias(bias, gated)
-    if x_scale is None and (_dequant_runs(t, e, k, x) if dequant is None else dequant):
+    if launch is None:
+        launch = grouped_launch_for(x, w_data, w_scale, n, gated, x_scale)
+    if not launch.mainloop:
         return _grouped_dequant(x, offsets, w_data, w_scale, w_global_scale, bias, np_, n_out, gated,
-                                x_global_scale, out_dtype)
+                                x_global_scale, out_dtype, launch)
     out = torch.zeros((t, n_out), dtype=out_dtype, device=x.device)  # rows past offsets[E - 1]: zero
-    nb = _mma_blocks(t, e) if x_scale is None and _mma_fits(x, w_data, w_scale) else 0
-    wgmma = not nb and x_scale is None and _wgmma_fits(t, e, x)
-    stages = None
-    if nb:  # the register-fed mainloop: 64 weight rows by 8 * nb x rows, 64-k steps, two warps
-        block_m, block_n, block_k, warps = 8 * nb, gemm_mma.TILE_N, gemm_mma.TILE_K, gemm_mma.WARPS
-        acc_m = 8 * max(nb, 2)
-        min_steps = gemm_configs.REG_MMA_MIN_STEPS[nb > 1]
-    elif wgmma:  # x's 64-row tile as wgmma's first operand, two tiles a K-step
-        block_m, block_k, warps, stages = gemm_configs.WGMMA_CONFIG
-        block_n, acc_m, min_steps = TILE_N, block_m, None
-    else:
-        cfg = _config(t, e, x_scale is not None)
-        block_m, block_n, block_k, warps = cfg["BLOCK_M"], cfg["BLOCK_N"], cfg["BLOCK_K"], cfg["num_warps"]
-        acc_m = block_m
-        min_steps = None if cfg is PREFILL_CONFIG or cfg is DOT_SCALED_PREFILL_CONFIG else MIN_STEPS
-    m_tiles = _row_tiles(t, e, block_m)
-    n_tiles = triton.cdiv(np_, block_n)
-    steps = triton.cdiv(k, block_k)
-    if splits is None:
-        splits = 1 if min_steps is None else splits_for(min(t, e) * n_tiles, steps, capability.sm_count(x.device),
-                                                        min_steps)
-    per_split = triton.cdiv(steps, max(1, min(splits, steps)))
-    splits = triton.cdiv(steps, per_split)  # (none empty)
-    if splits > 1:
-        partial = torch.empty((splits, t, np_), dtype=torch.float32, device=x.device)
-        counters = split_counters(x.device, m_tiles * n_tiles)
+    if launch.splits > 1:
+        partial = torch.empty((launch.splits, t, np_), dtype=torch.float32, device=x.device)
+        counters = launches.split_counters(x.device, launch.m_tiles * launch.n_tiles)
     else:
         partial = counters = out  # (unused)
     use_asm = capability.sm90_or_later(x.device)
-    extra = {} if stages is None else {"num_stages": stages}
-    grouped_linear_kernel[(m_tiles * n_tiles, splits)](
+    extra = {} if launch.num_stages is None else {"num_stages": launch.num_stages}
+    grouped_linear_kernel[(launch.m_tiles * launch.n_tiles, launch.splits)](
         x, offsets, w_data, w_scale, w_global_scale,
         x_global_scale if x_global_scale is not None else w_global_scale,  # unused without X_SCALED
         bias if bias is not None else w_global_scale,  # unused without HAS_BIAS
-        out, partial, counters, x_scale if x_scale is not None else w_scale,  # unused without DOT_SCALED
-        t, np_, k, e, n_out, m_tiles, per_split, x.stride(0), out.stride(0),
-        HAS_BIAS=bias is not None, X_SCALED=x_global_scale is not None, GATED=gated, USE_ASM=use_asm,
-        DOT=tl.float32 if _interpreting() else tl.bfloat16, SPLIT=splits > 1,
-        E_POW2=triton.next_power_of_2(e), BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_K=block_k,
-        REG_MMA=nb, WGMMA=wgmma, EVEN_K=k % block_k == 0, ACC_M=acc_m, DOT_SCALED=x_scale is not None,
-        num_warps=warps, **extra,
+        out, partial, counters, x_scale if x_scale is not None else w_scale,  # unused but for dot_scaled
+        t, np_, k, e, n_out, launch.m_tiles, launch.steps_per_split, x.stride(0), out.stride(0),
+        MAINLOOP=MAINLOOPS[launch.mainloop], HAS_BIAS=bias is not None, X_SCALED=x_global_scale is not None,
+        GATED=gated, USE_ASM=use_asm, OPERAND=tl.bfloat16 if x.is_cuda else tl.float32, SPLIT=launch.splits > 1,
+        EVEN=k % launch.block_k == 0, E_POW2=triton.next_power_of_2(e), BLOCK_M=launch.block_m,
+        BLOCK_N=launch.block_n, BLOCK_K=launch.block_k, REG_MMA=launch.reg_mma, ACC_M=launch.acc_m,
+        num_warps=launch.num_warps, **extra,
     )
     return out

@@ -28,7 +28,7 @@ reduces x, then its own tile. One launch instead of a norm kernel and a quantize
 The quantize tile is (BLOCK_M rows, BLOCK_K / 16 blocks, 8 element pairs): one thread owns whole
 blocks, so block reductions and nibble packing never leave its registers. It is memory-bound only
 if the element path is short: an H200 issues about 40 instructions per element at its copy
-bandwidth for bf16 -> NVFP4 (2.56 bytes per element), so the encode works on bits (see _common).
+bandwidth for bf16 -> NVFP4 (2.56 bytes per element), so the encode works on bits (see device/common.py).
 """
 
 import torch
@@ -37,7 +37,7 @@ import triton.language as tl
 
 from nvfp4_inductor import capability
 from nvfp4_inductor.format import BLOCK_SIZE
-from nvfp4_inductor.kernels._common import (
+from nvfp4_inductor.kernels.device.common import (
     BLOCK,
     FP4_MAX,
     FP4_MAX_TINY,
@@ -60,7 +60,7 @@ from nvfp4_inductor.kernels._common import (
     scale_offsets,
     swizzled_scale_offset,
 )
-from nvfp4_inductor.kernels.gemm_splitk import decode_tile
+from nvfp4_inductor.kernels.device.mainloops import decode_tile
 from nvfp4_inductor.reference import swizzled_shape
 
 G_STATIC: tl.constexpr = tl.constexpr(0)

@@ -55,7 +55,7 @@ import triton
 import triton.language as tl
 
 from nvfp4_inductor.format import BLOCK_SIZE
-from nvfp4_inductor.kernels._common import block_scale_bits, e2m1_index_bits, e4m3_bits_to_f32, reciprocal_operands
+from nvfp4_inductor.kernels.device.common import block_scale_bits, e2m1_index_bits, e4m3_bits_to_f32, reciprocal_operands
 from nvfp4_inductor.kernels.quantize import amax_partials_kernel, AMAX_TILE, MAX_PARTIALS
 
 # One warp per program: the "any thread still searching" tests are warp shuffles (no barrier), and a

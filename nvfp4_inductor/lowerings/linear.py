@@ -58,6 +58,7 @@ from torch._inductor.select_algorithm import (
 
 from nvfp4_inductor import capability, templates
 from nvfp4_inductor.kernels import gemm_configs, plan
+from nvfp4_inductor.kernels.device.mainloops import MAINLOOPS
 from nvfp4_inductor.lowerings import compat as _compat
 from nvfp4_inductor.reference import tiled
 
@@ -75,7 +76,7 @@ def load_template(name: str) -> str:
 
 @SymbolicGridFn
 def _grid(m, n, meta, *, cdiv):
-    if meta.get("WGMMA"):  # blocks of rows first (the template's docstring)
+    if meta.get("MAINLOOP") == MAINLOOPS["wgmma"]:  # blocks of rows first (the template's docstring)
         return (cdiv(m, meta["BLOCK_M"]), meta["SPLIT"], cdiv(n, meta["BLOCK_N"]))
     return (cdiv(n, meta["BLOCK_N"]), meta["SPLIT"], cdiv(m, meta["BLOCK_M"]))
 
@@ -209,15 +210,12 @@ def lower_linear_tiled(x, w_data, w_scale, w_global_scale, bias, n, activation, 
         extern_choice = extern_mm_tiled_f32
     if activation == "nvfp4" and not glu:  # (the GLU template multiplies them itself)
         w_global_scale = lowerings[aten.mul.Tensor](w_global_scale, x_global_scale)  # the eager kernels' order
-    num_sms = capability.sm_count(device)
     # the register-fed mainloop reads x's rows as 32-bit words: even row stride and offset (a
     # flexible layout is contiguous until the template freezes it; forcing one would copy x)
     chosen = plan.plan_gemm(m, n, k, tiled=True, activation=activation, device=device, compiled=True,
                             mma_operands_fit=_even_rows(inputs[0]), code_bytes=int(w_data.get_numel()))
     # (dequantize + cuBLAS as the pick: the template's configs still join under max-autotune)
-    template_kernel, mainloop = (("tile", plan.tile_mainloop(chosen.x_format))
-                                 if chosen.kernel == "dequant_cublas" else chosen[:2])
-    configs = gemm_configs.template_configs(m, n, k, num_sms, template_kernel, mainloop)
+    configs = list(chosen.configs)
     split = configs[0].split
     if (norm_h is not None and split == 1
             and not all(gemm_configs.rms_in_template(c.block_m, k) for c in configs)):
@@ -273,8 +271,8 @@ def lower_linear_tiled(x, w_data, w_scale, w_global_scale, bias, n, activation, 
             choices, input_nodes=inputs, layout=layout, num_stages=c.num_stages,
             num_warps=c.num_warps, call_sizes=[m, n], HALF_N=c.block_n // 2,
             SPLIT=c.split, TILES_PER_SPLIT=c.tiles_per_split, N=n, BLOCK_M=c.block_m,
-            BLOCK_N=c.block_n, BLOCK_K=c.block_k, EVEN_K=k % c.block_k == 0, USE_ASM=use_asm,
-            REG_MMA=c.reg_mma, WGMMA=c.wgmma, PDL=min(pdl, 2 if c.reg_mma else 1),
+            BLOCK_N=c.block_n, BLOCK_K=c.block_k, EVEN=k % c.block_k == 0, USE_ASM=use_asm,
+            MAINLOOP=MAINLOOPS[c.mainloop], REG_MMA=c.reg_mma, PDL=min(pdl, 2 if c.reg_mma else 1),
             OPERAND="tl.bfloat16" if use_asm else "tl.float32", DOT_SCALED=dot_scaled,
             UNSCALE=1.0 if dot_scaled else 2.0**7, **extra)
     if extern:

@@ -1,7 +1,7 @@
 """The tiled weight layout of the skinny GEMM (kernels/gemm_splitk.py): NVFP4 codes and plain scale
 bits cut into (TILE_N, TILE_K) tiles, tile after tile, each tile's codes its rows stored
 contiguously and its 256 scale bytes in the order the register-fed decode GEMM reads them
-(kernels/gemm_mma.py: thread 32u + 4g + q multiplies tile rows 32u + g + 8j, j = 0..3, at block
+(kernels/device/mma.py: thread 32u + 4g + q multiplies tile rows 32u + g + 8j, j = 0..3, at block
 q, and loads their four scales as one word):
 
     data_tiled[((tn * tiles_k + tk) * TILE_N + r) * TILE_K/2 + b] = data[tn * TILE_N + r, tk * TILE_K/2 + b]

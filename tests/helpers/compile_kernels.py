@@ -22,7 +22,9 @@ from nvfp4_inductor.kernels import dequantize as dk  # noqa: E402
 from nvfp4_inductor.kernels import gemm_configs  # noqa: E402
 from nvfp4_inductor.kernels import gemm_splitk as sk  # noqa: E402
 from nvfp4_inductor.kernels import quantize as qk  # noqa: E402
-from nvfp4_inductor.kernels.gemm_mma import mma_mainloop  # noqa: E402
+from nvfp4_inductor.kernels.device.common import LAYOUTS  # noqa: E402
+from nvfp4_inductor.kernels.device.mainloops import MAINLOOPS  # noqa: E402
+from nvfp4_inductor.kernels.device.mma import mma_mainloop  # noqa: E402
 
 # What the JIT specializes at launch: pointers and these integer sizes divisible by 16.
 DIVISIBLE = {"K", "stride_xm", "stride_xm_pairs", "scale_cols_pad"}
@@ -60,10 +62,9 @@ SPLITK_SIGNATURE = {
     "bias_ptr": "*bf16", "out_ptr": "*bf16", "partial_ptr": "*fp32", "counter_ptr": "*i32", "M": "i32",
     "N": "i32", "K": "i32",
     "w_scale_cols": "i32", "tiles_per_split": "i32", "stride_xm": "i32", "stride_om": "i32",
-    **{name: "constexpr" for name in ("SWIZZLED", "W_GLOBAL_SCALE_PER_ROW", "HAS_BIAS", "SPLIT", "USE_ASM",
-                                      "OPERAND", "EVEN", "TILED", "DOT_SCALED", "REG_MMA", "UNSCALE",
-                                      "BLOCK_M", "BLOCK_N", "BLOCK_K", "SUM_ROWS", "SUM_SPLITS",
-                                      "GROUPED", "WGMMA")},
+    **{name: "constexpr" for name in ("MAINLOOP", "LAYOUT", "W_GLOBAL_SCALE_PER_ROW", "HAS_BIAS", "SPLIT",
+                                      "USE_ASM", "OPERAND", "EVEN", "REG_MMA", "UNSCALE", "BLOCK_M", "BLOCK_N",
+                                      "BLOCK_K", "SUM_ROWS", "SUM_SPLITS", "PDL")},
 }
 MMA_SYNC_BF16 = r"mma\.sync\.aligned\.m16n8k16\.row\.col\.f32\.bf16\.bf16\.f32"
 WORD_DECODE = r"mul\.rn\.bf16x2"  # the inline-PTX decode made it into the kernel
@@ -86,11 +87,14 @@ def compile_for(fn, signature, constexprs, target, num_warps=4, num_stages=3):
                           options={"num_warps": num_warps, "num_stages": num_stages})
 
 
-def _splitk_constexprs(**overrides):
-    return {"SWIZZLED": False, "W_GLOBAL_SCALE_PER_ROW": False, "HAS_BIAS": True, "SPLIT": True, "USE_ASM": True,
-            "OPERAND": triton.language.bfloat16, "EVEN": True, "TILED": False,
-            "DOT_SCALED": False, "REG_MMA": 0, "UNSCALE": 128.0, "SUM_ROWS": 1, "SUM_SPLITS": 16,
-            "GROUPED": False, "WGMMA": False, **overrides}
+def _splitk_constexprs(TILED=False, SWIZZLED=False, GROUPED=False, WGMMA=False, DOT_SCALED=False, **overrides):
+    """The split-K kernel's meta-parameters, the mainloop and layout named by flags."""
+    mainloop = ("dot_scaled" if DOT_SCALED else "wgmma" if WGMMA else "mma" if overrides.get("REG_MMA")
+                else "dot")
+    layout = "tiled" if TILED else "swizzled" if SWIZZLED else "grouped" if GROUPED else "row_major"
+    return {"MAINLOOP": MAINLOOPS[mainloop], "LAYOUT": LAYOUTS[layout], "W_GLOBAL_SCALE_PER_ROW": False,
+            "HAS_BIAS": True, "SPLIT": True, "USE_ASM": True, "OPERAND": triton.language.bfloat16, "EVEN": True,
+            "REG_MMA": 0, "UNSCALE": 128.0, "SUM_ROWS": 1, "SUM_SPLITS": 16, "PDL": 0, **overrides}
 
 
 def splitk_cases():
@@ -105,7 +109,7 @@ def splitk_cases():
                    sk._splitk_kernel, SPLITK_SIGNATURE,
                    _splitk_constexprs(SWIZZLED=swizzled, EVEN=even, BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk),
                    warps, [WORD_DECODE] + ([MMA_SYNC_BF16] if warps == 2 else []), stages)
-    bn, bk, _, warps, stages = gemm_configs.TILED_CONFIG
+    bn, bk, _, warps, stages = gemm_configs.SPLITK_CONFIG
     for bm in (16, 64):
         yield (f"splitk-tiled-{bm}x{bn}x{bk}", sk._splitk_kernel, SPLITK_SIGNATURE,
                _splitk_constexprs(TILED=True, BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk),
@@ -127,7 +131,7 @@ def wgmma_cases():
     for split, even in itertools.product((False, True), (False, True)):
         yield (f"splitk-wgmma-{bm}x64x{bk}-split{int(split)}-even{int(even)}", sk._splitk_kernel, signature,
                {**_splitk_constexprs(TILED=True, WGMMA=True, SPLIT=split, EVEN=even, BLOCK_M=bm, BLOCK_N=64,
-                                     BLOCK_K=bk, SUM_ROWS=bm, SUM_SPLITS=2), "PDL": True},
+                                     BLOCK_K=bk, SUM_ROWS=bm, SUM_SPLITS=2), "PDL": 1},
                warps, [WGMMA_BF16, WORD_DECODE, ASYNC_16B, PDL_WAIT_FIRST[0]], stages)
 
 
@@ -193,11 +197,11 @@ def eager_pdl_cases():
     wait_first = [PDL_WAIT_FIRST[0], "!" + PDL_WAIT_FIRST[1]]
     for b_blocks in (1, 2):
         yield (f"splitk-reg-mma-{8 * b_blocks}x{bn}x{bk}-pdl", sk._splitk_kernel, signature,
-               {**_splitk_constexprs(TILED=True, REG_MMA=b_blocks, BLOCK_M=16, BLOCK_N=bn, BLOCK_K=bk), "PDL": True},
+               {**_splitk_constexprs(TILED=True, REG_MMA=b_blocks, BLOCK_M=16, BLOCK_N=bn, BLOCK_K=bk), "PDL": 1},
                warps, [MMA_SYNC_BF16] + wait_first, stages)
-    bn, bk, _, warps, stages = gemm_configs.TILED_CONFIG
+    bn, bk, _, warps, stages = gemm_configs.SPLITK_CONFIG
     yield (f"splitk-tiled-64x{bn}x{bk}-pdl", sk._splitk_kernel, signature,
-           {**_splitk_constexprs(TILED=True, BLOCK_M=64, BLOCK_N=bn, BLOCK_K=bk), "PDL": True},
+           {**_splitk_constexprs(TILED=True, BLOCK_M=64, BLOCK_N=bn, BLOCK_K=bk), "PDL": 1},
            warps, [MMA_SYNC_BF16] + wait_first, stages)
 
 

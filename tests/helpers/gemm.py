@@ -1,11 +1,20 @@
 """Shared by the split-K GEMM tests."""
 
-from nvfp4_inductor.kernels import gemm_configs
+from nvfp4_inductor.kernels import gemm_configs, plan
 
 
 def pin_splitk_config(monkeypatch, config):
     """The split-K launcher with this (BLOCK_M, BLOCK_N, BLOCK_K, splits, warps, stages) config."""
+    plan.splitk_launch.cache_clear()  # (launches cached under the real tables)
+    monkeypatch.setattr(gemm_configs, "splitk_config", lambda *args, **kwargs: config)
+
+
+def splitk(x, w_data, w_scale, w_global_scale, bias, out_dtype, swizzled, tiled_n=None, x_scale=None, mainloop=None):
+    """gemm_splitk.gemm_splitk with the planner's launch for these operands, its mainloop the one
+    given (plan.splitk_launch checks that it can run)."""
     from nvfp4_inductor.kernels import gemm_splitk
 
-    gemm_splitk._launch_setup.cache_clear()  # (set-ups cached under the real tables)
-    monkeypatch.setattr(gemm_configs, "splitk_config", lambda *args, **kwargs: config)
+    launch = plan.splitk_launch_for(x, w_data, w_scale, swizzled=swizzled, tiled_n=tiled_n,
+                                    x_format="bf16" if x_scale is None else "nvfp4", mainloop=mainloop)
+    return gemm_splitk.gemm_splitk(x, w_data, w_scale, w_global_scale, bias, out_dtype, swizzled, tiled_n=tiled_n,
+                                   x_scale=x_scale, launch=launch)

@@ -7,6 +7,7 @@ import torch
 import nvfp4_inductor as nv
 from nvfp4_inductor.reference import tiled as nv_tiled
 from nvfp4_inductor.kernels import gemm, plan
+from nvfp4_inductor.kernels.device.mainloops import MAINLOOPS
 
 pytestmark = pytest.mark.skipif(torch.cuda.is_available(), reason="the interpreter's stand-in (no GPU)")
 
@@ -47,7 +48,7 @@ def test_sm100_linear_launchers_match_reference(sm100, monkeypatch, m):
         got = gemm.linear(x, w.data, swizzled, w.global_scale, bias, True, "nvfp4")
         assert _rel(got, want) <= 1e-2  # (the interpreter truncates fp32 -> bf16 operands)
     if m <= plan.SPLITK_MAX_M_TILED:
-        assert plan.plan_gemm(m, 72, 160, tiled=True, activation="nvfp4", device=x.device) == (
+        assert plan.plan_gemm(m, 72, 160, tiled=True, activation="nvfp4", device=x.device)[:3] == (
             "splitk", "dot_scaled", "nvfp4")
         data_t, scale_t = nv_tiled.tile(w.data, w.scale.view(torch.uint8))
         got = gemm.linear_tiled(x, data_t, scale_t, w.global_scale, bias, 72, "nvfp4")
@@ -78,7 +79,7 @@ def test_sm100_template_matches_reference(sm100, monkeypatch, m):
     finally:
         torch._dynamo.reset()
     source = "\n".join(code)
-    assert "acc = dot_scaled_mainloop(" in source and "torch.ops.nvfp4.quantize.default(" in source
+    assert f"MAINLOOP : tl.constexpr = {MAINLOOPS['dot_scaled']}" in source and "torch.ops.nvfp4.quantize.default(" in source
     w = linear.weight.detach()
     data, scale, g = torch.ops.nvfp4.quantize(w, None, False, False)
     with torch.no_grad():

@@ -1,4 +1,4 @@
-"""kernels/gemm_mma.py: the split-K GEMM's register-fed mainloop (mma.sync from registers, inline
+"""kernels/device/mma.py: the split-K GEMM's register-fed mainloop (mma.sync from registers, inline
 PTX). Its lane maps and row-major addressing run through its helpers under the interpreter; the
 whole kernel runs on a GPU (marked gpu) against the reference linear; and the launcher refuses it
 where it cannot run."""
@@ -9,9 +9,10 @@ import triton
 import triton.language as tl
 
 import nvfp4_inductor as nv
-from helpers.gemm import pin_splitk_config
+from helpers.gemm import pin_splitk_config, splitk
 from nvfp4_inductor.reference import tiled as nv_tiled
-from nvfp4_inductor.kernels import gemm_mma, gemm_splitk, plan
+from nvfp4_inductor.kernels import gemm_splitk, plan
+from nvfp4_inductor.kernels.device import mma as gemm_mma
 
 
 def _rel(got, want):
@@ -48,7 +49,7 @@ def test_register_fed_mainloop_matches_reference(m, n, k, splits, layout, monkey
     data, scale, tiled_n, swizzled, nan_at = _reg_mma_weights(w, layout)
     with monkeypatch.context() as patch:
         pin_splitk_config(patch, (16 if m <= 16 else 32, 64, 64, splits, gemm_mma.WARPS, 1))
-        y = gemm_splitk.gemm_splitk(x.cuda(), data.cuda(), scale.cuda(), w.global_scale.cuda(), bias.cuda(),
+        y = splitk(x.cuda(), data.cuda(), scale.cuda(), w.global_scale.cuda(), bias.cuda(),
                                     torch.float32, swizzled, tiled_n=tiled_n, mainloop="mma")
     want = x.double() @ w.dequantize(torch.float32).double().T + bias.double()
     assert _rel(y, want) <= 1e-5
@@ -152,18 +153,18 @@ def test_register_fed_mainloop_refuses_what_it_cannot_run(kernel_device):
     data_t, scale_t = (t.to(kernel_device) for t in nv_tiled.tile(torch.zeros(64, 32, dtype=torch.uint8),
                                                                  torch.zeros(64, 4, dtype=torch.uint8)))
     g = torch.ones((), device=kernel_device)
-    assert gemm_splitk.mma_operands_fit(x[:3], data_t, scale_t, True)
+    assert plan.mma_operands_aligned(x[:3], data_t, scale_t, True)
     with pytest.raises(ValueError, match="register-fed mainloop needs"):
-        gemm_splitk.gemm_splitk(x, data_t, scale_t, g, None, torch.float32, False, tiled_n=64, mainloop="mma")
+        splitk(x, data_t, scale_t, g, None, torch.float32, False, tiled_n=64, mainloop="mma")
     assert not plan.mma_runs(33, tiled=True, device=cuda) and plan.mma_runs(32, tiled=True, device=cuda)
     rows = torch.zeros(64 * 32 + 4, dtype=torch.uint8)[4:].view(64, 32)  # rows 4 bytes off 8-byte boundaries
-    assert not gemm_splitk.mma_operands_fit(x[:3], rows, torch.zeros(64, 4, dtype=torch.uint8), False)
+    assert not plan.mma_operands_aligned(x[:3], rows, torch.zeros(64, 4, dtype=torch.uint8), False)
     odd_scales = torch.zeros(scale_t.numel() + 2, dtype=torch.uint8)[2:]  # 2 bytes off a 4-byte boundary
-    assert not gemm_splitk.mma_operands_fit(x[:3], data_t.cpu(), odd_scales, True)
+    assert not plan.mma_operands_aligned(x[:3], data_t.cpu(), odd_scales, True)
     odd_x = torch.zeros(3 * 64 + 1, dtype=torch.bfloat16)[1:].view(3, 64)  # x rows 2 bytes off 4
-    assert not gemm_splitk.mma_operands_fit(odd_x, data_t.cpu(), scale_t.cpu(), True)
+    assert not plan.mma_operands_aligned(odd_x, data_t.cpu(), scale_t.cpu(), True)
     assert not plan.mma_runs(1, tiled=True, device=cuda, code_bytes=plan.MMA_MAX_CODE_BYTES)
     assert not plan.mma_runs(1, tiled=True, device=torch.device("cpu"))
     with pytest.raises(ValueError, match="does not multiply an x of format 'bf16'"):
-        gemm_splitk.gemm_splitk(x[:3], data_t, scale_t, g, None, torch.float32, False, tiled_n=64,
+        splitk(x[:3], data_t, scale_t, g, None, torch.float32, False, tiled_n=64,
                                 mainloop="dot_scaled")

@@ -13,10 +13,13 @@ import triton
 import triton.language as tl
 
 import nvfp4_inductor as nv
-from helpers.gemm import pin_splitk_config
+from helpers.gemm import pin_splitk_config, splitk
 from nvfp4_inductor.reference import tiled as nv_tiled
-from nvfp4_inductor.kernels import gemm_configs, gemm_mma, gemm_splitk, plan
-from nvfp4_inductor.kernels._common import round_to
+from nvfp4_inductor.kernels import gemm_configs, gemm_splitk, plan
+from nvfp4_inductor.kernels import launch as launches
+from nvfp4_inductor.kernels.device import epilogue, mainloops
+from nvfp4_inductor.kernels.device import mma as gemm_mma
+from nvfp4_inductor.kernels.device.common import round_to
 
 
 def _rel(got, want):
@@ -49,7 +52,8 @@ def test_launchers_take_strided_biases_and_empty_weights(kernel_device):
 def test_launchers_refuse_swizzled_scales_beyond_int32_offsets(kernel_device, monkeypatch):
     """The swizzled scale offsets are int32 (2^31 bytes: an x of 2^35 elements); beyond, the
     launchers refuse instead of writing out of bounds. Checked at a lowered limit."""
-    from nvfp4_inductor.kernels import _common, quantize
+    from nvfp4_inductor.kernels import quantize
+    from nvfp4_inductor.kernels.device import common as _common
 
     x = torch.randn(256, 64).to(kernel_device)
     w = nv.quantize(torch.randn(256, 64), swizzle=True)
@@ -83,13 +87,13 @@ def test_splitk_mainloop_matches_reference(kernel_device, m, n, k, swizzled, con
     bias = torch.randn(n, generator=gen)
     parts = [t.to(kernel_device) for t in (w.data, w.scale.view(torch.uint8), w.global_scale)]
     pin_splitk_config(monkeypatch, config)
-    y = gemm_splitk.gemm_splitk(x.to(kernel_device), *parts, bias.to(kernel_device), torch.float32,
+    y = splitk(x.to(kernel_device), *parts, bias.to(kernel_device), torch.float32,
                                 swizzled, mainloop="dot")
     assert _rel(y, x.double() @ w.dequantize(torch.float32).double().T + bias.double()) <= 1e-5
     # the last split of each tile left its counter at zero: the next call sums the same way
-    counters = gemm_splitk.split_counters(y.device, -(-n // config[1]))
+    counters = launches.split_counters(y.device, -(-n // config[1]))
     assert not counters.any()
-    again = gemm_splitk.gemm_splitk(x.to(kernel_device), *parts, bias.to(kernel_device), torch.float32,
+    again = splitk(x.to(kernel_device), *parts, bias.to(kernel_device), torch.float32,
                                     swizzled, mainloop="dot")
     assert torch.equal(again, y)
 
@@ -107,32 +111,32 @@ def test_captured_splitk_launches_get_counters_of_their_own(kernel_device, monke
     parts = [t.to(kernel_device) for t in (w.data, w.scale.view(torch.uint8), w.global_scale)]
     want = x.double().cpu() @ w.dequantize(torch.float32).double().T
     device = x.device
-    eager = gemm_splitk.split_counters(device, 2)  # made outside any capture, with the reserve
-    monkeypatch.setattr(gemm_splitk, "_capturing", lambda device: True)
-    first, second = gemm_splitk.split_counters(device, 2), gemm_splitk.split_counters(device, 2)
+    eager = launches.split_counters(device, 2)  # made outside any capture, with the reserve
+    monkeypatch.setattr(launches, "_capturing", lambda device: True)
+    first, second = launches.split_counters(device, 2), launches.split_counters(device, 2)
     starts = {t.data_ptr() for t in (eager, first, second)}
     assert len(starts) == 3 and not first.any() and not second.any()
     assert all(t.data_ptr() % 16 == 0 for t in (first, second))  # else the JIT compiles anew in the capture
     pin_splitk_config(monkeypatch, config)
-    assert _rel(gemm_splitk.gemm_splitk(x, *parts, None, torch.float32, False, mainloop="dot"), want) <= 1e-5
-    reserve = gemm_splitk._reserve[device]
+    assert _rel(splitk(x, *parts, None, torch.float32, False, mainloop="dot"), want) <= 1e-5
+    reserve = launches._reserve[device]
     assert not reserve[0][:reserve[1]].any()  # the captured launch left its counters zeroed
-    monkeypatch.setitem(gemm_splitk._reserve, device, [reserve[0], reserve[0].numel()])
-    spare = gemm_splitk.split_counters(device, 2)
+    monkeypatch.setitem(launches._reserve, device, [reserve[0], reserve[0].numel()])
+    spare = launches.split_counters(device, 2)
     assert spare.untyped_storage().data_ptr() != reserve[0].untyped_storage().data_ptr() and not spare.any()
 
 
 def test_outgrown_splitk_counters_stay_allocated(monkeypatch):
     """An eager stream's counter buffer replaced by a larger one is kept, not freed: it is made by
-    another thread (gemm_splitk._zeros_outside_graph_pools), so the allocator would not order its
+    another thread (launch._zeros_outside_graph_pools), so the allocator would not order its
     reuse after the kernels still reading it on the caller's stream."""
     device = torch.device("cpu")
-    monkeypatch.setattr(gemm_splitk, "_counters", {})
-    monkeypatch.setattr(gemm_splitk, "_retired", [])
-    small = gemm_splitk.split_counters(device, 8)
-    large = gemm_splitk.split_counters(device, small.numel() + 1)
-    assert large.numel() > small.numel() and gemm_splitk._retired == [small]
-    assert gemm_splitk.split_counters(device, 8) is large
+    monkeypatch.setattr(launches, "_counters", {})
+    monkeypatch.setattr(launches, "_retired", [])
+    small = launches.split_counters(device, 8)
+    large = launches.split_counters(device, small.numel() + 1)
+    assert large.numel() > small.numel() and launches._retired == [small]
+    assert launches.split_counters(device, 8) is large
 
 
 @pytest.mark.parametrize("reg_mma", [False, True])
@@ -152,7 +156,7 @@ def test_skinny_gemm_reads_any_scale_byte(kernel_device, reg_mma, monkeypatch):
     want = x.double() @ w_f32.double().T
     if not reg_mma:
         pin_splitk_config(monkeypatch, (16, 64, 64, 2, 4, 1))
-    y = gemm_splitk.gemm_splitk(x.to(kernel_device), w.data.to(kernel_device), scale.to(kernel_device),
+    y = splitk(x.to(kernel_device), w.data.to(kernel_device), scale.to(kernel_device),
                                 w.global_scale.to(kernel_device), None, torch.float32, False,
                                 mainloop="mma" if reg_mma else "dot").cpu()
     assert y[:, 0].isnan().all() and not y[:, 1:].isnan().any()
@@ -168,10 +172,10 @@ def test_splitk_on_tiled_weights_matches_reference(kernel_device, m, n, k, monke
     x = (torch.randn(m, k, generator=gen) * 10).to(operand)
     w = nv.quantize(torch.randn(n, k, generator=gen))
     data_t, scale_t = tiled.tile(w.data, w.scale.view(torch.uint8))
-    block_m, block_n, block_k, _, warps, stages = gemm_configs.splitk_config(m, n, k, 4, tiled=True)
+    block_m, block_n, block_k, _, warps, stages = gemm_configs.splitk_config(m, n, k, 4)
     # several splits: the in-kernel split sum runs
     pin_splitk_config(monkeypatch, (block_m, block_n, block_k, min(3, -(-k // block_k)), warps, stages))
-    y = gemm_splitk.gemm_splitk(x.to(kernel_device), data_t.to(kernel_device), scale_t.to(kernel_device),
+    y = splitk(x.to(kernel_device), data_t.to(kernel_device), scale_t.to(kernel_device),
                                 w.global_scale.to(kernel_device), None, torch.float32, False,
                                 tiled_n=n, mainloop="dot")
     assert _rel(y, x.double() @ w.dequantize(torch.float32).double().T) <= 1e-5
@@ -195,9 +199,9 @@ def test_wgmma_mainloop_matches_reference(kernel_device, m, n, k, splits):
     g = torch.rand(n, generator=gen) + 0.5
     bias = torch.randn(n, generator=gen)
     x, data_t, scale_t = (t.to(kernel_device) for t in (x, data_t, scale_t))
-    y = gemm_splitk.gemm_splitk(x, data_t, scale_t, g.to(kernel_device), bias.to(kernel_device), torch.float32,
+    y = splitk(x, data_t, scale_t, g.to(kernel_device), bias.to(kernel_device), torch.float32,
                                 False, tiled_n=n, mainloop="wgmma")
-    setup = gemm_splitk._setup_for(x, data_t, scale_t, False, n, "bf16", "wgmma")[0]
+    setup = plan.splitk_launch_for(x, data_t, scale_t, swizzled=False, tiled_n=n, mainloop="wgmma")
     assert setup.grid == (-(-m // gemm_configs.WGMMA_CONFIG[0]), splits, -(-n // 64)), setup.grid
     want = x.double().cpu() @ (w.dequantize(torch.float32) / w.global_scale).double().T * g.double() + bias.double()
     assert _rel(y, want) <= (2e-3 if kernel_device == "cuda" else 1e-5)
@@ -211,11 +215,11 @@ def test_wgmma_mainloop_refuses_what_it_does_not_serve(kernel_device):
     args = (data_t.to(kernel_device), scale_t.to(kernel_device), w.global_scale.to(kernel_device), None,
             torch.float32, False)
     with pytest.raises(ValueError, match=f"at most {plan.WGMMA_MAX_M} rows"):
-        gemm_splitk.gemm_splitk(x, *args, tiled_n=64, mainloop="wgmma")
+        splitk(x, *args, tiled_n=64, mainloop="wgmma")
     row_major = (w.data.to(kernel_device), w.scale.view(torch.uint8).to(kernel_device),
                  w.global_scale.to(kernel_device), None, torch.float32, False)
     with pytest.raises(ValueError, match="reads tiled weights"):
-        gemm_splitk.gemm_splitk(x[:40], *row_major, mainloop="wgmma")
+        splitk(x[:40], *row_major, mainloop="wgmma")
 
 
 @pytest.mark.gpu
@@ -234,12 +238,12 @@ def test_repeated_launches_take_the_cached_kernel(m):
     for g in (w.global_scale.cuda(), torch.rand(n, generator=gen).cuda() + 0.5):
         for offset in (0, 0, 0, 2, 2):
             x = (torch.randn(m * k + offset, generator=gen) * 10).to(torch.bfloat16).cuda()[offset:].view(m, k)
-            before = len(gemm_splitk._launches)
+            before = len(gemm_splitk._compiled)
             y = gemm_splitk.gemm_splitk(x, data_t, scale_t, g, bias, torch.float32, False, tiled_n=n)
             want = (x.double().cpu() @ (w.dequantize(torch.float32) / w.global_scale).double().T
                     * g.double().cpu() + bias.double().cpu())
             assert _rel(y, want) <= 1e-5, (offset, before)
-    assert len(gemm_splitk._launches) >= 2
+    assert len(gemm_splitk._compiled) >= 2
 
 def test_splitk_takes_an_nvfp4_x_only_for_the_block_scaled_mma():
     from nvfp4_inductor.kernels.gemm_splitk import gemm_splitk
@@ -254,7 +258,7 @@ def test_splitk_takes_an_nvfp4_x_only_for_the_block_scaled_mma():
 @triton.jit
 def _sum_splits_kernel(partial_ptr, out_ptr, num_splits, M, N, ROWS: tl.constexpr, SPLITS: tl.constexpr):
     cols_n = tl.program_id(0) * 64 + tl.arange(0, 64)
-    total = gemm_splitk.sum_splits(partial_ptr, num_splits, M, N, cols_n, 64, ROWS, SPLITS)
+    total = epilogue.sum_splits(partial_ptr, num_splits, M, N, cols_n, 64, ROWS, SPLITS)
     ms = tl.arange(0, ROWS)
     tl.store(out_ptr + ms[None, :] * N + cols_n[:, None], total, mask=(cols_n < N)[:, None] & (ms < M)[None, :])
 
@@ -279,7 +283,7 @@ def test_sum_splits_in_split_order(kernel_device, m, n, splits):
 def _silu_mul_halves_kernel(acc_ptr, g_ptr, out_ptr, OUT_DTYPE: tl.constexpr, ROWS: tl.constexpr):
     rows, ms, half = tl.arange(0, 128), tl.arange(0, ROWS), tl.arange(0, 64)
     acc = tl.load(acc_ptr + rows[:, None] * ROWS + ms[None, :])
-    y = gemm_splitk.silu_mul_halves(acc, tl.load(g_ptr + rows), OUT_DTYPE, 128, ROWS)
+    y = epilogue.silu_mul_halves(acc, tl.load(g_ptr + rows), OUT_DTYPE, 128, ROWS)
     # the store's rounding (the interpreter's bf16 cast truncates): kept in fp32
     tl.store(out_ptr + half[:, None] * ROWS + ms[None, :], round_to(y, OUT_DTYPE))
 
@@ -298,59 +302,6 @@ def test_silu_mul_halves_rounds_as_eager(kernel_device, dtype):
     gate, up = nv_tiled.split_halves((acc * g[:, None]).to(dtype).t())
     want = nv.reference.silu_mul(gate, up).t()
     assert torch.equal(out.cpu(), want.float()), int((out.cpu() != want.float()).sum())
-
-
-class _LaunchRecorder:
-    """Stands in for gemm_splitk._splitk_kernel: records a launch's grid and arguments."""
-
-    def __init__(self):
-        self.launches = []
-
-    def __getitem__(self, grid):
-        return lambda *args, **kwargs: self.launches.append((grid, args, kwargs))
-
-
-@pytest.mark.parametrize("case, m, k, expect", [
-    ("plain", 1, 1024, dict(REG_MMA=1, GROUPED=True, EVEN=True)),     # a scale word per 4 K-tiles
-    ("plain", 5, 1040, dict(REG_MMA=1, GROUPED=False, EVEN=False)),   # K % 64 != 0: scale bytes
-    ("plain", 12, 1024, dict(REG_MMA=2, GROUPED=False)),               # grouped only at M <= 8
-    ("plain", 24, 1024, dict(REG_MMA=4, BLOCK_M=32)),                  # four x-row blocks
-    ("swizzled", 1, 1024, dict(REG_MMA=1, GROUPED=False, SWIZZLED=True)),
-    ("odd-scales", 1, 1024, dict(REG_MMA=1, GROUPED=False)),          # scales 1 byte off a word
-    ("odd-rows", 1, 1024, dict(REG_MMA=0)),                            # code rows off 8 bytes: tl.dot
-    ("tiled", 16, 1024, dict(REG_MMA=2, TILED=True)),
-    ("tiled", 24, 1024, dict(REG_MMA=0, TILED=True, BLOCK_M=32)),      # tiled M > 16: tl.dot
-])
-def test_skinny_launcher_picks_the_mainloop(case, m, k, expect, monkeypatch):
-    """Which mainloop and scale reads the skinny launcher picks by default, per layout and M
-    (launch arguments recorded on the CPU, the plan asked as for a GPU; the GPU tests run each
-    choice)."""
-    recorder = _LaunchRecorder()
-    monkeypatch.setattr(gemm_splitk, "_splitk_kernel", recorder)
-    as_on_gpu = plan.splitk_mainloop
-    gemm_splitk._launch_setup.cache_clear()  # (set-ups cached under the real plan)
-    monkeypatch.setattr(plan, "splitk_mainloop",
-                        lambda m, **kwargs: as_on_gpu(m, **{**kwargs, "device": torch.device("cuda")}))
-    n = 128
-    w = nv.quantize(torch.randn(n, k), swizzle=case == "swizzled")
-    data, scale, tiled_n = w.data, w.scale.view(torch.uint8), None
-    if case == "tiled":
-        (data, scale), tiled_n = nv_tiled.tile(data, scale), n
-    elif case == "odd-scales":
-        scale = torch.empty(scale.numel() + 1, dtype=torch.uint8)[1:].view(scale.shape).copy_(scale)
-    elif case == "odd-rows":
-        data = torch.empty(data.numel() + 4, dtype=torch.uint8)[4:].view(data.shape).copy_(data)
-    x = torch.randn(m, k).to(torch.bfloat16)
-    gemm_splitk.gemm_splitk(x, data, scale, w.global_scale, None, torch.bfloat16, case == "swizzled",
-                            tiled_n=tiled_n)
-    (grid, args, kwargs), = recorder.launches
-    assert {key: kwargs[key] for key in expect} == expect
-    tiles_per_split = args[13]
-    if kwargs["GROUPED"]:  # splits cover whole groups of 4 K-tiles, counted as 4 * cdiv(K, 256)
-        assert tiles_per_split % 4 == 0 and grid[1] == -(-(-(-k // 256) * 4) // tiles_per_split)
-        assert tiles_per_split >= gemm_configs.REG_MMA_GROUPED_MIN_STEPS  # the grouped split rule
-    else:
-        assert grid[1] == -(-(-(-k // 64)) // tiles_per_split)
 
 
 @pytest.mark.gpu
@@ -408,7 +359,7 @@ def test_converted_splitk_linear_under_cuda_graph_trees():
 def _tile_group_probe(w_ptr, w_scale_ptr, w_out_ptr, s_out_ptr, N, K,
                       BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
     pid_n, t = tl.program_id(0), tl.program_id(1)
-    w, w_bits = gemm_splitk.load_tile_group(w_ptr, w_scale_ptr, N, K, pid_n, t, BLOCK_N, BLOCK_K)
+    w, w_bits = mainloops.load_tile_group(w_ptr, w_scale_ptr, N, K, pid_n, t, BLOCK_N, BLOCK_K)
     rows = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)[:, None]
     cols = t * (BLOCK_K // 2) + tl.arange(0, BLOCK_K // 2)[None, :]
     k_pad = tl.cdiv(K, BLOCK_K) * BLOCK_K

@@ -5,8 +5,21 @@ splits, the split sum's rounds). Asked as for a GPU where it matters; nothing is
 import pytest
 import torch
 
+import nvfp4_inductor as nv
 from nvfp4_inductor import capability
-from nvfp4_inductor.kernels import gemm_configs, gemm_mma, plan
+from nvfp4_inductor.kernels import gemm_configs, plan
+from nvfp4_inductor.kernels.device import mma as gemm_mma
+from nvfp4_inductor.reference import tiled as nv_tiled
+
+
+@pytest.fixture
+def sm90(monkeypatch):
+    """A CUDA device as an H100 reports itself (132 SMs, sm_90), for plans asked on the CPU."""
+    monkeypatch.setattr(capability, "sm_count", lambda device: 132)
+    monkeypatch.setattr(capability, "sm90_or_later", lambda device: device.type == "cuda")
+    monkeypatch.setattr(capability, "wgmma", lambda device: device.type == "cuda")
+    monkeypatch.setattr(capability, "block_scaled_mma", lambda device: False)
+    return torch.device("cuda")
 
 
 def test_plan_by_rows_and_layout():
@@ -56,7 +69,7 @@ def test_register_fed_config(m, n, k):
     assert (ranges[0] - 1) * ranges[1] < steps <= ranges[0] * ranges[1]
 
 
-def test_plan_takes_the_register_fed_mainloop_where_it_runs():
+def test_plan_takes_the_register_fed_mainloop_where_it_runs(sm90):
     """On CUDA: up to plan.MMA_MAX_M rows of row-major weights, plan.MMA_MAX_M_TILED of tiled ones,
     where the operands fit its word loads; tl.dot elsewhere; never on the CPU (inline PTX)."""
     cuda, cpu = torch.device("cuda"), torch.device("cpu")
@@ -77,10 +90,14 @@ def test_compiled_plan_above_the_decode_sizes(monkeypatch):
     monkeypatch.setattr(capability, "sm_count", lambda device: 132)
     cpu = torch.device("cpu")
     m = plan.SPLITK_MAX_M_TILED + 1
-    assert plan.plan_gemm(m, 64 * 132, 4096, tiled=True, activation="bf16", device=cpu,
-                          compiled=True) == ("tile", "dot", "bf16")
-    assert plan.plan_gemm(m, 64, 4096, tiled=True, activation="bf16", device=cpu, compiled=True).kernel \
-        == "dequant_cublas"
+    chosen = plan.plan_gemm(m, 64 * 132, 4096, tiled=True, activation="bf16", device=cpu, compiled=True)
+    assert chosen[:3] == ("tile", "dot", "bf16") and chosen.launch is None
+    assert chosen.configs == tuple(gemm_configs.template_configs(m, 64 * 132, 4096, 132, "tile", "dot"))
+    assert chosen.configs[0].block_m == plan.TEMPLATE_TILE_M and chosen.configs[0].split == 1
+    # dequantize + cuBLAS picked: the template's configs above the decode sizes join it (max-autotune)
+    chosen = plan.plan_gemm(m, 64, 4096, tiled=True, activation="bf16", device=cpu, compiled=True)
+    assert chosen.kernel == "dequant_cublas" and chosen.configs[0].mainloop == "dot"
+    assert chosen.configs == tuple(gemm_configs.template_configs(m, 64, 4096, 132, "tile", "dot"))
     assert plan.plan_gemm(plan.TEMPLATE_MAX_M + 1, 64 * 132, 4096, tiled=True, activation="bf16", device=cpu,
                           compiled=True).kernel == "dequant_cublas"
 
@@ -109,7 +126,7 @@ def test_register_fed_grouped_config(m, n, k, splits):
     assert config == (16, 64, 64, splits, gemm_mma.WARPS, 1)
 
 
-def test_plan_takes_the_wgmma_mainloop_on_sm90(monkeypatch):
+def test_plan_takes_the_wgmma_mainloop_on_sm90(monkeypatch, sm90):
     """On sm_90 with tiled weights, from plan.WGMMA_MIN_M to plan.WGMMA_MAX_M rows (W4A16, and W4A4
     on x's quantized values): the split-K kernel with the wgmma mainloop, eager and compiled.
     Not on row-major weights, not where the device has no wgmma (sm_100: asked as such)."""
@@ -126,7 +143,7 @@ def test_plan_takes_the_wgmma_mainloop_on_sm90(monkeypatch):
                     serves = has_wgmma and plan.WGMMA_MIN_M <= m <= plan.WGMMA_MAX_M
                     assert (chosen.mainloop == "wgmma") == serves, (m, activation, compiled, chosen)
                     if serves:
-                        assert chosen == ("splitk", "wgmma", "bf16")
+                        assert chosen[:3] == ("splitk", "wgmma", "bf16")
             assert plan.plan_gemm(m, 4096, 4096, tiled=False, activation="bf16", device=cuda).mainloop != "wgmma"
 
 
@@ -144,5 +161,45 @@ def test_wgmma_config(m, n, k, splits):
     assert (block_m, block_k, warps, stages) == gemm_configs.WGMMA_CONFIG and block_n == 64
     assert got == splits
     configs = gemm_configs.template_configs(m, n, k, 132, "splitk", "wgmma")
-    assert all(c.wgmma and c.split == splits and (c.block_m, c.block_k) == (64, 128) for c in configs)
+    assert all(c.mainloop == "wgmma" and c.split == splits and (c.block_m, c.block_k) == (64, 128) for c in configs)
     assert all(c.split == 1 or c.block_m >= m for c in configs)
+
+
+@pytest.mark.parametrize("case, m, k, expect", [
+    ("plain", 1, 1024, dict(reg_mma=1, layout="grouped", even=True)),    # a scale word per 4 K-tiles
+    ("plain", 5, 1040, dict(reg_mma=1, layout="row_major", even=False)),  # K % 64 != 0: scale bytes
+    ("plain", 12, 1024, dict(reg_mma=2, layout="row_major")),             # grouped only at M <= 8
+    ("plain", 24, 1024, dict(reg_mma=4, block_m=32)),                     # four x-row blocks
+    ("swizzled", 1, 1024, dict(reg_mma=1, layout="swizzled")),
+    ("odd-scales", 1, 1024, dict(reg_mma=1, layout="row_major")),        # scales 1 byte off a word
+    ("odd-rows", 1, 1024, dict(mainloop="dot", reg_mma=0)),               # code rows off 8 bytes: tl.dot
+    ("tiled", 16, 1024, dict(reg_mma=2, layout="tiled")),
+    ("tiled", 24, 1024, dict(mainloop="dot", reg_mma=0, layout="tiled", block_m=32)),  # tiled M > 16
+])
+def test_splitk_launch_by_layout_and_rows(case, m, k, expect, sm90):
+    """The split-K launch the plan makes for the operands as they are (layout, alignments) and M,
+    asked as for an H100; the GPU tests run each choice."""
+    n = 128
+    w = nv.quantize(torch.randn(n, k), swizzle=case == "swizzled")
+    data, scale, tiled_n = w.data, w.scale.view(torch.uint8), None
+    if case == "tiled":
+        (data, scale), tiled_n = nv_tiled.tile(data, scale), n
+    elif case == "odd-scales":
+        scale = torch.empty(scale.numel() + 1, dtype=torch.uint8)[1:].view(scale.shape).copy_(scale)
+    elif case == "odd-rows":
+        data = torch.empty(data.numel() + 4, dtype=torch.uint8)[4:].view(data.shape).copy_(data)
+    x = torch.randn(m, k).to(torch.bfloat16)
+    chosen = plan.plan_gemm(m, n, k, tiled=tiled_n is not None, activation="bf16", device=sm90,
+                            mma_operands_fit=plan.mma_operands_aligned(x, data, scale, tiled_n is not None),
+                            code_bytes=data.numel(), swizzled=case == "swizzled",
+                            scale_word_aligned=scale.data_ptr() % 4 == 0)
+    launch = chosen.launch
+    assert {key: getattr(launch, key) for key in expect} == expect
+    assert launch.mainloop == ("mma" if launch.reg_mma else "dot")
+    if launch.layout == "grouped":  # splits cover whole groups of 4 K-tiles, counted as 4 * cdiv(K, 256)
+        assert launch.steps_per_split % 4 == 0
+        assert launch.splits == -(-(-(-k // 256) * 4) // launch.steps_per_split)
+        assert launch.steps_per_split >= gemm_configs.REG_MMA_GROUPED_MIN_STEPS  # the grouped split rule
+    else:
+        assert launch.splits == -(-(-(-k // 64)) // launch.steps_per_split)
+    assert launch.grid == (-(-n // 64), launch.splits, 1) and launch.tiles == -(-n // 64)

@@ -19,7 +19,7 @@ from helpers.inputs import DISTS, sample, scalable_values, times_power_of_two
 from helpers.pdl import late_copy
 from nvfp4_inductor import capability
 from nvfp4_inductor.format import GLOBAL_SCALE_DIVISOR
-from nvfp4_inductor.kernels import _common
+from nvfp4_inductor.kernels.device import common as _common
 from nvfp4_inductor.kernels import dequantize as dequantize_kernels
 from nvfp4_inductor.kernels import quantize as quantize_kernels
 

@@ -17,11 +17,12 @@ import nvfp4_inductor as nv
 from nvfp4_inductor import capability
 from nvfp4_inductor.lowerings.passes import norms as norm_fusion
 from nvfp4_inductor.kernels import gemm_configs, plan
+from nvfp4_inductor.kernels.device.mainloops import MAINLOOPS
 from nvfp4_inductor.lowerings import linear as linear_lowering
 
 import decode  # examples/decode.py (its RMSNorm)
 
-TEMPLATE_MARK = "from nvfp4_inductor.kernels.gemm_splitk import dot_scaled_mainloop, last_split"
+TEMPLATE_MARK = "from nvfp4_inductor.kernels.device.mainloops import MAINLOOP_WGMMA, mainloop"
 
 
 class LinearBlock(nn.Module):
@@ -657,7 +658,7 @@ def test_serving_rows_take_the_wgmma_mainloop(template_inductor, monkeypatch, m)
     stay apart and Inductor fuses SiLU through libdevice, which the interpreter lacks.)"""
     monkeypatch.setattr(capability, "wgmma", lambda device: True)
     code = _run(template_inductor, m, 320, 192)
-    assert re.search(r"acc = wgmma_mainloop\(", code) and "WGMMA : tl.constexpr = True" in code
+    assert f"MAINLOOP : tl.constexpr = {MAINLOOPS['wgmma']}" in code
     launches = _launches(code)
     assert len(launches) == 1 and "triton_tem_fused" in launches[0], launches
     assert ("workspace_" in code) == (m <= 64)  # the split's partials
@@ -672,7 +673,8 @@ def test_serving_rows_take_the_wgmma_mainloop(template_inductor, monkeypatch, m)
         expected = _linear_eager(model.down, h, "bf16")
     assert _rel_err(y, expected) < 2**-6
     source = "\n".join(code)
-    assert "silu_mul_halves(" in source and len(re.findall(r"acc = wgmma_mainloop\(", source)) == 2
+    assert "silu_mul_halves(" in source
+    assert len(re.findall(f"MAINLOOP : tl.constexpr = {MAINLOOPS['wgmma']}\n", source)) == 2
 
 
 class TransposedInput(nn.Module):
@@ -837,12 +839,10 @@ def test_pdl_template_waits_before_reading_x(template_inductor, m):
     assert "gdc_launch_dependents()" in code
     if m <= 16:
         assert "'REG_MMA': 0" not in code
-        assert "'PDL': 2" in code
-        assert "EVEN_K, PDL)" in code  # the register-fed mainloop gets it
+        assert "'PDL': 2" in code  # the register-fed mainloop waits after its first weight tile
     else:
         assert "'REG_MMA': 0" in code
-        assert "'PDL': 1" in code
-        assert "tl.extra.cuda.gdc_wait()" in code
+        assert "'PDL': 1" in code  # the mainloop's dispatch waits first (PTX: test_compile_targets)
 
 
 @pytest.mark.gpu

@@ -11,6 +11,7 @@ from torch._subclasses.fake_tensor import FakeTensorMode
 
 import nvfp4_inductor as nv
 from nvfp4_inductor import reference
+from nvfp4_inductor.kernels import gemm_configs, plan
 from nvfp4_inductor.ops import grouped as moe
 from nvfp4_inductor.reference import tiled
 from nvfp4_inductor.modules.experts import NVFP4Experts, convert_experts
@@ -19,6 +20,18 @@ from helpers.hf import LOGIT_TOL, MOE_ARCHITECTURES, MOE_SHAPES, moe_model
 transformers = pytest.importorskip("transformers")
 
 OPS = torch.ops.nvfp4
+
+
+def _grouped(x, offsets, w_data, w_scale, g, bias, n, gated, x_global_scale=None, out_dtype=None, x_scale=None,
+             **forced):
+    """kernels/grouped.grouped_linear with the planner's launch, K split (splits=) or the dequantize
+    form (dequant=) as asked (plan.plan_grouped checks that it runs)."""
+    from nvfp4_inductor.kernels import grouped
+
+    launch = grouped.grouped_launch_for(x if x_scale is not None else x.to(torch.bfloat16), w_data, w_scale, n,
+                                        gated, x_scale, **forced)
+    return grouped.grouped_linear(x, offsets, w_data, w_scale, g, bias, n, gated, x_global_scale, out_dtype,
+                                  x_scale=x_scale, launch=launch)
 
 
 def _experts(e: int, n: int, k: int, gen: torch.Generator, device="cpu"):
@@ -205,8 +218,6 @@ def test_dequantize_and_grouped_mm_form_matches_the_reference(kernel_device, rou
     """The prefill form (every expert dequantized, torch._grouped_mm, the scales and bias after it)
     at fresh random inputs: the reference's numbers within one extra rounding (the product is
     rounded to bf16 before the global scale); rows past the groups zero, offsets past T clamped."""
-    from nvfp4_inductor.kernels import grouped
-
     gen = torch.Generator().manual_seed(31 + gated * 2 + bias)
     counts = KERNEL_ROUTINGS[routing]
     t, n, k = sum(counts) + 3, 96 if gated else 48, 144
@@ -219,21 +230,19 @@ def test_dequantize_and_grouped_mm_form_matches_the_reference(kernel_device, rou
     x_global_scale = None
     if activation == "nvfp4":
         args[0], x_global_scale = moe.group_quantized_values(args[0], args[1])
-    got = grouped.grouped_linear(*args, gated, x_global_scale, torch.bfloat16, dequant=True).cpu()
+    got = _grouped(*args, gated, x_global_scale, torch.bfloat16, dequant=True).cpu()
     assert got.dtype == want.dtype and got.shape == want.shape
     torch.testing.assert_close(got.float(), want.float(), rtol=2**-6, atol=1e-3 * want.float().abs().max().item())
     assert not got[sum(counts):].any()
     if routing == "spread":  # an offset past T reads as T
         past = args[1].clone()
         past[-1] = t + 100
-        again = grouped.grouped_linear(args[0], past, *args[2:], gated, x_global_scale, torch.bfloat16,
-                                       dequant=True).cpu()
+        again = _grouped(args[0], past, *args[2:], gated, x_global_scale, torch.bfloat16, dequant=True).cpu()
         assert again[: sum(counts)].equal(got[: sum(counts)])
     if bias:  # a strided bias (every other element of a wider one) is read by its values
         strided = torch.stack([args[5], args[5] * 1000], dim=2).reshape(5, -1)[:, ::2]
         assert not strided.is_contiguous()
-        again = grouped.grouped_linear(*args[:5], strided, args[6], gated, x_global_scale, torch.bfloat16,
-                                       dequant=True).cpu()
+        again = _grouped(*args[:5], strided, args[6], gated, x_global_scale, torch.bfloat16, dequant=True).cpu()
         assert again.equal(got)
 
 
@@ -243,25 +252,25 @@ def test_triton_kernel_splits_k(kernel_device, routing, gated, bias):
     """K cut into 2 and 3 ranges (the decode form: partials, the last split sums them and runs
     the epilogue) gives the unsplit kernel's result up to fp32 summation order and the reference's
     within its tolerance, for every routing; the tile counters are left zero for the next launch."""
-    from nvfp4_inductor.kernels import gemm_splitk, grouped
+    from nvfp4_inductor.kernels import launch as launches
 
     gen = torch.Generator().manual_seed(21 + gated * 2 + bias)
     counts = KERNEL_ROUTINGS[routing]
-    t, n, k = sum(counts) + 3, 96 if gated else 48, 3 * grouped._config(1, 5)["BLOCK_K"]
+    t, n, k = sum(counts) + 3, 96 if gated else 48, 3 * gemm_configs.GROUPED_DECODE_CONFIG[2]
     data, scale, g = _experts(5, n, k, gen)
     x = (torch.randn(t, k, generator=gen) * 5).to(torch.bfloat16)
     b = torch.randn(5, n, generator=gen) if bias else None
     offsets = _offsets(counts)
     want = _op(x, offsets, data, scale, g, b, "bf16", gated)
     args = _kernel_args(kernel_device, x, offsets, data, scale, g, b, gated)
-    unsplit = grouped.grouped_linear(*args, gated, splits=1).cpu()
+    unsplit = _grouped(*args, gated, splits=1).cpu()
     for splits in (2, 3):
-        got = grouped.grouped_linear(*args, gated, splits=splits).cpu()
+        got = _grouped(*args, gated, splits=splits).cpu()
         torch.testing.assert_close(got.float(), unsplit.float(), rtol=2**-7, atol=1e-3 * want.float().abs().max().item())
         torch.testing.assert_close(got.float(), want.float(), rtol=2**-7 if not gated else 2**-6,
                                    atol=1e-3 * want.float().abs().max().item())
         assert not got[sum(counts):].any()
-    assert not any(c.any() for c in gemm_splitk._counters.values())
+    assert not any(c.any() for c in launches._counters.values())
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="the interpreter's tl.dot_scaled stand-in (no GPU)")
@@ -272,11 +281,9 @@ def test_sm100_block_scaled_kernel_matches_the_reference(sm100, routing, gated, 
     experts' to tl.dot_scaled (DOT_SCALED; the interpreter's stand-in of helpers/dot_scaled.py) at
     fresh random inputs, K split and not: the reference's numbers up to summation order (the
     products are exact), rows past the groups zero."""
-    from nvfp4_inductor.kernels import grouped
-
     gen = torch.Generator().manual_seed(41 + gated * 2 + bias)
     counts = KERNEL_ROUTINGS[routing]
-    t, n, k = sum(counts) + 3, 96 if gated else 48, 3 * grouped.INTERPRET_CONFIG["BLOCK_K"] + 16
+    t, n, k = sum(counts) + 3, 96 if gated else 48, 3 * gemm_configs.GROUPED_INTERPRET_CONFIG[2] + 16
     data, scale, g = _experts(5, n, k, gen)
     x = (torch.randn(t, k, generator=gen) * 5).to(torch.bfloat16)
     b = torch.randn(5, n, generator=gen) if bias else None
@@ -294,8 +301,7 @@ def test_sm100_block_scaled_kernel_matches_the_reference(sm100, routing, gated, 
     assert not got[sum(counts):].any()
     x_codes, x_bits, g_rows = moe.group_quantize(x, offsets)
     for splits in (1, 3):
-        again = grouped.grouped_linear(x_codes, offsets, *args[2:], gated, g_rows, torch.bfloat16, splits,
-                                       x_scale=x_bits)
+        again = _grouped(x_codes, offsets, *args[2:], gated, g_rows, torch.bfloat16, x_scale=x_bits, splits=splits)
         torch.testing.assert_close(again.float(), want.float(), **tol)
 
 
@@ -335,28 +341,33 @@ import triton.language as tl
 from triton.backends.compiler import GPUTarget
 from helpers.compile_kernels import block_scaled_mma_check, compile_for
 from nvfp4_inductor.kernels import gemm_configs, grouped
+from nvfp4_inductor.kernels.device.mainloops import MAINLOOPS
 
 sig = {name: kind for name, kind in zip(
     ["x_ptr", "offsets_ptr", "w_ptr", "w_scale_ptr", "w_global_scale_ptr", "x_global_scale_ptr", "bias_ptr",
      "out_ptr", "partial_ptr", "counter_ptr", "x_scale_ptr", "T", "NP", "K", "E", "N_OUT", "M_TILES",
      "steps_per_split", "stride_xt", "stride_ot"],
     ["*bf16", "*i32", "*u8", "*u8", "*fp32", "*fp32", "*bf16", "*bf16", "*fp32", "*i32", "*u8"] + ["i32"] * 9)}
-meta = ["HAS_BIAS", "X_SCALED", "GATED", "USE_ASM", "DOT", "SPLIT", "E_POW2", "BLOCK_M", "BLOCK_N", "BLOCK_K",
-        "REG_MMA", "WGMMA", "EVEN_K", "ACC_M", "DOT_SCALED"]
+meta = ["MAINLOOP", "HAS_BIAS", "X_SCALED", "GATED", "USE_ASM", "OPERAND", "SPLIT", "EVEN", "E_POW2", "BLOCK_M",
+        "BLOCK_N", "BLOCK_K", "REG_MMA", "ACC_M"]
 sig.update(dict.fromkeys(meta, "constexpr"))
 MMA = dict(BLOCK_N=64, BLOCK_K=64, num_warps=2)
 block_m, block_k, warps, stages = gemm_configs.WGMMA_CONFIG
 WGMMA = dict(BLOCK_M=block_m, BLOCK_N=64, BLOCK_K=block_k, num_warps=warps, num_stages=stages)
-for name, cfg, split, nb, wgmma, sm in (
-        ("decode", grouped.DECODE_CONFIG, True, 0, False, 90), ("prefill", grouped.PREFILL_CONFIG, False, 0, False, 90),
-        ("mma8", {**MMA, "BLOCK_M": 8}, True, 1, False, 90), ("mma16", {**MMA, "BLOCK_M": 16}, True, 2, False, 90),
-        ("wgmma", WGMMA, False, 0, True, 90),
-        ("sm100-decode", grouped.DOT_SCALED_DECODE_CONFIG, True, 0, False, 100),
-        ("sm100-prefill", grouped.DOT_SCALED_PREFILL_CONFIG, False, 0, False, 100),
-        ("sm120-decode", grouped.DOT_SCALED_DECODE_CONFIG, True, 0, False, 120)):
-    values = dict(HAS_BIAS=True, X_SCALED=True, GATED=True, USE_ASM=sm == 90, DOT=tl.bfloat16, SPLIT=split,
-                  E_POW2=128, BLOCK_M=cfg["BLOCK_M"], BLOCK_N=cfg["BLOCK_N"], BLOCK_K=cfg["BLOCK_K"], REG_MMA=nb,
-                  WGMMA=wgmma, EVEN_K=True, ACC_M=max(16, cfg["BLOCK_M"]), DOT_SCALED=sm >= 100)
+def table(config):
+    block_m, block_n, block_k, warps = config
+    return dict(BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_K=block_k, num_warps=warps)
+for name, cfg, split, nb, mainloop, sm in (
+        ("decode", table(gemm_configs.GROUPED_DECODE_CONFIG), True, 0, "dot", 90),
+        ("prefill", table(gemm_configs.GROUPED_PREFILL_CONFIG), False, 0, "dot", 90),
+        ("mma8", {**MMA, "BLOCK_M": 8}, True, 1, "mma", 90), ("mma16", {**MMA, "BLOCK_M": 16}, True, 2, "mma", 90),
+        ("wgmma", WGMMA, False, 0, "wgmma", 90),
+        ("sm100-decode", table(gemm_configs.GROUPED_DOT_SCALED_DECODE_CONFIG), True, 0, "dot_scaled", 100),
+        ("sm100-prefill", table(gemm_configs.GROUPED_DOT_SCALED_PREFILL_CONFIG), False, 0, "dot_scaled", 100),
+        ("sm120-decode", table(gemm_configs.GROUPED_DOT_SCALED_DECODE_CONFIG), True, 0, "dot_scaled", 120)):
+    values = dict(MAINLOOP=MAINLOOPS[mainloop], HAS_BIAS=True, X_SCALED=True, GATED=True, USE_ASM=sm == 90,
+                  OPERAND=tl.bfloat16, SPLIT=split, EVEN=True, E_POW2=128, BLOCK_M=cfg["BLOCK_M"],
+                  BLOCK_N=cfg["BLOCK_N"], BLOCK_K=cfg["BLOCK_K"], REG_MMA=nb, ACC_M=max(16, cfg["BLOCK_M"]))
     kernel = compile_for(grouped.grouped_linear_kernel, {**sig, "x_ptr": "*u8" if sm >= 100 else "*bf16"},
                          {(i,): values[n] for i, n in enumerate(sig) if n in values},
                          GPUTarget("cuda", sm, 32), num_warps=cfg["num_warps"], num_stages=cfg.get("num_stages", 3))
@@ -583,8 +594,6 @@ def test_cuda_kernel_matches_the_reference(t, gated):
     """The CUDA op (word decode, bf16 tensor-core dots) against the CPU reference at Qwen3-MoE-like
     expert shapes, random routings of t tokens with top-8 over 128 experts: every form by the rows
     an expert gets (register-fed, wgmma on sm_90, dequantize + torch._grouped_mm)."""
-    from nvfp4_inductor.kernels import grouped
-
     gen = torch.Generator().manual_seed(t + gated)
     e, n, k = 128, 2 * 192 if gated else 256, 512
     data, scale, g = _experts(e, n, k, gen)
@@ -596,7 +605,7 @@ def test_cuda_kernel_matches_the_reference(t, gated):
         got = _op(*(a.cuda() for a in (x, offsets, data, scale, g)), None, activation, gated).cpu()
         # gated: gate and up may each round one step apart, and silu(gate) * up adds both; in the
         # dequantize + torch._grouped_mm form each linear is rounded once more
-        rtol = (2**-5 if grouped._dequant_runs(t * 8, e, k, x.cuda()) else 2**-6) if gated else 2**-7
+        rtol = (2**-5 if plan.grouped_dequant_runs(t * 8, e, k, x.cuda().device) else 2**-6) if gated else 2**-7
         torch.testing.assert_close(got.float(), want.float(), rtol=rtol, atol=1e-3 * want.float().abs().max().item())
 
 
@@ -621,10 +630,11 @@ def test_cuda_register_fed_kernel_matches_the_reference(routing, k, gated, bias)
     n = 2 * 96 if gated else 160  # N: not a multiple of the 64-row tile
     inputs, args = _cuda_case(counts, n, k, gated, bias, seed=k + gated * 2 + bias + blocks)
     t, e = args[0].shape[0], len(counts)
-    assert grouped._mma_blocks(t, e) == blocks and grouped._mma_fits(args[0], args[2], args[3])
+    launch = grouped.grouped_launch_for(args[0], args[2], args[3], n, gated)
+    assert plan.grouped_mma_blocks(t, e) == blocks and launch.mainloop == "mma" and launch.reg_mma == blocks
     tol = _matches_the_reference(inputs, args, counts, gated)
-    one = grouped.grouped_linear(*args, gated, splits=1).cpu()
-    three = grouped.grouped_linear(*args, gated, splits=3).cpu()
+    one = _grouped(*args, gated, splits=1).cpu()
+    three = _grouped(*args, gated, splits=3).cpu()
     torch.testing.assert_close(one.float(), _op(*inputs, "bf16", gated).float(), **tol)
     torch.testing.assert_close(three.float(), one.float(), **tol)
 
@@ -676,7 +686,8 @@ def test_cuda_wgmma_kernel_matches_the_reference(routing, k, gated, bias):
     n = 2 * 80 if gated else 200  # I = 80: halves padded to the 32-row group
     inputs, args = _cuda_case(counts, n, k, gated, bias, seed=k + gated * 2 + bias + len(routing))
     t, e = args[0].shape[0], len(counts)
-    assert not grouped._mma_blocks(t, e) and grouped._wgmma_fits(t, e, args[0])
+    assert not plan.grouped_mma_blocks(t, e)
+    assert grouped.grouped_launch_for(args[0], args[2], args[3], n, gated).mainloop == "wgmma"
     _matches_the_reference(inputs, args, counts, gated)
 
 
@@ -684,8 +695,6 @@ def test_cuda_wgmma_kernel_matches_the_reference(routing, k, gated, bias):
 def test_split_kernel_under_a_cuda_graph():
     """A K-split launch captured in a CUDA graph keeps tile counters of its own and replays with
     other routings (counts on the device) and fresh x: each replay against the reference."""
-    from nvfp4_inductor.kernels import grouped
-
     gen = torch.Generator().manual_seed(5)
     e, n, k = 16, 2 * 128, 1024
     data, scale, g = _experts(e, n, k, gen)
@@ -695,11 +704,11 @@ def test_split_kernel_under_a_cuda_graph():
     stream = torch.cuda.Stream()
     stream.wait_stream(torch.cuda.current_stream())
     with torch.cuda.stream(stream):
-        grouped.grouped_linear(x, offsets, codes, bits, g_cuda, None, n, True, splits=4)  # (compiled outside the capture)
+        _grouped(x, offsets, codes, bits, g_cuda, None, n, True, splits=4)  # (compiled outside the capture)
     torch.cuda.current_stream().wait_stream(stream)
     graph = torch.cuda.CUDAGraph()
     with torch.cuda.graph(graph):
-        out = grouped.grouped_linear(x, offsets, codes, bits, g_cuda, None, n, True, splits=4)
+        out = _grouped(x, offsets, codes, bits, g_cuda, None, n, True, splits=4)
     for seed in range(3):
         ids = torch.randint(0, e, (8,), generator=gen).sort().values
         x.copy_(torch.randn(8, k, generator=gen).to(torch.bfloat16))

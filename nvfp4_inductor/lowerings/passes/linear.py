@@ -41,6 +41,7 @@ that normalizes; with W4A16 the GEMMs apply it (decode-sized inputs; passes/norm
 
 import logging
 import operator
+from typing import NamedTuple
 from pathlib import Path
 
 import torch
@@ -48,7 +49,7 @@ from torch import fx
 
 from nvfp4_inductor import checks
 from nvfp4_inductor.format import BLOCK_SIZE
-from nvfp4_inductor.kernels import gemm_configs, plan
+from nvfp4_inductor.kernels import plan
 from nvfp4_inductor.lowerings import compat as _compat
 from nvfp4_inductor.lowerings.passes import experts as experts_pass, norms as norms_pass
 from nvfp4_inductor.lowerings.passes.fx import CONVERT as _CONVERT
@@ -208,6 +209,24 @@ def _with_2d_input(graph: fx.Graph, node: fx.Node) -> fx.Node:
     return y2
 
 
+class LinearToConvert(NamedTuple):
+    """A linear the pass converts: its node, bias, input and weight nodes, the weight's name."""
+    node: fx.Node
+    bias: fx.Node | None
+    x: fx.Node
+    weight: fx.Node
+    name: str
+
+
+class ConvertedParts(NamedTuple):
+    """An already-NVFP4 linear's parts in the graph (nv.linear, or an NVFP4Linear's tiled op)."""
+    data: fx.Node
+    scale: fx.Node
+    global_scale: fx.Node
+    activation: str
+    n: int | None  # the tiled weight's rows; None for the plain (interchange) layout
+
+
 class LinearToNVFP4(_compat.CustomGraphPass):
     """Rewrites the linears of a frozen inference graph to nvfp4:: ops; counts what it did.
 
@@ -245,7 +264,7 @@ class LinearToNVFP4(_compat.CustomGraphPass):
         lifted = placeholders[:len(_compat.params_flat())]
         names = {node: (self.param_names[i] if i < len(self.param_names) else node.name)
                  for i, node in enumerate(lifted)}
-        linears = []  # (node, bias, x, weight, name) of every linear to convert, in graph order
+        linears = []  # a LinearToConvert for every linear to convert, in graph order
         for node in list(graph.nodes):
             if node.op == "call_function" and node.target in (NVFP4_LINEAR, LINEAR):
                 node = _with_2d_input(graph, node)
@@ -266,7 +285,7 @@ class LinearToNVFP4(_compat.CustomGraphPass):
             if reason is not None:
                 self.skipped[name] = reason
                 continue
-            linears.append((node, bias, x, weight, name))
+            linears.append(LinearToConvert(node, bias, x, weight, name))
         for group in self._groups(linears):
             self._convert(graph, group)
         # mixture-of-experts GEMMs on 3-D expert weights -> the grouped NVFP4 ops (passes/experts.py)
@@ -304,12 +323,12 @@ class LinearToNVFP4(_compat.CustomGraphPass):
             static = value is not None and all(isinstance(d, int) for d in value.shape)
             # (the merged GEMM runs where the first linear was: a bias computed in the graph may
             # be defined after it, or from its output)
-            nvfp4 = self._nvfp4.get(node)  # (data, scale, g, activation) of a converted layer
+            nvfp4 = self._nvfp4.get(node)  # a converted layer's ConvertedParts
             mergeable = (self.merge and static and value.shape[:-1].numel() <= MERGE_MAX_M
                          and self._width(linear) % TILE_N == 0
                          and (bias is None or bias.op in ("placeholder", "get_attr"))
-                         and (nvfp4 is None or nvfp4[2].op in ("placeholder", "get_attr")))
-            activation = self.activation if nvfp4 is None else nvfp4[3]
+                         and (nvfp4 is None or nvfp4.global_scale.op in ("placeholder", "get_attr")))
+            activation = self.activation if nvfp4 is None else nvfp4.activation
             key = (_view_root(x), tuple(value.shape), bias is None, activation) if mergeable else node
             groups.setdefault(key, []).append(linear)
         return list(groups.values())
@@ -340,7 +359,7 @@ class LinearToNVFP4(_compat.CustomGraphPass):
             # an autocast cast of a later member's weight may sit after the first linear: cast again here
             parts = [self._plain_parts(graph, node) if node in self._nvfp4
                      else self._quantized(graph, _defined_here(graph, weight)) for node, _, _, weight, _ in members]
-            activation = self._nvfp4[first][3] if first in self._nvfp4 else self.activation
+            activation = self._nvfp4[first].activation if first in self._nvfp4 else self.activation
             widths = [self._width(member) for member in members]
             if len(members) == 1:
                 data, scale, g = parts[0]
@@ -459,21 +478,21 @@ class LinearToNVFP4(_compat.CustomGraphPass):
             x, data, scale, g, bias, n, activation, *norm = node.args
             if any(a is not None for a in norm[:1]) or node.kwargs or data not in names or scale not in names:
                 return None
-            self._nvfp4[node] = (data, scale, g, activation, n)
-            return node, bias, x, data, names[data]
+            self._nvfp4[node] = ConvertedParts(data, scale, g, activation, n)
+            return LinearToConvert(node, bias, x, data, names[data])
         x, data, scale, g, bias, swizzled, activation = node.args
         if (swizzled or data not in names
                 or not (scale in names or (isinstance(scale, fx.Node) and scale.target == aten.view.dtype
                                            and scale.args[0] in names))):
             return None
-        self._nvfp4[node] = (data, scale, g, activation, None)
-        return node, bias, x, data, names[data]
+        self._nvfp4[node] = ConvertedParts(data, scale, g, activation, None)
+        return LinearToConvert(node, bias, x, data, names[data])
 
     def _width(self, linear) -> int:
         """A linear's N (a tiled weight's from the op's n: its codes are 1-D)."""
         node, _, _, weight, _ = linear
         nvfp4 = self._nvfp4.get(node)
-        return nvfp4[4] if nvfp4 is not None and nvfp4[4] is not None else weight.meta["val"].shape[0]
+        return nvfp4.n if nvfp4 is not None and nvfp4.n is not None else weight.meta["val"].shape[0]
 
     def _plain_parts(self, graph: fx.Graph, node: fx.Node):
         """A converted linear's (codes, plain scale bits, global scale) nodes at the insertion point."""
@@ -485,11 +504,9 @@ class LinearToNVFP4(_compat.CustomGraphPass):
         return (*(graph.call_function(operator.getitem, (plain, i)) for i in range(2)), g)
 
     def uuid(self) -> bytes:
-        """Keys the FX graph cache: the package sources, the options, and the GEMM configuration
-        values as they are now (a tuning knob set at run time changes the generated code)."""
-        tables = sorted((module.__name__, name, repr(value)) for module in (gemm_configs, plan)
-                        for name, value in vars(module).items() if name.isupper())
+        """Keys the FX graph cache: the package sources (the planner's thresholds and tables as
+        written) and the options that change the rewrite."""
         return _compat.get_hash_for_files(_PACKAGE_FILES) + repr(
             (self.activation, self.param_names, sorted(self.keep.items()), self.weight_method, self.merge,
-             self.fuse_norms, tables)
+             self.fuse_norms)
         ).encode()

@@ -4,7 +4,7 @@ contiguous, its 256 e4m3 scale bytes in the order the lanes below read them; wha
 makes) or in the row-major interchange layout (what nv.linear takes; see Row-major weights below).
 
 Why not tl.dot: at M <= 16 the GEMM is a weight stream with only a few instructions per weight
-to spend (the issue rate over the HBM bandwidth). Through tl.dot (gemm_splitk.py) Triton stages
+to spend (the issue rate over the HBM bandwidth). Through tl.dot (device/mainloops.py) Triton stages
 x^T, padded to 16 columns, in shared memory every K-step, and joins the decoded nibbles into its
 operand layout with byte permutes: more instructions a weight than the budget, the kernel issue-
 and shared-memory-bound well short of the HBM floor (docs/gemm.md). Here every warp issues
@@ -35,17 +35,17 @@ byte permute of two loaded words. Sub-step j of a K-step multiplies the pairs
 
 Values. Codes become bf16 e2m1 * 2^-126 (bits mag << 6, sign at 15), multiplied by bf16
 s * 2^119 (one mul.bf16x2, exact: at most 6 significant bits): e2m1 * s * 2^-7, as in
-gemm_splitk.py; the epilogue multiplies by 2^7 * g. s * 2^119 comes from the e4m3 bits through
+device/mainloops.py; the epilogue multiplies by 2^7 * g. s * 2^119 comes from the e4m3 bits through
 the hardware conversion (cvt.rn.f16x2.e4m3x2, exact, NaN kept) and fp32.
 
-Row-major weights (LAYOUT 1-3). The same lanes, values and mma; each lane keeps a pointer to each
+Row-major weights (LAYOUT_ROW_MAJOR .. LAYOUT_GROUPED). The same lanes, values and mma; each lane keeps a pointer to each
 of its four rows, and a warp's 8-byte code load reads 8 rows x 32 bytes (8 cache lines, against 2
 in the tiled layout). Plain scales read as bytes cost as much again (8 lines a byte load), so
-with K % 64 == 0 at M <= 8 (LAYOUT 3) a lane takes, in tile r of each group of 4 K-tiles, the
+with K % 64 == 0 at M <= 8 (LAYOUT_GROUPED) a lane takes, in tile r of each group of 4 K-tiles, the
 16-k block 4q + r of the group: its 4 scale bytes of the group are one word, loaded once a group
 and picked from by a byte permute; its codes of a group are then 32 contiguous bytes of each row,
 read as two 16-byte loads (tiles 0 and 2 of the group; the second half of each held in registers
-for the next tile). Swizzled scales (LAYOUT 2) need neither: the 8 rows of a warp's scale load
+for the next tile). Swizzled scales (LAYOUT_SWIZZLED) need neither: the 8 rows of a warp's scale load
 lie in one 128-byte line. Fastest to slowest: tiled, swizzled, plain read as words, plain read as
 bytes; the 16-byte code loads hold more registers but are faster (docs/gemm.md).
 
@@ -59,7 +59,7 @@ L1's default policy they push out x's lines, which a lane reads again every K-ti
 tile, L1 hits when they stay). Not on row-major weights, whose 128-byte lines serve a lane four
 K-tiles in a row from L1: there evict_first is markedly slower (docs/gemm.md).
 
-The mainloop returns the (64, BLOCK_M) fp32 tile of gemm_splitk.splitk_mainloop's contract, so the
+The mainloop returns the (64, BLOCK_M) fp32 tile of mainloops.dot_mainloop's contract, so the
 eager split-K kernel and the Inductor template call either (REG_MMA): this one on CUDA for small
 M, the tl.dot one for larger M and under the Triton interpreter (which runs no inline PTX).
 """
@@ -68,7 +68,11 @@ import triton
 import triton.language as tl
 
 from nvfp4_inductor.format import BLOCK_SIZE
-from nvfp4_inductor.kernels._common import swizzled_scale_offset, TILE_BYTES as SWIZZLE_TILE_BYTES
+from nvfp4_inductor.kernels.device.common import (
+    LAYOUT_GROUPED, LAYOUT_ROW_MAJOR, LAYOUT_SWIZZLED, LAYOUT_TILED, TILE_BYTES as SWIZZLE_TILE_BYTES,
+    swizzled_scale_offset,
+)
+from nvfp4_inductor.kernels.gemm_configs import MMA_GROUP
 from nvfp4_inductor.reference.tiled import TILE_K, TILE_N
 
 _TILE_N: tl.constexpr = tl.constexpr(TILE_N)
@@ -81,7 +85,7 @@ WARPS = TILE_N // WARP_ROWS  # warps a program (a 64-row tile)
 _WARP_ROWS: tl.constexpr = tl.constexpr(WARP_ROWS)
 _WARPS: tl.constexpr = tl.constexpr(WARPS)
 _BLOCK: tl.constexpr = tl.constexpr(BLOCK_SIZE)  # k of a block scale (16)
-GROUP = 4  # LAYOUT 3: K-tiles whose plain scales a lane reads as one word
+GROUP = MMA_GROUP  # LAYOUT_GROUPED: K-tiles whose plain scales a lane reads as one word
 _GROUP: tl.constexpr = tl.constexpr(GROUP)
 # The tiled weights' loads (each byte read once) are marked first out of L1 (and L2), so that they do
 # not push out x's lines, which every K-tile reads again: module docstring, "L1".
@@ -192,7 +196,7 @@ def _load_x(x_ptr, x_word, k_ok, EVEN_K: tl.constexpr):
 
 @triton.jit
 def _stream(ptrs):
-    """A load of tiled weights (LAYOUT 0), each byte read once: marked first out of L1."""
+    """A load of tiled weights (LAYOUT_TILED), each byte read once: marked first out of L1."""
     return tl.load(ptrs, eviction_policy=_TILED_WEIGHTS)
 
 
@@ -212,12 +216,12 @@ def _load_weights(ww_ptr, ws_ptr, tile):
 
 @triton.jit
 def load_codes_rm(wp, t, held, k_ok, LAYOUT: tl.constexpr, EVEN_K: tl.constexpr):
-    """Row-major W: a lane's codes of K-tile t (LAYOUT 1-3; wp its four row pointers at K-tile 0)
-    -> (8 words: two a row, rows g, g + 8, g + 16, g + 24), held. LAYOUT 3: a lane's blocks of a
+    """Row-major W: a lane's codes of K-tile t (LAYOUT_ROW_MAJOR .. LAYOUT_GROUPED; wp its four row pointers at K-tile 0)
+    -> (8 words: two a row, rows g, g + 8, g + 16, g + 24), held. LAYOUT_GROUPED: a lane's blocks of a
     group are 32 contiguous bytes of each row, read as two 16-byte loads, at the group's tiles 0 and
     2; the second half of each (tiles 1 and 3) is held (8 words) until the next tile. Else 8-byte
     loads every tile, held unused."""
-    if LAYOUT == 3:
+    if LAYOUT == LAYOUT_GROUPED:
         if t % 2 == 0:  # tiles 0 and 2 of a group: blocks r, r + 1
             cw, _, _ = _tile_offsets(t, LAYOUT)
             a0, a1, a2, a3 = _load4(wp[0] + cw, k_ok, EVEN_K)
@@ -256,11 +260,11 @@ def _byte_pair(a, b, r):
 @triton.jit
 def _tile_offsets(t, LAYOUT: tl.constexpr):
     """K-tile t -> (code words (row-major W), x words, k) past K-tile 0 of the lane's addresses.
-    LAYOUT 3 groups 4 K-tiles (256 k): in tile t of a group lane q multiplies 16-k block
+    LAYOUT_GROUPED groups 4 K-tiles (256 k): in tile t of a group lane q multiplies 16-k block
     4q + t % 4 of it, so that its 4 scale bytes of the group are one word; its code words are
     those of the 16-byte pair of blocks the tile's codes are loaded with (load_codes_rm: tiles 0
     and 1 of a group, 2 and 3), on 16 bytes."""
-    if LAYOUT == 3:
+    if LAYOUT == LAYOUT_GROUPED:
         group, r = t // _GROUP, t % _GROUP
         return (group * (_GROUP * _ROW_WORDS) + (r // 2) * (2 * _BLOCK // 8),  # 8 codes a word
                 group * (_GROUP * _TILE_K // 2) + r * (_BLOCK // 2),  # 2 bf16 a word
@@ -270,15 +274,15 @@ def _tile_offsets(t, LAYOUT: tl.constexpr):
 
 @triton.jit
 def lane_k(q, LAYOUT: tl.constexpr):
-    """The first k of lane slice q in K-tile 0 (LAYOUT 3: in group 0, blocks 4q .. 4q + 3)."""
-    return (_GROUP * _BLOCK if LAYOUT == 3 else _BLOCK) * q
+    """The first k of lane slice q in K-tile 0 (LAYOUT_GROUPED: in group 0, blocks 4q .. 4q + 3)."""
+    return (_GROUP * _BLOCK if LAYOUT == LAYOUT_GROUPED else _BLOCK) * q
 
 
 @triton.jit
 def row_major_pointers(w_ptr, w_scale_ptr, n0, q, N, K, scale_cols, LAYOUT: tl.constexpr):
-    """Row-major W (LAYOUT 1-3): a lane's pointers at K-tile 0 -> (four uint32 code pointers, four
+    """Row-major W (LAYOUT_ROW_MAJOR .. LAYOUT_GROUPED): a lane's pointers at K-tile 0 -> (four uint32 code pointers, four
     scale pointers) for its rows n0, n0 + 8, n0 + 16, n0 + 24 (each at most N - 1) and its k-slice
-    q; _load_w adds K-tile t's offsets (_tile_offsets). Scale pointers: bytes (LAYOUT 1, plain; 2,
+    q; _load_w adds K-tile t's offsets (_tile_offsets). Scale pointers: bytes (LAYOUT_ROW_MAJOR, plain; LAYOUT_SWIZZLED,
     swizzled, scale_cols the padded columns) or uint32 words (3: blocks 4q .. 4q + 3 of group 0)."""
     r0 = tl.minimum(n0, N - 1).to(tl.int64)
     r1 = tl.minimum(n0 + 8, N - 1).to(tl.int64)
@@ -286,13 +290,13 @@ def row_major_pointers(w_ptr, w_scale_ptr, n0, q, N, K, scale_cols, LAYOUT: tl.c
     r3 = tl.minimum(n0 + 24, N - 1).to(tl.int64)
     words = w_ptr.to(tl.pointer_type(tl.uint32)) + lane_k(q, LAYOUT) // 8  # 8 codes a word
     row_words = K // 8
-    if LAYOUT == 3:  # K % 64 == 0: rows of whole 32-byte blocks (its 16-byte loads)
+    if LAYOUT == LAYOUT_GROUPED:  # K % 64 == 0: rows of whole 32-byte blocks (its 16-byte loads)
         row_words = tl.multiple_of(row_words, 8)
     wp = (words + r0 * row_words, words + r1 * row_words, words + r2 * row_words, words + r3 * row_words)
-    if LAYOUT == 1:
+    if LAYOUT == LAYOUT_ROW_MAJOR:
         sp = (w_scale_ptr + r0 * (K // _BLOCK) + q, w_scale_ptr + r1 * (K // _BLOCK) + q,
               w_scale_ptr + r2 * (K // _BLOCK) + q, w_scale_ptr + r3 * (K // _BLOCK) + q)
-    elif LAYOUT == 2:  # a K-tile is one column of 128 x 4 swizzle tiles (TILE_K / 16 == 4)
+    elif LAYOUT == LAYOUT_SWIZZLED:  # a K-tile is one column of 128 x 4 swizzle tiles (TILE_K / 16 == 4)
         sp = (w_scale_ptr + swizzled_scale_offset(r0, q, scale_cols),
               w_scale_ptr + swizzled_scale_offset(r1, q, scale_cols),
               w_scale_ptr + swizzled_scale_offset(r2, q, scale_cols),
@@ -308,19 +312,19 @@ def row_major_pointers(w_ptr, w_scale_ptr, n0, q, N, K, scale_cols, LAYOUT: tl.c
 @triton.jit
 def _load_w(wp, sp, sw, first, t, k_ok, LAYOUT: tl.constexpr, EVEN_K: tl.constexpr):
     """A lane's codes of K-tile t (rows g, g + 8, g + 16, g + 24 of its warp's 32: two words each)
-    and their four e4m3 scales as two 16-bit pairs, and sw (LAYOUT 3: the four rows' scale words
+    and their four e4m3 scales as two 16-bit pairs, and sw (LAYOUT_GROUPED: the four rows' scale words
     of the current group, loaded at its first tile, then load_codes_rm's 8 held code words; else
     unused).
-    LAYOUT 0 (tiled): wp, sp lane pointers into the tile row starting at tile `first`. Row-major
+    LAYOUT_TILED (tiled): wp, sp lane pointers into the tile row starting at tile `first`. Row-major
     (1: plain scales, 2: swizzled, 3: plain grouped): wp, sp the lane's four row pointers at K-tile
     0. Past K the row-major bytes belong to the next row or lie past the end: masked (zeros) unless
     EVEN_K."""
-    if LAYOUT == 0:
+    if LAYOUT == LAYOUT_TILED:
         w = _load_weights(wp, sp, first + t)
     else:
         codes, held = load_codes_rm(wp, t, sw[4:], k_ok, LAYOUT, EVEN_K)
         words = sw[:4]
-        if LAYOUT == 3:
+        if LAYOUT == LAYOUT_GROUPED:
             r = t % _GROUP
             if r == 0:
                 at = t  # a row's scale bytes of a group of 4 tiles are 4 words: word 4 * (t // 4) == t
@@ -329,7 +333,7 @@ def _load_w(wp, sp, sw, first, t, k_ok, LAYOUT: tl.constexpr, EVEN_K: tl.constex
             s01 = _byte_pair(words[0], words[1], r)
             s23 = _byte_pair(words[2], words[3], r)
         else:
-            step: tl.constexpr = _TILE_K // _BLOCK if LAYOUT == 1 else SWIZZLE_TILE_BYTES
+            step: tl.constexpr = _TILE_K // _BLOCK if LAYOUT == LAYOUT_ROW_MAJOR else SWIZZLE_TILE_BYTES
             s01 = _load_rm(sp[0] + t * step, k_ok, EVEN_K) | (_load_rm(sp[1] + t * step, k_ok, EVEN_K) << 8)
             s23 = _load_rm(sp[2] + t * step, k_ok, EVEN_K) | (_load_rm(sp[3] + t * step, k_ok, EVEN_K) << 8)
         w = codes + (s01, s23)
@@ -445,22 +449,22 @@ def _step(w, xs, sw, c, wp, sp, xw_ptr, first, t, tile_end, x_rows, kq, K, LAYOU
 @triton.jit
 def mma_mainloop(x_ptr, w_ptr, w_scale_ptr, M, K, stride_xm, pid_n, tile_begin, tile_end,
                  NB: tl.constexpr, EVEN_K: tl.constexpr, PDL: tl.constexpr = 0, N=0,
-                 scale_cols=0, LAYOUT: tl.constexpr = 0):
+                 scale_cols=0, LAYOUT: tl.constexpr = LAYOUT_TILED):
     """fp32 (TILE_N, BLOCK_M) = 2^-7 * (W . x^T) over the K-tiles [tile_begin, tile_end) of tile row
-    pid_n, block scales applied, global scale not: the contract of gemm_splitk.splitk_mainloop
+    pid_n, block scales applied, global scale not: the contract of mainloops.dot_mainloop
     with BLOCK_N = 64, BLOCK_M = 8 * max(NB, 2) (run with WARPS = 2 warps). x bf16 (M <= 8 * NB,
     K), row stride stride_xm (even); NB: 1, 2 or 4 blocks of 8 x rows (an mma each); EVEN_K: K % 64 == 0 (no x
-    masks; LAYOUT 3: K % 256 == 0). Lanes whose x row is >= M read row M - 1: its products land
+    masks; LAYOUT_GROUPED: K % 256 == 0). Lanes whose x row is >= M read row M - 1: its products land
     in columns nobody stores, and the loads need no mask. Each tile's loads are issued a tile
     ahead (registers double-buffered). PDL (programmatic dependent launch; the caller launches
     with it): 1, wait for the previous kernel before any load; 2, load the first tile's codes and
     scales first (constants no earlier kernel writes), then wait, then read x.
-    LAYOUT 0: W in the tiled layout, addressed with 32-bit offsets (the launcher checks the size),
+    LAYOUT_TILED: W in the tiled layout, addressed with 32-bit offsets (the launcher checks the size),
     codes on 8-byte and scales on 4-byte boundaries.
-    Row-major W (N, K/2), rows on 8-byte boundaries (8-byte code loads; LAYOUT 3 16-byte ones where
+    Row-major W (N, K/2), rows on 8-byte boundaries (8-byte code loads; LAYOUT_GROUPED 16-byte ones where
     W starts on 16 bytes, as Triton specializes the pointer), N its rows (rows past N
-    read row N - 1 again: products nobody stores), scales: 1, plain (N, K/16); 2, swizzled
-    (scale_cols: the padded scale columns); 3, plain read a word per 4 K-tiles (K % 64 == 0, the
+    read row N - 1 again: products nobody stores), scales: LAYOUT_ROW_MAJOR, plain (N, K/16); LAYOUT_SWIZZLED, swizzled
+    (scale_cols: the padded scale columns); LAYOUT_GROUPED, plain read a word per 4 K-tiles (K % 64 == 0, the
     scales 4-byte aligned; tile_begin a multiple of 4 and the tiles counted as 4 * cdiv(K, 256):
     _tile_offsets)."""
     i = tl.arange(0, 32 * _WARPS)
@@ -471,7 +475,7 @@ def mma_mainloop(x_ptr, w_ptr, w_scale_ptr, M, K, stride_xm, pid_n, tile_begin, 
     tiles_k = tl.cdiv(K, _TILE_K)
     xw_ptr = x_ptr.to(tl.pointer_type(tl.uint32))
     kq = lane_k(q, LAYOUT)
-    if LAYOUT == 0:
+    if LAYOUT == LAYOUT_TILED:
         wp = w_ptr.to(tl.pointer_type(tl.uint32)) + row * _ROW_WORDS + 2 * q
         sp = w_scale_ptr.to(tl.pointer_type(tl.uint32)) + i  # word i: rows row + 8j, block q (tiled.py)
     else:
@@ -479,8 +483,8 @@ def mma_mainloop(x_ptr, w_ptr, w_scale_ptr, M, K, stride_xm, pid_n, tile_begin, 
     x_rows = lane_x_rows(g, kq, M, stride_xm, NB)
     zero = tl.zeros([32 * _WARPS], tl.float32)
     c = (zero, zero, zero, zero, zero, zero, zero, zero) * NB
-    sw = (zero.to(tl.uint32),) * 12  # LAYOUT 3: the group's 4 scale words, 8 held code words
-    first = pid_n * tiles_k  # + t: the tile index of K-tile t (LAYOUT 0)
+    sw = (zero.to(tl.uint32),) * 12  # LAYOUT_GROUPED: the group's 4 scale words, 8 held code words
+    first = pid_n * tiles_k  # + t: the tile index of K-tile t (LAYOUT_TILED)
     if PDL == 1:
         tl.extra.cuda.gdc_wait()
     _, xw, k = _tile_offsets(tile_begin, LAYOUT)

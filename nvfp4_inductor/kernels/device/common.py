@@ -329,3 +329,14 @@ def round_to(y, DTYPE: tl.constexpr):
         r = ((b + (0x7FFF + ((b >> 16) & 1))) & -65536).to(tl.float32, bitcast=True)
         return tl.where(y == y, r, y)
     return y.to(DTYPE).to(tl.float32)
+
+
+# The weight's layout, the LAYOUT meta-parameter of the GEMM mainloops (launchers translate the
+# plan's name with LAYOUTS): the tiled layout (nvfp4_inductor/reference/tiled.py), or row-major
+# (N, K/2) codes with plain (N, K/16) scales, with swizzled scales, or with plain scales read a word
+# per 4 K-tiles (the register-fed mainloop's grouped k-mapping, K % 64 == 0: device/mma.py).
+LAYOUT_TILED: tl.constexpr = tl.constexpr(0)
+LAYOUT_ROW_MAJOR: tl.constexpr = tl.constexpr(1)
+LAYOUT_SWIZZLED: tl.constexpr = tl.constexpr(2)
+LAYOUT_GROUPED: tl.constexpr = tl.constexpr(3)
+LAYOUTS = {"tiled": 0, "row_major": 1, "swizzled": 2, "grouped": 3}
