@@ -113,18 +113,41 @@ extern_scaled_mm_tiled = ExternKernelChoice(scaled_mm_tiled, name="nvfp4_scaled_
                                             has_out_variant=False)
 extern_mm_tiled_f32_x4 = ExternKernelChoice(mm_tiled_f32_x4, name="nvfp4_mm_tiled_f32_x4",
                                             has_out_variant=False)
-# The split-K template's tile counters: one zeroed int32 tensor per device, a constant of every
-# graph that splits K there. Kernels leave it zeroed (the last split of a tile resets its
-# counter); those of one graph run in order on its stream, so they can share it, but two compiled
-# graphs (or one, from two threads) must not run at once on two streams of one device.
-_counters: dict = {}
+# The split-K template's tile counters, int32 zeros a tile that each kernel leaves zeroed (the last
+# split of a tile resets its counter). A graph allocates them itself, one buffer a device filled
+# with zeros once a call, shared by all its split-K templates there: they run in order on the
+# graph's stream, each after the last one's writes (each one mutates the buffer). Two compiled
+# graphs, or one called from two threads, each get their own, whatever streams they run on.
+_GRAPH_COUNTERS = "nvfp4_split_counters"  # V.graph's attribute: device -> the buffer
 
 
-def _split_counters(device, tiles: int) -> torch.Tensor:
-    counters = _counters.get(device)
-    if counters is None or counters.numel() < tiles:
-        counters = torch.zeros(max(tiles, 4096), dtype=torch.int32, device=device)
-        _counters[device] = counters
+def _graph_tiles(device) -> int:
+    """The most output tiles a split-K template of the graph being lowered may count on device: its
+    nvfp4 linears' weight rows (a gated MLP's: twice its output's width) over the narrowest tile."""
+    most = 0
+    for op, rows in ((OP, 1), (GLU_OP, 2)):
+        for node in V.graph.module.graph.find_nodes(op="call_function", target=op):
+            y = node.meta.get("val")
+            if isinstance(y, torch.Tensor) and y.device == device and isinstance(y.shape[-1], int):
+                most = max(most, -(-rows * y.shape[-1] // tiled.TILE_N))
+    return most
+
+
+def _split_counters(device, tiles: int):
+    """The graph's tile counters on device (a realized full([size], 0) int32 buffer), at least
+    `tiles` of them. The first split-K template of a graph makes them, sized for every linear of
+    the graph (_graph_tiles): one fill kernel a call. (A template wanting more than that, which the
+    configs' tiles of at least TILE_N rows rule out, gets a larger buffer, which later ones share.)"""
+    made = getattr(V.graph, _GRAPH_COUNTERS, None)
+    if made is None:
+        made = {}
+        setattr(V.graph, _GRAPH_COUNTERS, made)
+    counters = made.get(device)
+    if counters is None or int(counters.get_numel()) < tiles:
+        size = max(tiles, _graph_tiles(device))
+        counters = lowerings[aten.full.default]([size], 0, dtype=torch.int32, device=device)
+        counters.realize()
+        made[device] = counters = realize_inputs(counters)
     return counters
 
 QUANTIZE = torch.ops.nvfp4.quantize.default
@@ -258,7 +281,9 @@ def lower_linear_tiled(x, w_data, w_scale, w_global_scale, bias, n, activation, 
         # docstring); every choice splits alike, all rows in one program
         assert all(c.split == split and c.block_m >= m for c in configs), configs
         extra["workspace_arg"] = _compat.scratch_workspace(device, split * m * n, torch.float32)
-        inputs.append(V.graph.add_tensor_constant(_split_counters(device, -(-n // configs[0].block_n))))
+        counters = _split_counters(device, -(-n // configs[0].block_n))
+        inputs.append(counters)
+        extra["mutated_inputs"] = [counters]  # orders the templates sharing them
         # (autotuning benchmarks the choices on random inputs: zeros for the counters)
         input_gen_fns = {len(inputs) - 1: lambda node: torch.zeros(
             [int(s) for s in node.get_size()], dtype=torch.int32, device=node.get_device())}

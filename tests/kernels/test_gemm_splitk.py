@@ -13,9 +13,10 @@ import triton
 import triton.language as tl
 
 import nvfp4_inductor as nv
+from helpers import streams as streams_helper
 from helpers.gemm import pin_splitk_config, splitk
 from nvfp4_inductor.reference import tiled as nv_tiled
-from nvfp4_inductor.kernels import gemm_configs, gemm_splitk, plan
+from nvfp4_inductor.kernels import gemm, gemm_configs, gemm_splitk, plan
 from nvfp4_inductor.kernels import launch as launches
 from nvfp4_inductor.kernels.device import epilogue, mainloops
 from nvfp4_inductor.kernels.device import mma as gemm_mma
@@ -332,6 +333,44 @@ def test_splitk_linears_in_two_cuda_graphs_of_one_capture_stream():
     torch.cuda.synchronize()
     for got, expected in zip(outs, want):
         assert _rel(got, expected) <= 1e-6
+
+
+def _tiled_linear(n, k, seed):
+    """nvfp4.linear_tiled's weight arguments for a random (n, k) weight and bias, on the GPU."""
+    gen = torch.Generator(device="cuda").manual_seed(seed)
+    w = torch.randn(n, k, generator=gen, device="cuda", dtype=torch.bfloat16)
+    data, scale, g = torch.ops.nvfp4.quantize(w, None, False, False)
+    data, scale = torch.ops.nvfp4.tile_weight(data, scale)
+    return data, scale, g, torch.randn(n, generator=gen, device="cuda", dtype=torch.bfloat16), n
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("threads", [False, True])
+@pytest.mark.parametrize("bound", [False, True])
+def test_eager_splitk_launches_on_two_streams_at_once(threads, bound):
+    """gemm.linear_tiled at decode size (split K), two weights, on two streams at once (from one
+    thread or two), many times; or its bound launches (gemm.bind_linear_tiled): every output bit
+    for bit the serial run's. Each stream counts its tiles in counters of its own."""
+    weights = [_tiled_linear(4096, 4096, 0), _tiled_linear(2048, 8192, 1)]
+    xs = [torch.randn(1, k, device="cuda", dtype=torch.bfloat16) for k in (4096, 8192)]
+    for x, w in zip(xs, weights):
+        chosen = plan.plan_gemm(1, w[-1], x.shape[1], tiled=True, activation="bf16", device=x.device)
+        assert chosen.kernel == "splitk"
+    jobs = [lambda x=x, w=w: gemm.linear_tiled(x, *w, "bf16") for x, w in zip(xs, weights)]
+    want = [job().clone() for job in jobs]  # (also compiles the kernels for their direct launches)
+    if bound:
+        jobs = [gemm.bind_linear_tiled(x, *w, "bf16") for x, w in zip(xs, weights)]
+        if None in jobs:
+            pytest.skip("no direct launch of the split-K kernel here")
+        assert all(torch.equal(job(x), y) for job, x, y in zip(jobs, xs, want))
+        jobs = [lambda job=job, x=x: job(x) for job, x in zip(jobs, xs)]
+    streams = [torch.cuda.Stream() for _ in jobs]
+    run = streams_helper.on_threads if threads else streams_helper.on_streams
+    outs = run(jobs, streams, 200)
+    for got, expected in zip(outs, want):
+        assert all(torch.equal(y, expected) for y in got)
+    device = xs[0].device
+    assert all((device, stream.cuda_stream) in launches._counters for stream in streams)  # K was split
 
 
 @pytest.mark.gpu

@@ -21,6 +21,7 @@ from nvfp4_inductor.kernels.device.mainloops import MAINLOOPS
 from nvfp4_inductor.lowerings import linear as linear_lowering
 
 import decode  # examples/decode.py (its RMSNorm)
+from helpers import streams as streams_helper
 
 TEMPLATE_MARK = "from nvfp4_inductor.kernels.device.mainloops import MAINLOOP_WGMMA, mainloop"
 
@@ -60,9 +61,21 @@ def template_inductor(triton_inductor, monkeypatch):
     return triton_inductor
 
 
+_COUNTERS = re.compile(r"(buf\d+) = empty_strided_\w+\(\((\d+), \), \(1, \), torch\.int32\)")
+
+
+def _counter_fills(code: str) -> list[str]:
+    """The launches that zero a graph's split-K tile counters (lowerings/linear.py: an int32 buffer
+    the graph's call allocates, fills and hands to each of its split-K templates)."""
+    return [line.strip() for name, size in _COUNTERS.findall(code) for line in code.splitlines()
+            if f".run({name}, {size}, stream=" in line]
+
+
 def _launches(code: str) -> list[str]:
-    return [line.strip() for line in code.splitlines() if ".run(" in line or "extern_kernels." in line
-            and "import" not in line]
+    """The kernels and extern calls of the generated code, but the counters' fills."""
+    fills = _counter_fills(code)
+    return [line.strip() for line in code.splitlines() if (".run(" in line or "extern_kernels." in line
+            and "import" not in line) and line.strip() not in fills]
 
 
 def _linear_eager(linear, h, activations, norm=()):
@@ -101,16 +114,53 @@ def _run(device, m, k, n, act=torch.relu, lead=()):
 @pytest.mark.parametrize("m", [1, 5, 16])
 def test_decode_rows_run_one_kernel(template_inductor, m):
     """Split K: the last split of each tile sums the partials, then the scale, bias, ReLU and
-    residual add fused in. The partials go to an uninitialized workspace and the tile counters
-    are a constant the kernel leaves zeroed: no memset either. (K = 1024: on CUDA the
+    residual add fused in. The partials go to an uninitialized workspace (no memset) and the tile
+    counters to the graph's own buffer, zeroed by one fill a call. (K = 1024: on CUDA the
     register-fed mainloop splits only ranges of at least 4 K-steps, 8 above M = 8.)"""
     code = _run(template_inductor, m, 1024, 192)
     assert TEMPLATE_MARK in code
     launches = _launches(code)
     assert len(launches) == 1 and "triton_tem_fused" in launches[0], launches
+    assert len(_counter_fills(code)) == 1
     assert "workspace_" in code and ".zero_()" not in code and "fill_" not in code
-    assert not any(c.any() for c in linear_lowering._counters.values())  # left zeroed
     assert "torch.ops.nvfp4.linear_tiled.default(" not in code  # (the FX graph comments name it)
+
+
+class TwoLinears(nn.Module):
+    """Two linears reading one x (kept apart: merge_linears=False), the second the wider."""
+
+    def __init__(self, k, n_a, n_b):
+        super().__init__()
+        self.a, self.b = nn.Linear(k, n_a), nn.Linear(k, n_b)
+
+    def forward(self, x):
+        return self.a(x), self.b(x)
+
+
+def test_split_k_templates_of_a_graph_share_counters_it_allocates(template_inductor):
+    """The tile counters are the graph's own: an int32 buffer allocated and zeroed (one fill) in
+    each call, not a constant shared with other graphs (two graphs, or one called from two
+    threads, on two streams at once would mix their counts), and passed to both split-K templates,
+    sized for the wider one (1024 / 64 = 16 tiles) though the narrower (3 tiles) comes first."""
+    torch.manual_seed(2)
+    model = TwoLinears(1024, 192, 1024).to(device=template_inductor, dtype=torch.bfloat16).eval()
+    x = torch.randn(4, 1024, device=template_inductor, dtype=torch.bfloat16)
+    compiled = nv.compile(model, nv.Config(activations="bf16", merge_linears=False))
+    (ya, yb), code = run_and_get_code(compiled, x)
+    code = "\n".join(code)
+    call = code[code.index("def call("):]
+    (name, size), = _COUNTERS.findall(call)  # allocated in the call, once
+    assert int(size) == 16 and len(_COUNTERS.findall(code)) == 1
+    assert len(_counter_fills(call)) == 1
+    templates = [line for line in _launches(call) if "triton_tem_fused" in line]
+    assert len(templates) == 2 and all("workspace_" in line for line in templates), templates
+    assert all(re.search(rf"\b{name}\b", line) for line in templates), templates
+    assert not hasattr(linear_lowering, "_counters")
+    with torch.no_grad():
+        for y, linear in ((ya, model.a), (yb, model.b)):
+            torch.testing.assert_close(y, _linear_eager(linear, x, "bf16"), rtol=2**-7, atol=2**-6)
+    again = compiled(x)
+    assert torch.equal(again[0], ya) and torch.equal(again[1], yb)
 
 
 def test_wide_rows_fuse_the_whole_epilogue_into_the_template(template_inductor):
@@ -254,7 +304,8 @@ def test_rms_norm_and_w4a4_linear_run_in_two_kernels(template_inductor, norm, m)
     code = _norm_linear(template_inductor, norm, m)
     assert "torch.ops.nvfp4.rms_norm_quantize_values.default(" in code
     assert "torch.ops.nvfp4.quantize_values.default(" not in code
-    kernels = [line for line in code.splitlines() if ".run(" in line
+    fills = _counter_fills(code)
+    kernels = [line for line in code.splitlines() if ".run(" in line and line.strip() not in fills
                or "torch.ops.nvfp4.rms_norm_quantize_values.default(" in line and "=" in line]
     assert len(kernels) == 2 and "triton_tem_fused" in kernels[1], kernels
 
@@ -639,7 +690,7 @@ def test_gate_up_template_applies_silu_mul(template_inductor, activations, m, ml
     x = torch.randn(m, 256, device=template_inductor, dtype=torch.bfloat16)
     y, code = run_and_get_code(nv.compile(model, nv.Config(activations=activations)), x)
     source = "\n".join(code)
-    kernels = [line for line in source.splitlines() if ".run(" in line]
+    kernels = [line for line in _launches(source) if ".run(" in line]
     assert len(kernels) == 2 and all("triton_tem" in line for line in kernels), kernels
     assert "torch.ops.nvfp4.linear_tiled_silu_mul.default(" not in source  # lowered to the template
     with torch.no_grad():
@@ -915,3 +966,51 @@ def test_max_autotune_benchmarks_every_choice(triton_inductor, m):
         torch.testing.assert_close(y, _eager(model, x, residual), rtol=2**-7, atol=2**-6)
     source = "\n".join(code)
     assert TEMPLATE_MARK in source or "extern_kernels.nvfp4_mm_tiled_f32(" in source
+
+
+def _decode_graph(k, n, seed, mode=None):
+    """Two chained linears at decode size, compiled: two split-K templates -> (the compiled
+    function, an x, its output run alone)."""
+    torch.manual_seed(seed)
+    model = nn.Sequential(nn.Linear(k, n), nn.ReLU(), nn.Linear(n, k)).to(device="cuda", dtype=torch.bfloat16)
+    compiled = nv.compile(model.eval(), nv.Config(activations="bf16"), mode=mode)
+    x = torch.randn(1, k, device="cuda", dtype=torch.bfloat16)
+    y, code = run_and_get_code(compiled, x)
+    code = "\n".join(code)
+    templates = [line for line in _launches(code) if "triton_tem_fused" in line]
+    assert len(templates) == 2 and all("workspace_" in line for line in templates), templates  # K split
+    assert len(_counter_fills(code)) == 1
+    return compiled, x, y.clone()
+
+
+@pytest.mark.gpu
+def test_compiled_graphs_on_two_streams_at_once(template_inductor):
+    """Two compiled graphs of split-K templates (other shapes) run at once on two streams, many
+    times: every output is bit for bit its graph's run alone. (With tile counters shared by every
+    graph of a device, their counts mixed: a tile summed before all its splits had stored, or a
+    counter left nonzero for the next call.)"""
+    graphs = [_decode_graph(4096, 4096, 0), _decode_graph(8192, 2048, 1)]
+    streams = [torch.cuda.Stream() for _ in graphs]
+    outs = streams_helper.on_streams([lambda f=f, x=x: f(x) for f, x, _ in graphs], streams, 200)
+    for (_, _, want), got in zip(graphs, outs):
+        assert all(torch.equal(y, want) for y in got)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("mode", [None, "reduce-overhead"])
+def test_one_compiled_graph_from_two_threads_at_once(template_inductor, mode):
+    """One compiled graph of split-K templates called from two threads at once, each on its own
+    stream, many times (under reduce-overhead each thread replays its CUDA graph): bit for bit the
+    run alone, and no CUDA-graph skips (the counters are an intermediate of the graph)."""
+    from torch._dynamo.utils import counters as dynamo_counters
+
+    skips = dynamo_counters["inductor"]["cudagraph_skips"]
+    compiled, x, want = _decode_graph(4096, 4096, 2, mode)
+    other = torch.randn_like(x)
+    want_other = compiled(other).clone()
+    streams = [torch.cuda.Stream() for _ in range(2)]
+    outs = streams_helper.on_threads([lambda: compiled(x), lambda: compiled(other)], streams, 200,
+                                     warm_up=3)  # reduce-overhead: warm up, record, replay
+    assert all(torch.equal(y, want) for y in outs[0])
+    assert all(torch.equal(y, want_other) for y in outs[1])
+    assert dynamo_counters["inductor"]["cudagraph_skips"] == skips
