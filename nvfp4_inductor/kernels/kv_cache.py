@@ -167,7 +167,7 @@ def _attention_partials_kernel(
             end = tl.maximum(end, tl.max(tl.where(attended, n + 1, 0), axis=0))
         hi = end
 
-    blocks3 = (tl.arange(0, BLOCK_D // 16) * 8)[None, :, None] + tl.arange(0, 8)[None, None, :]
+    pair_cols = tl.arange(0, BLOCK_D // 2)
     block_cols = tl.arange(0, BLOCK_D // 16)
     rows0 = bh.to(tl.int64) * T
     m = tl.full((ROWS,), float("-inf"), tl.float32)
@@ -179,14 +179,17 @@ def _attention_partials_kernel(
         if HAS_MASK:
             valid &= tl.load(mask_row + n * stride_mt, mask=valid, other=0) != 0
         rows = rows0 + n
-        code_ok = valid[:, None, None] & (blocks3 < D // 2)
+        # codes loaded as rows of D/2 contiguous bytes (16-byte vectors), viewed as (slots, blocks, 8)
+        code_ok = valid[:, None] & (pair_cols < D // 2)[None, :]
         scale_ok = valid[:, None] & (block_cols < D // 16)[None, :]
-        k_packed = tl.load(k_data_ptr + rows[:, None, None] * (D // 2) + blocks3, mask=code_ok, other=0)
+        k_packed = tl.load(k_data_ptr + rows[:, None] * (D // 2) + pair_cols[None, :], mask=code_ok, other=0)
         k_bits = tl.load(k_scale_ptr + rows[:, None] * (D // 16) + block_cols[None, :], mask=scale_ok, other=0)
         k_g = tl.load(k_g_ptr + rows, mask=valid, other=0.0)
-        v_packed = tl.load(v_data_ptr + rows[:, None, None] * (D // 2) + blocks3, mask=code_ok, other=0)
+        v_packed = tl.load(v_data_ptr + rows[:, None] * (D // 2) + pair_cols[None, :], mask=code_ok, other=0)
         v_bits = tl.load(v_scale_ptr + rows[:, None] * (D // 16) + block_cols[None, :], mask=scale_ok, other=0)
         v_g = tl.load(v_g_ptr + rows, mask=valid, other=0.0)
+        k_packed = tl.reshape(k_packed, (BLOCK_N, BLOCK_D // 16, 8))
+        v_packed = tl.reshape(v_packed, (BLOCK_N, BLOCK_D // 16, 8))
 
         keys = decode_tile(k_packed, k_bits, USE_ASM, OPERAND, BLOCK_N, BLOCK_D)  # (BLOCK_N, BLOCK_D)
         if OPERAND == tl.float32:
