@@ -248,6 +248,8 @@ def decode_attention(query, k_planes, v_planes, mask, scale: float, splits: int 
     causal rule of reference.kv_cache.attention) -> (B', Hq, 1, D) in query's dtype (checked by
     the op). splits: the slot ranges per (sequence, kv head); default_splits when None."""
     batch, q_heads, _, dim = query.shape
+    if query.stride(-1) != 1:
+        query = query.contiguous()
     heads, slots = k_planes[0].shape[1], k_planes[0].shape[2]
     group = q_heads // heads
     out = torch.empty((batch, q_heads, 1, dim), dtype=query.dtype, device=query.device)

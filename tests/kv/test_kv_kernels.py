@@ -13,7 +13,6 @@ import math
 import pytest
 import torch
 
-import nvfp4_inductor  # noqa: F401  (defines the nvfp4:: ops)
 from helpers.inputs import sample
 from nvfp4_inductor.kernels import kv_cache as kernels
 from nvfp4_inductor.ops.kv import kv_planes
