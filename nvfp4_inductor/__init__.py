@@ -29,5 +29,15 @@ __all__ = [
     "linear", "Config", "convert", "NVFP4Linear", "NVFP4Experts", "convert_experts", "ConversionReport",
     "compile", "collect_hessians",
     "collect_input_scales", "load_checkpoint", "save_checkpoint", "init_empty_weights", "register_transformers_quantizer",
+    "NVFP4Cache",
 ]
 __version__ = "0.1.0"
+
+
+def __getattr__(name: str):
+    """NVFP4Cache is a transformers Cache: imported (with transformers) on first use."""
+    if name == "NVFP4Cache":
+        from nvfp4_inductor.io.kv_cache import NVFP4Cache
+
+        return NVFP4Cache
+    raise AttributeError(f"module 'nvfp4_inductor' has no attribute {name!r}")

@@ -10,7 +10,7 @@ import torch
 from torch import Tensor
 
 from nvfp4_inductor.format import BLOCK_SIZE
-from nvfp4_inductor.reference import swizzled_shape
+from nvfp4_inductor.reference import kv_cache, swizzled_shape
 from nvfp4_inductor.reference.tiled import GLU_GROUP, tiled_shapes
 
 FLOAT_DTYPES = (torch.bfloat16, torch.float16, torch.float32)
@@ -291,3 +291,77 @@ def check_quantize_weight_args(x, global_scale, method: str, hessian) -> None:
         if tuple(hessian.shape) != expected:
             raise ValueError(f"hessian must have shape {expected} (K/16 blocks of 16x16 for K = "
                              f"{x.shape[-1]}); got {tuple(hessian.shape)}")
+
+
+KV_DTYPES = FLOAT_DTYPES
+
+
+def check_kv_cache(name: str, cache) -> tuple[int, int, int, int]:
+    """An NVFP4 KV cache (reference/kv_cache.py: uint8 (B, H, T, 9D/16 + 4), contiguous, T a
+    multiple of its SLOT_MULTIPLE) -> (B, H, T, D)."""
+    check_tensor(name, cache, (torch.uint8,))
+    if cache.dim() != 4:
+        raise ValueError(f"{name} must be an NVFP4 KV cache, uint8 (B, H, T, 9 D / 16 + 4); got shape "
+                         f"{tuple(cache.shape)}")
+    batch, heads, slots, row = cache.shape
+    dim = kv_cache.head_dim_of(cache)
+    if dim <= 0 or dim % BLOCK_SIZE or kv_cache.row_bytes(dim) != row:
+        raise ValueError(f"{name}: rows of {row} bytes are no NVFP4 cache rows (9 D / 16 + 4 bytes, D a multiple "
+                         f"of {BLOCK_SIZE})")
+    if slots % kv_cache.SLOT_MULTIPLE:
+        raise ValueError(f"{name}: T = {slots} slots must be a multiple of {kv_cache.SLOT_MULTIPLE} "
+                         f"(reference.kv_cache.cache_shape rounds it up)")
+    if not cache.is_contiguous():
+        raise ValueError(f"{name} must be contiguous (its bytes are planes)")
+    return batch, heads, slots, dim
+
+
+def _check_kv_states(name: str, x, batch: int, heads: int, dim: int, what: str) -> None:
+    check_tensor(name, x, KV_DTYPES)
+    if x.dim() != 4:
+        raise ValueError(f"{name} must be 4-D (B, H, S, D); got shape {tuple(x.shape)}")
+    if x.shape[0] > batch:
+        raise ValueError(f"{name} holds {x.shape[0]} sequences but the cache was allocated for {batch} "
+                         f"(max_batch_size)")
+    if x.shape[-1] != dim:
+        raise ValueError(f"{name} has head_dim {x.shape[-1]}; the cache holds head_dim {dim}")
+    if (what == "kv" and x.shape[1] != heads) or (what == "q" and (x.shape[1] == 0 or x.shape[1] % heads)):
+        need = f"{heads}" if what == "kv" else f"a multiple of {heads}"
+        raise ValueError(f"{name} has {x.shape[1]} heads; the cache has {heads} kv heads (need {need})")
+
+
+def check_kv_write_args(key, value, k_cache, v_cache, positions) -> None:
+    batch, heads, _, dim = check_kv_cache("k_cache", k_cache)
+    check_kv_cache("v_cache", v_cache)
+    if v_cache.shape != k_cache.shape:
+        raise ValueError(f"k_cache {tuple(k_cache.shape)} and v_cache {tuple(v_cache.shape)} differ")
+    _check_kv_states("key", key, batch, heads, dim, "kv")
+    _check_kv_states("value", value, batch, heads, dim, "kv")
+    if value.shape != key.shape or value.dtype != key.dtype:
+        raise ValueError(f"value {tuple(value.shape)} {value.dtype} must match key {tuple(key.shape)} {key.dtype}")
+    check_tensor("positions", positions, (torch.int32, torch.int64))
+    if positions.dim() != 1 or positions.shape[0] != key.shape[2]:
+        raise ValueError(f"positions must be 1-D with one slot per token ({key.shape[2]}); got shape "
+                         f"{tuple(positions.shape)}")
+    for name, t in (("value", value), ("k_cache", k_cache), ("v_cache", v_cache), ("positions", positions)):
+        check_same_device(name, t, "key", key)
+
+
+def check_kv_attention_args(query, k_cache, v_cache, mask, scale) -> None:
+    batch, heads, slots, dim = check_kv_cache("k_cache", k_cache)
+    check_kv_cache("v_cache", v_cache)
+    if v_cache.shape != k_cache.shape:
+        raise ValueError(f"k_cache {tuple(k_cache.shape)} and v_cache {tuple(v_cache.shape)} differ")
+    _check_kv_states("query", query, batch, heads, dim, "q")
+    if not isinstance(scale, float):
+        raise TypeError(f"scale must be a float; got {scale!r}")
+    if mask is not None:
+        check_tensor("mask", mask, (torch.bool,))
+        b, s = query.shape[0], query.shape[2]
+        if mask.dim() != 4 or mask.shape[0] not in (1, b) or mask.shape[1] != 1 or mask.shape[2] not in (1, s) \
+                or mask.shape[3] != slots:
+            raise ValueError(f"mask must be bool ({b} or 1, 1, {s} or 1, {slots}) for query {tuple(query.shape)} and "
+                             f"{slots} cache slots; got shape {tuple(mask.shape)}")
+        check_same_device("mask", mask, "query", query)
+    for name, t in (("k_cache", k_cache), ("v_cache", v_cache)):
+        check_same_device(name, t, "query", query)

@@ -238,21 +238,17 @@ def _load_pair_tile(x_ptr, tile_m, tile_k, M, K, stride_xm_pairs,
 
 
 @triton.jit
-def _quantize_tile(
-    words, g, tile_m, tile_k, data_ptr, scale_ptr, M, K, scale_rows_pad, scale_cols_pad,
-    DTYPE: tl.constexpr, SWIZZLE: tl.constexpr, VALUES: tl.constexpr, USE_ASM: tl.constexpr,
-    OPERAND: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_K: tl.constexpr,
-):
-    """Quantize one loaded tile of pair words with global scale g (scalar or (BLOCK_M, 1)); store
-    codes and scales. The pairs are viewed as (BLOCK_M, BLOCK_K / 16 blocks, 8 pairs) so that one
-    thread owns whole blocks. (Measured in the sm_90 PTX: a (.., 16) tile reshaped and split into
-    pairs cost three shared-memory round trips; a tile loaded as 3-D did not coalesce.)"""
+def quantize_pairs(words, g, DTYPE: tl.constexpr, USE_ASM: tl.constexpr, BLOCK_M: tl.constexpr,
+                   BLOCK_K: tl.constexpr):
+    """A tile's pair words (BLOCK_M, BLOCK_K / 2) and g (scalar or (BLOCK_M, 1)) -> (int32
+    (BLOCK_M, BLOCK_K / 16, 8) whose low bytes are the packed code pairs, int32 e4m3 bits
+    (BLOCK_M, BLOCK_K / 16)): the reference's element step. The pairs are viewed as (BLOCK_M,
+    BLOCK_K / 16 blocks, 8 pairs) so that one thread owns whole blocks. (Measured in the sm_90 PTX:
+    a (.., 16) tile reshaped and split into pairs cost three shared-memory round trips; a tile
+    loaded as 3-D did not coalesce.)"""
     even, odd = split_pair_words(words, DTYPE)
     even = tl.reshape(even, (BLOCK_M, BLOCK_K // BLOCK, BLOCK // 2))
     odd = tl.reshape(odd, (BLOCK_M, BLOCK_K // BLOCK, BLOCK // 2))
-    rows = tile_m * BLOCK_M + tl.arange(0, BLOCK_M)
-    row_ok = rows < M
-    rows64 = rows.to(tl.int64)[:, None]
     # Block scales. The NaN-keeping max makes block_amax non-finite exactly when the block holds a
     # NaN or an Inf, so one max per element also does the finiteness check.
     block_amax = tl.reduce(tl.maximum(tl.abs(even), tl.abs(odd), propagate_nan=tl.PropagateNan.ALL),
@@ -271,6 +267,21 @@ def _quantize_tile(
     signs = tl.reshape(pair_sign_bits(words, DTYPE), (BLOCK_M, BLOCK_K // BLOCK, BLOCK // 2))
     packed = e2m1_pack_pair(even * recip, odd * recip, signs, cap, tl.where(usable, 0x88, 0)[:, :, None],
                             k[:, :, None])
+    return packed, bits
+
+
+@triton.jit
+def _quantize_tile(
+    words, g, tile_m, tile_k, data_ptr, scale_ptr, M, K, scale_rows_pad, scale_cols_pad,
+    DTYPE: tl.constexpr, SWIZZLE: tl.constexpr, VALUES: tl.constexpr, USE_ASM: tl.constexpr,
+    OPERAND: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_K: tl.constexpr,
+):
+    """Quantize one loaded tile of pair words with global scale g (scalar or (BLOCK_M, 1)); store
+    codes and scales."""
+    packed, bits = quantize_pairs(words, g, DTYPE, USE_ASM, BLOCK_M, BLOCK_K)
+    rows = tile_m * BLOCK_M + tl.arange(0, BLOCK_M)
+    row_ok = rows < M
+    rows64 = rows.to(tl.int64)[:, None]
     if VALUES:  # the codes decoded with their block scale (NaN for a NaN block) by the GEMM's decode
         values = decode_tile(packed.to(tl.uint8), bits, USE_ASM, OPERAND, BLOCK_M, BLOCK_K)
         cols = tile_k * BLOCK_K + tl.arange(0, BLOCK_K)

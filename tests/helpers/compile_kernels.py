@@ -21,6 +21,7 @@ from triton.compiler import ASTSource  # noqa: E402
 from nvfp4_inductor.kernels import dequantize as dk  # noqa: E402
 from nvfp4_inductor.kernels import gemm_configs  # noqa: E402
 from nvfp4_inductor.kernels import gemm_splitk as sk  # noqa: E402
+from nvfp4_inductor.kernels import kv_cache as kv  # noqa: E402
 from nvfp4_inductor.kernels import quantize as qk  # noqa: E402
 from nvfp4_inductor.kernels.device.common import LAYOUTS  # noqa: E402
 from nvfp4_inductor.kernels.device.mainloops import MAINLOOPS  # noqa: E402
@@ -140,14 +141,14 @@ def wgmma_cases():
 CODES_16B_EVERY_OTHER_TILE = r"(?s)(ld\.global(\.[\w:]+)*\.v4\.b32.*){12}"
 # The register-fed mainloop's tiled weight loads (8-byte codes, a scale word a lane: no scale bytes)
 # are marked first out of L1, x's 16-byte loads are not; row-major weights are not marked
-# (gemm_mma.TILED_WEIGHT_EVICTION)
+# (device/mma.TILED_WEIGHT_EVICTION)
 EVICT_FIRST = r"ld\.global\.L1::evict_first"
 TILED_EVICT_FIRST = [EVICT_FIRST + r"(\.[\w:]+)*\.v2\.b32", EVICT_FIRST + r"(\.L2::\w+)*\.b32",
                      r"!ld\.global(\.[\w:]+)*\.b8", r"ld\.global\.v4\.b32"]
 
 
 def reg_mma_cases():
-    """The register-fed mainloop (gemm_mma.py): mma.sync on operands it loads into registers
+    """The register-fed mainloop (device/mma.py): mma.sync on operands it loads into registers
     itself, scales through the hardware e4m3 conversion; x rows 1-8 and 9-16; W tiled, or
     row-major with plain or swizzled scales (8-byte code loads) or plain scales grouped (16-byte
     code loads every other K-tile, no 8-byte ones), with and without K masks."""
@@ -216,6 +217,45 @@ def dot_scaled_splitk_cases(sm: int = 100):
                warps, [block_scaled_mma_check(sm)], stages)
 
 
+KV_WRITE_SIGNATURE = {
+    "k_ptr": None, "v_ptr": None, "pos_ptr": "*i64", **{f"{side}_{part}_ptr": kind for side in "kv" for part, kind in
+                                                       (("data", "*u8"), ("scale", "*u8"), ("g", "*fp32"))},
+    "H": "i32", "S": "i32", "T": "i32", **{f"stride_{x}{d}": "i32" for x in "kv" for d in "bhs"},
+    **{name: "constexpr" for name in ("D", "BLOCK_D", "ROWS", "USE_ASM")},
+}
+KV_ATTENTION_SIGNATURE = {
+    "q_ptr": "*bf16", **{f"{side}_{part}_ptr": kind for side in "kv" for part, kind in
+                         (("data", "*u8"), ("scale", "*u8"), ("g", "*fp32"))},
+    "mask_ptr": "*u8", "part_ptr": "*fp32", "H": "i32", "T": "i32", "kv_limit": "i32", "slots_per_split": "i32",
+    "stride_qb": "i32", "stride_qh": "i32", "stride_mb": "i32", "stride_mt": "i32", "qk_scale": "fp32",
+    **{name: "constexpr" for name in ("GROUP", "ROWS", "D", "BLOCK_D", "BLOCK_N", "HAS_MASK", "MASK_CHUNK",
+                                      "USE_ASM", "OPERAND")},
+}
+KV_COMBINE_SIGNATURE = {"part_ptr": "*fp32", "out_ptr": "*bf16", "HQ": "i32", "stride_ob": "i32", "stride_oh": "i32",
+                        **{name: "constexpr" for name in ("SPLITS", "SPLITS_P2", "D", "BLOCK_D")}}
+MMA_OR_WGMMA_BF16 = r"(mma\.sync\.aligned\.m16n8k16\.row\.col\.f32\.bf16\.bf16\.f32|wgmma\.mma_async\.sync\.aligned\.\w+\.f32\.bf16\.bf16)"
+
+
+def kv_cache_cases():
+    """The KV cache's write (bf16 / fp16 / fp32 keys, head_dim 128 and 80) and decode attention
+    (Llama-3-8B's group of 4, a group of 1 and head_dim 80): the attention decodes with the word
+    decode and multiplies on the tensor cores, bf16 operands."""
+    for dtype, dim in itertools.product(DTYPES, (128, 80)):
+        block_d = triton.next_power_of_2(dim)
+        yield (f"kv-write-{dtype}-d{dim}", kv._write_kernel, {**KV_WRITE_SIGNATURE, "k_ptr": f"*{dtype}",
+                                                             "v_ptr": f"*{dtype}"},
+               {"D": dim, "BLOCK_D": block_d, "ROWS": kv.WRITE_ROWS, "USE_ASM": True}, 4, [], 1)
+    for group, dim, has_mask in ((4, 128, True), (4, 128, False), (1, 128, True), (8, 80, True)):
+        # (a contiguous mask row: the JIT specializes a stride of 1)
+        yield (f"kv-attention-g{group}-d{dim}-mask{int(has_mask)}", kv._attention_partials_kernel,
+               {**KV_ATTENTION_SIGNATURE, "stride_mt": "constexpr"},
+               {"stride_mt": 1, "GROUP": group, "ROWS": max(kv.MIN_ROWS, group), "D": dim, "BLOCK_D": triton.next_power_of_2(dim),
+                "BLOCK_N": kv.BLOCK_N, "HAS_MASK": has_mask, "MASK_CHUNK": kv.MASK_CHUNK, "USE_ASM": True,
+                "OPERAND": triton.language.bfloat16}, kv.NUM_WARPS, [WORD_DECODE, MMA_OR_WGMMA_BF16], 3)
+    yield ("kv-combine", kv._combine_kernel, KV_COMBINE_SIGNATURE,
+           {"SPLITS": 33, "SPLITS_P2": 64, "D": 128, "BLOCK_D": 128}, 1, [], 1)
+
+
 def cases(sm):
     if sm >= 100:
         yield from dot_scaled_splitk_cases(sm)
@@ -225,6 +265,7 @@ def cases(sm):
     yield from reg_mma_cases()
     yield from pdl_cases()
     yield from eager_pdl_cases()
+    yield from kv_cache_cases()
     block_m, block_k, num_warps = qk.LARGE_TILE
     for dtype, mode, swizzle in itertools.product(DTYPES, range(4), [False, True]):
         yield (f"quantize-{dtype}-g{mode}-swizzle{int(swizzle)}", qk._quantize_kernel,

@@ -39,7 +39,8 @@ def test_every_kernel_variant_compiles(compiled):
     families = (["splitk-dot-scaled-"] if sm >= 100 else
                 ["splitk-", "splitk-tiled-", "splitk-wgmma-", "splitk-reg-mma-", "splitk-reg-mma-rows-", "mma-mainloop-pdl",
                  "quantize-", "quantize-values-", "rms-norm-quantize-values-", "amax-partials-", "row-g-",
-                 "dequantize-", "dequantize-tiles-", "dequantize-bf16-tiled"])
+                 "dequantize-", "dequantize-tiles-", "dequantize-bf16-tiled", "kv-write-", "kv-attention-",
+                 "kv-combine"])
     missing = [f for f in families if not any(r["case"].startswith(f) for r in results)]
     assert not missing, missing
     failed = {r["case"]: r["error"] for r in results if not r["ok"]}

@@ -140,7 +140,7 @@ def test_generate_under_cuda_graphs(converted):
 @pytest.mark.xfail(strict=True, reason=(
     "fails on the H200 (torch 2.11, transformers 5.17) in a rotary kernel under CUDA-graph trees: "
     "'Pointer argument must be either uint64 or have data_ptr method'; the same call with "
-    "backend='inductor' dies with a segmentation fault there (README, Limitations)"))
+    "backend='inductor' dies with a segmentation fault there (docs/backend.md, Hugging Face generate)"))
 def test_nv_compile_on_model_forward_under_generate():
     """model.forward = nv.compile(model.forward, mode="reduce-overhead"), then generate with a
     static cache and HF's own compile off: the decode step runs as CUDA graphs, no skips, and
