@@ -202,3 +202,29 @@ def template_configs(m: int, n: int, k: int, num_sms: int, kernel: str, mainloop
     steps = -(-k // block_k)
     return [TemplateConfig(block_m, 1, steps, w, s, block_n, block_k)
             for block_m, w, s in TEMPLATE_WIDE_CONFIGS]
+
+
+class HopperConfig(NamedTuple):
+    """The Hopper W4A16 GEMM's tiles (hopper_gemm.py): weight rows (wgmma M, 64 a warpgroup),
+    tokens (wgmma N) and K a step, shared-memory slots, warps, weight tiles a program group."""
+    rows: int = 64
+    block_t: int = 128
+    block_k: int = 128
+    stages: int = 4
+    num_warps: int = 4
+    group_n: int = 8
+
+
+# (largest M, config), first match; the last serves every larger M. Starting points, not yet
+# measured: each fits the shared memory of one program an SM (2 at M <= 32) with no spills.
+HOPPER_CONFIGS = (
+    (32, HopperConfig(block_t=32, block_k=256)),
+    (64, HopperConfig(block_t=64, block_k=256)),
+    (256, HopperConfig(block_t=128, block_k=128)),
+    (None, HopperConfig(rows=128, block_t=256, block_k=64, num_warps=8)),
+)
+
+
+def hopper_config(m: int) -> HopperConfig:
+    """The Hopper W4A16 GEMM's tiles for M tokens."""
+    return next(config for limit, config in HOPPER_CONFIGS if limit is None or m <= limit)
