@@ -239,3 +239,29 @@ def grouped_splits(tiles: int, steps: int, num_sms: int, min_steps: int = GROUPE
     that have rows."""
     wanted = -(-GROUPED_PROGRAMS_PER_SM * num_sms // tiles)
     return max(1, min(wanted, steps // min_steps))
+
+
+class HopperConfig(NamedTuple):
+    """The Hopper W4A16 GEMM's tiles (hopper_gemm.py): weight rows (wgmma M, 64 a warpgroup),
+    tokens (wgmma N) and K a step, shared-memory slots, warps, weight tiles a program group."""
+    rows: int = 64
+    block_t: int = 128
+    block_k: int = 128
+    stages: int = 4
+    num_warps: int = 4
+    group_n: int = 8
+
+
+# (largest M, config), first match; the last serves every larger M. Starting points, not yet
+# measured: each fits the shared memory of one program an SM (2 at M <= 32) with no spills.
+HOPPER_CONFIGS = (
+    (32, HopperConfig(block_t=32, block_k=256)),
+    (64, HopperConfig(block_t=64, block_k=256)),
+    (256, HopperConfig(block_t=128, block_k=128)),
+    (None, HopperConfig(rows=128, block_t=256, block_k=64, num_warps=8)),
+)
+
+
+def hopper_config(m: int) -> HopperConfig:
+    """The Hopper W4A16 GEMM's tiles for M tokens."""
+    return next(config for limit, config in HOPPER_CONFIGS if limit is None or m <= limit)
