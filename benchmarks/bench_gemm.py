@@ -67,9 +67,11 @@ def main() -> None:
             t16 = stream_us(lambda w: ops.linear_tiled(x, *w, None, n, "bf16"), w_tiled)
             t4 = stream_us(lambda w: ops.linear_tiled(x, *w, None, n, "nvfp4"), w_tiled)
             deq16 = stream_us(lambda w: scaled_mm_tiled(x, *w[:2], w[2], None, n, torch.bfloat16), w_tiled)
+            dot = (plan.splitk_launch_for(x, *w_tiled[0][:2], swizzled=False, tiled_n=n, mainloop="dot")
+                   if m <= plan.SPLITK_MAX_M_TILED else None)
             dot16 = (stream_us(lambda w: gemm_splitk(x, *w[:3], None, torch.bfloat16, False, tiled_n=n,
-                                                     mainloop="dot"), w_tiled)
-                     if m <= plan.SPLITK_MAX_M_TILED else math.nan)
+                                                     launch=dot), w_tiled)
+                     if dot is not None else math.nan)
             floor = (n * k * 0.5625 + 2 * m * k + 2 * m * n) / copy / 1e3
             times = (w4a16, w4a4, t16, t4, deq16, dot16, floor)
             print(f"{k:>6} {n:>6} {m:>5} {bf16:8.1f} " + " ".join(f"{t:7.1f}" for t in times) + " | "
