@@ -325,7 +325,7 @@ def plan_grouped(t: int, e: int, n_pad: int, k: int, *, device: torch.device, x_
         else 0
     stages = None
     if nb:  # 64 weight rows by 8 * nb x rows, 64-k steps, two warps
-        mainloop, (_, block_n, block_k, _, warps, _) = "mma", gemm_configs.REG_MMA_CONFIG
+        mainloop, (block_n, block_k, _, warps, _) = "mma", gemm_configs.REG_MMA_CONFIG
         block_m, acc_m = 8 * nb, 8 * max(nb, 2)
         min_steps = gemm_configs.REG_MMA_MIN_STEPS[nb > 1]
     elif not x_codes and cuda and capability.wgmma(device) and t <= WGMMA_MAX_M * e:

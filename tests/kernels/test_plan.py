@@ -203,3 +203,26 @@ def test_splitk_launch_by_layout_and_rows(case, m, k, expect, sm90):
     else:
         assert launch.splits == -(-(-(-k // 64)) // launch.steps_per_split)
     assert launch.grid == (-(-n // 64), launch.splits, 1) and launch.tiles == -(-n // 64)
+
+
+def test_grouped_plan_by_rows_an_expert(sm90):
+    """The grouped GEMM's launch by the rows an expert gets on average, asked as for an H100: the
+    register-fed mainloop at decode (K split: few experts hit), wgmma for serving batches, the
+    dequantize form above; tl.dot under the interpreter; the block-scaled MMA on x's codes."""
+    e, n_pad, k = 8, 128, 1024
+    mma = plan.plan_grouped(8, e, n_pad, k, device=sm90)
+    assert mma.mainloop == "mma" and mma.reg_mma == plan.grouped_mma_blocks(8, e) == 1
+    assert (mma.block_m, mma.block_n, mma.block_k, mma.num_warps, mma.acc_m) == (8, 64, 64, 2, 16)
+    assert mma.splits == 4 and mma.splits * mma.steps_per_split == k // 64
+    assert (mma.m_tiles, mma.n_tiles) == (plan.grouped_row_tiles(8, e, 8), 2)
+    assert plan.plan_grouped(8, e, n_pad, k, device=sm90, mma_operands_fit=False).mainloop == "wgmma"
+    wgmma = plan.plan_grouped(40 * e, e, n_pad, k, device=sm90)
+    assert wgmma.mainloop == "wgmma" and (wgmma.block_m, wgmma.splits) == (64, 1)
+    assert wgmma.num_stages == gemm_configs.WGMMA_CONFIG[3]
+    assert plan.plan_grouped(200 * e, e, n_pad, k, device=sm90).mainloop == ""  # dequantize form
+    interpreted = plan.plan_grouped(8, e, n_pad, k, device=torch.device("cpu"))
+    assert interpreted.mainloop == "dot" and interpreted[1:4] == gemm_configs.GROUPED_INTERPRET_CONFIG[:3]
+    codes = plan.plan_grouped(8, e, 256, k, device=sm90, x_codes=True)
+    assert codes.mainloop == "dot_scaled" and (codes.block_n, codes.block_k) == (128, 128)
+    with pytest.raises(ValueError, match="dequantize form"):
+        plan.plan_grouped(8, e, 256, k, device=sm90, x_codes=True, dequant=True)
