@@ -242,23 +242,34 @@ def grouped_splits(tiles: int, steps: int, num_sms: int, min_steps: int = GROUPE
 
 
 class HopperConfig(NamedTuple):
-    """The Hopper W4A16 GEMM's tiles (hopper_gemm.py): weight rows (wgmma M, 64 a warpgroup),
-    tokens (wgmma N) and K a step, shared-memory slots, warps, weight tiles a program group."""
+    """The Hopper W4A16 GEMM's tiles (hopper_gemm.py, warp-specialized): weight rows (wgmma M),
+    tokens (wgmma N) and K a step, TMA ring slots, the mma partition's warps (one warpgroup per 64
+    rows: rows / 16), weight tiles a program group, decoded-A ring slots, and the registers a
+    thread of the load and decode partitions (setmaxnreg; the mma partition gets the rest)."""
     rows: int = 64
     block_t: int = 128
     block_k: int = 128
     stages: int = 4
     num_warps: int = 4
     group_n: int = 8
+    a_stages: int = 2
+    load_regs: int = 24
+    decode_regs: int = 152
+
+    @property
+    def decode_warps(self) -> int:
+        """The decode partition's warps: one per 16 weight rows (the A-fragment layout's)."""
+        return self.rows // 16
 
 
-# (largest M, config), first match; the last serves every larger M. Starting points, not yet
-# measured: each fits the shared memory of one program an SM (2 at M <= 32) with no spills.
+# (largest M, config), first match; the last serves every larger M. Measured on an H100
+# (docs/gemm.md). decode_regs is at most 65536 / the program's threads, its warps rounded up to
+# warpgroups: 8 + 4 + 8 warps leave 102 (96 used), 4 + 4 + 4 leave 170.
 HOPPER_CONFIGS = (
-    (32, HopperConfig(block_t=32, block_k=256)),
-    (64, HopperConfig(block_t=64, block_k=256)),
-    (256, HopperConfig(block_t=128, block_k=128)),
-    (None, HopperConfig(rows=128, block_t=256, block_k=64, num_warps=8)),
+    # M <= 256: the faster of the two tiles measured correct here (two warpgroups share each x tile)
+    (256, HopperConfig(rows=128, block_t=128, block_k=128, stages=3, num_warps=8, decode_regs=96)),
+    # M > 256: the widest wgmma of one warpgroup (128 x 256 runs out of registers, ptxas C7602)
+    (None, HopperConfig(rows=64, block_t=256, block_k=64, stages=4, num_warps=4, decode_regs=152)),
 )
 
 

@@ -7,19 +7,52 @@ Swapped form: the kernel computes y^T = W . x^T. A program owns ROWS weight rows
     acc[r, t] = sum_k  decode(W)[n0 + r, k] * x[t0 + t, k]          (fp32, wgmma)
     y[t0 + t, n0 + r] = acc[r, t] * (g * 2^UNSCALE_LOG2) (+ bias[n0 + r])
 
-Per K-step of BLOCK_K:
-1. TMA copies x's (BLOCK_T, BLOCK_K) tile (128-byte swizzle: wgmma's B operand, read transposed),
-   the codes' (BLOCK_K / 64, 2 ROWS, 4) int32 box and the scales' (BLOCK_K / 64, 2 ROWS) int16 box
-   into one of STAGES shared-memory slots, behind the slot's mbarrier.
-2. Each lane loads its code words (16 bytes a 64-wide K chunk) and scale pairs, and decodes them in
-   registers straight into wgmma's A-operand layout (reference.hopper: per 4 bf16x2 registers,
-   11 shift / mask operations, 2 integer multiply-adds for the scale pairs, 4 mul.bf16x2). The
-   decoded values are e2m1 * s * 2^-UNSCALE_LOG2, exact in bf16.
-3. wgmma (A from registers, B = x^T from shared memory) is issued asynchronously and waited with
-   one group left in flight: the tensor cores multiply step i while the warps decode step i + 1.
-   Once step i - 1's group is done its slot is free, and the TMA for step i + STAGES - 1 goes there
-   (after a CTA barrier: every warp has read the slot's codes).
-Tiles past M, N or K are zero-filled by TMA; the epilogue masks its stores.
+decode(W) = e2m1 * s * 2^-UNSCALE_LOG2, exact in bf16 (reference.hopper: per 4 bf16x2 words,
+11 shift / mask operations, 2 integer multiply-adds for the scale pairs, 4 mul.bf16x2).
+
+Warp-specialized: three partitions of one program run concurrently and hand K-steps of BLOCK_K to
+each other through shared memory, behind mbarriers.
+  load   (worker, 1 warp, LOAD_REGS registers a thread): per K-step, TMA copies of x's
+         (BLOCK_T, BLOCK_K) tile (128-byte swizzle: wgmma's B operand, read transposed), the codes'
+         (BLOCK_K / 64, 2 ROWS, 4) int32 box and the scales' (BLOCK_K / 64, 2 ROWS) int16 box into
+         slot i % STAGES of a ring.
+  decode (worker, ROWS / 16 warps, DECODE_REGS registers): reads a slot's codes and scales (one
+         16-byte load a lane a 64-wide chunk), decodes them in registers in wgmma's A-fragment
+         layout (the layout's purpose: no shuffles) and stores the bf16 (ROWS, BLOCK_K) tile into
+         slot i % A_STAGES of a second ring of 128-byte-swizzled tiles.
+  mma    (default, num_warps = ROWS / 16, one warpgroup per 64 rows): wgmma with A = the decoded
+         tile and B = x^T, both from shared memory, issued asynchronously and waited with one
+         group left in flight, so the tensor cores multiply step i while the decoder works on
+         the next steps and the loader on steps up to i + STAGES - 1.
+A is staged in shared memory on purpose: the single-partition form with A decoded into wgmma's
+registers gave wrong results on an H100 at most tiles (likely the next step's decode overwriting
+an in-flight wgmma's A registers).
+
+mbarrier protocol (phases alternate; a waiter of round r = i // ring-size waits for parity r & 1,
+a producer for the slot's previous round, parity (r & 1) ^ 1, which a fresh barrier passes):
+  load_ready[s]  count 1 + TMA bytes: step i's x, codes and scales are in slot s = i % STAGES.
+                 Waited by decode (codes, scales) and by mma (x).
+  load_empty[s]  count 2: decode has read step i's codes and scales into registers, and mma's
+                 wgmma of step i has finished reading x. The loader refills slot s with step
+                 i + STAGES only after both.
+  a_ready[a]     count 1: the decoded tile of step i is in A slot a = i % A_STAGES.
+  a_empty[a]     count 1: mma's wgmma of step i has finished reading A slot a; decode writes step
+                 i + A_STAGES there only after it.
+Invariants that make this safe:
+  - mma releases step i - 1's x slot and A slot right after warpgroup_mma_wait(1) in step i: at
+    most one wgmma group (step i) is in flight, so step i - 1's has retired. Step steps - 1's
+    slots are never released; nothing waits for them.
+  - every arrive from a multi-warp partition follows a partition-wide bar.sync (the compiler puts
+    it there, the arrive being one thread's; tests/helpers/compile_hopper.py checks the PTX), so
+    all its warps have finished their shared-memory reads, writes or wgmma waits first. Before an arrive that hands shared memory
+    to the async proxy (TMA writes, wgmma reads), decode also fences (fence.proxy.async).
+  - no barrier can run a full phase ahead of a waiter: a slot is refilled only after both of its
+    consumers arrived for the previous step there, so the parity a consumer waits for is never
+    ambiguous.
+  - at least one K-step (steps >= 1): the accumulator then always comes out of a wgmma, and
+    ptxas keeps the wgmma asynchronous (a zero-trip path makes it serialize them, C7515).
+Tiles past M, N or K are zero-filled by TMA (the layout pads N to 64 rows and K to 64); the
+epilogue, on the mma partition's warps after the warp-specialized region, masks its stores.
 
 Programs are ordered in groups of GROUP_N weight tiles: consecutive programs share x's tile and a
 wave covers few weight tiles many times, so at large M each weight tile comes from HBM about once.
@@ -64,12 +97,13 @@ def _bf16_pair(p):
 
 @gluon.jit
 def _decode_step(codes_smem, scales_smem, a_layout: gl.constexpr, ROWS: gl.constexpr,
-                 BLOCK_K: gl.constexpr, num_warps: gl.constexpr):
+                 BLOCK_K: gl.constexpr, WARPS: gl.constexpr):
     """A slot's codes (BLOCK_K/64, 2 ROWS, 4) and scale pairs (BLOCK_K/64, 2 ROWS) -> bf16
-    (ROWS, BLOCK_K) in a_layout (wgmma's A operand), e2m1 * s * 2^-UNSCALE_LOG2."""
+    (ROWS, BLOCK_K) in a_layout (wgmma's A-fragment layout over WARPS = ROWS / 16 warps),
+    e2m1 * s * 2^-UNSCALE_LOG2."""
     KC: gl.constexpr = BLOCK_K // _CHUNK_K
     # (kc, 8 rg + g, q, w): lane 4 g + q, warps along rg, a lane's 4 words of a chunk contiguous
-    words_layout: gl.constexpr = gl.BlockedLayout([1, 1, 1, 4], [1, 8, 4, 1], [1, num_warps, 1, 1], [3, 2, 1, 0])
+    words_layout: gl.constexpr = gl.BlockedLayout([1, 1, 1, 4], [1, 8, 4, 1], [1, WARPS, 1, 1], [3, 2, 1, 0])
     w = codes_smem.reshape([KC, ROWS // 2, 4, 4]).load(words_layout)
     s = scales_smem.reshape([KC, ROWS // 2, 4]).load(gl.SliceLayout(2, words_layout)).to(gl.int32)
     s = gl.expand_dims(s, 2)  # the 4 lanes q of a row pair read the same scales
@@ -89,21 +123,6 @@ def _decode_step(codes_smem, scales_smem, a_layout: gl.constexpr, ROWS: gl.const
 
 
 @gluon.jit
-def _issue_loads(step, x_desc, codes_desc, scales_desc, x_bufs, codes_bufs, scales_bufs, bars, t0, n0,
-                 pred, STAGES: gl.constexpr):
-    """TMA copies of K-step `step` into slot step % STAGES, signalled on its barrier (when pred)."""
-    slot = step % STAGES
-    BLOCK_K: gl.constexpr = x_desc.block_type.shape[1]
-    KC: gl.constexpr = BLOCK_K // _CHUNK_K
-    bar = bars.index(slot)
-    nbytes: gl.constexpr = x_desc.block_type.nbytes + codes_desc.block_type.nbytes + scales_desc.block_type.nbytes
-    mbarrier.expect(bar, nbytes, pred=pred)
-    tma.async_copy_global_to_shared(x_desc, [t0, step * BLOCK_K], bar, x_bufs.index(slot), pred)
-    tma.async_copy_global_to_shared(codes_desc, [step * KC, 2 * n0, 0], bar, codes_bufs.index(slot), pred)
-    tma.async_copy_global_to_shared(scales_desc, [step * KC, 2 * n0], bar, scales_bufs.index(slot), pred)
-
-
-@gluon.jit
 def _tile_ids(M, N, ROWS: gl.constexpr, BLOCK_T: gl.constexpr, GROUP_N: gl.constexpr):
     """Program id -> (weight tile, token tile): groups of GROUP_N weight tiles, tokens inside."""
     pid = gl.program_id(0)
@@ -117,12 +136,78 @@ def _tile_ids(M, N, ROWS: gl.constexpr, BLOCK_T: gl.constexpr, GROUP_N: gl.const
 
 
 @gluon.jit
+def _load_partition(x_desc, codes_desc, scales_desc, x_bufs, codes_bufs, scales_bufs, load_ready, load_empty,
+                    t0, n0, steps, STAGES: gl.constexpr):
+    """TMA of every K-step into slot i % STAGES, once its previous contents are released."""
+    BLOCK_K: gl.constexpr = x_desc.block_type.shape[1]
+    KC: gl.constexpr = BLOCK_K // _CHUNK_K
+    nbytes: gl.constexpr = x_desc.block_type.nbytes + codes_desc.block_type.nbytes + scales_desc.block_type.nbytes
+    for i in range(steps):
+        slot = i % STAGES
+        mbarrier.wait(load_empty.index(slot), ((i // STAGES) & 1) ^ 1)
+        bar = load_ready.index(slot)
+        mbarrier.expect(bar, nbytes)
+        tma.async_copy_global_to_shared(x_desc, [t0, i * BLOCK_K], bar, x_bufs.index(slot))
+        tma.async_copy_global_to_shared(codes_desc, [i * KC, 2 * n0, 0], bar, codes_bufs.index(slot))
+        tma.async_copy_global_to_shared(scales_desc, [i * KC, 2 * n0], bar, scales_bufs.index(slot))
+
+
+@gluon.jit
+def _decode_partition(codes_bufs, scales_bufs, a_bufs, load_ready, load_empty, a_ready, a_empty, steps,
+                      STAGES: gl.constexpr, A_STAGES: gl.constexpr, DECODE_WARPS: gl.constexpr):
+    """Codes + scales of slot i % STAGES -> the bf16 W tile in A slot i % A_STAGES."""
+    ROWS: gl.constexpr = a_bufs.type.shape[1]
+    BLOCK_K: gl.constexpr = a_bufs.type.shape[2]
+    # wgmma's A-fragment layout over this partition's warps (16 rows a warp); the stores below
+    # write it into the swizzled tile the mma partition's wgmma reads
+    frag_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[DECODE_WARPS, 1],
+                                                          instr_shape=[16, 64, 16])
+    a_layout: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=frag_layout, k_width=2)
+    for i in range(steps):
+        slot = i % STAGES
+        mbarrier.wait(load_ready.index(slot), (i // STAGES) & 1)
+        a = _decode_step(codes_bufs.index(slot), scales_bufs.index(slot), a_layout, ROWS, BLOCK_K, DECODE_WARPS)
+        # the codes and scales are in registers: release them to the next TMA (async proxy)
+        fence_async_shared()
+        mbarrier.arrive(load_empty.index(slot), count=1)
+        a_slot = i % A_STAGES
+        mbarrier.wait(a_empty.index(a_slot), ((i // A_STAGES) & 1) ^ 1)
+        a_bufs.index(a_slot).store(a)
+        fence_async_shared()  # generic-proxy stores, then wgmma's (async proxy) reads
+        mbarrier.arrive(a_ready.index(a_slot), count=1)
+
+
+@gluon.jit
+def _mma_partition(x_bufs, a_bufs, load_ready, load_empty, a_ready, a_empty, steps,
+                   STAGES: gl.constexpr, A_STAGES: gl.constexpr, acc_layout: gl.constexpr):
+    """acc = sum over K-steps of wgmma(A slot, x slot^T), one group in flight; -> (acc, )."""
+    ROWS: gl.constexpr = a_bufs.type.shape[1]
+    BLOCK_T: gl.constexpr = x_bufs.type.shape[1]
+    acc = gl.zeros([ROWS, BLOCK_T], gl.float32, acc_layout)
+    for i in range(steps):
+        slot = i % STAGES
+        a_slot = i % A_STAGES
+        mbarrier.wait(load_ready.index(slot), (i // STAGES) & 1)
+        mbarrier.wait(a_ready.index(a_slot), (i // A_STAGES) & 1)
+        acc = warpgroup_mma(a_bufs.index(a_slot), x_bufs.index(slot).permute((1, 0)), acc, use_acc=i > 0,
+                            is_async=True)
+        acc = warpgroup_mma_wait(num_outstanding=1, deps=(acc, ))
+        # step i - 1's wgmma has retired: its x slot and its A slot are free
+        prev = gl.maximum(i - 1, 0)
+        mbarrier.arrive(load_empty.index(prev % STAGES), count=1, pred=i > 0)
+        mbarrier.arrive(a_empty.index(prev % A_STAGES), count=1, pred=i > 0)
+    acc = warpgroup_mma_wait(num_outstanding=0, deps=(acc, ))
+    return (acc, )  # the default partition's results: a tuple
+
+
+@gluon.jit
 def hopper_w4a16_kernel(
     x_desc, codes_desc, scales_desc,  # TMA descriptors: x (M, K) bf16, the layout's codes and scales
     w_global_scale_ptr, bias_ptr, out_ptr,  # fp32 g (one, or one a row), bias (N,), out (M, N)
     M, N, stride_om,
     W_GLOBAL_SCALE_PER_ROW: gl.constexpr, HAS_BIAS: gl.constexpr, STAGES: gl.constexpr,
     GROUP_N: gl.constexpr, num_warps: gl.constexpr,
+    A_STAGES: gl.constexpr, DECODE_WARPS: gl.constexpr, LOAD_REGS: gl.constexpr, DECODE_REGS: gl.constexpr,
 ):
     BLOCK_T: gl.constexpr = x_desc.block_type.shape[0]
     BLOCK_K: gl.constexpr = x_desc.block_type.shape[1]
@@ -138,40 +223,36 @@ def hopper_w4a16_kernel(
                                            codes_desc.layout)
     scales_bufs = gl.allocate_shared_memory(scales_desc.dtype, [STAGES] + scales_desc.block_type.shape,
                                             scales_desc.layout)
-    bars = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+    a_smem_layout: gl.constexpr = gl.NVMMASharedLayout.get_default_for([ROWS, BLOCK_K], gl.bfloat16)
+    a_bufs = gl.allocate_shared_memory(gl.bfloat16, [A_STAGES, ROWS, BLOCK_K], a_smem_layout)
+    load_ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+    load_empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+    a_ready = gl.allocate_shared_memory(gl.int64, [A_STAGES, 1], mbarrier.MBarrierLayout())
+    a_empty = gl.allocate_shared_memory(gl.int64, [A_STAGES, 1], mbarrier.MBarrierLayout())
     for i in gl.static_range(STAGES):
-        mbarrier.init(bars.index(i), count=1)
+        mbarrier.init(load_ready.index(i), count=1)
+        mbarrier.init(load_empty.index(i), count=2)  # decode and mma
+    for i in gl.static_range(A_STAGES):
+        mbarrier.init(a_ready.index(i), count=1)
+        mbarrier.init(a_empty.index(i), count=1)
     fence_async_shared()
 
     acc_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[num_warps, 1],
                                                          instr_shape=[16, BLOCK_T, 16])
-    a_layout: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=acc_layout, k_width=2)
-    acc = gl.zeros([ROWS, BLOCK_T], gl.float32, acc_layout)
-    a_prev = gl.zeros([ROWS, BLOCK_K], gl.bfloat16, a_layout)
-
     # at least one step: with a zero-trip path the accumulator's zeros would reach the final wait
     # outside wgmma, and ptxas serializes every wgmma (C7515)
     steps = gl.maximum(gl.cdiv(K, BLOCK_K), 1)
-    for i in gl.static_range(STAGES - 1):
-        _issue_loads(i, x_desc, codes_desc, scales_desc, x_bufs, codes_bufs, scales_bufs, bars, t0, n0,
-                     i < steps, STAGES)
-    for i in range(steps):
-        slot = i % STAGES
-        mbarrier.wait(bars.index(slot), (i // STAGES) & 1)
-        a = _decode_step(codes_bufs.index(slot), scales_bufs.index(slot), a_layout, ROWS, BLOCK_K, num_warps)
-        acc = warpgroup_mma(a, x_bufs.index(slot).permute((1, 0)), acc, use_acc=i > 0, is_async=True)
-        # step i - 1's MMA is done: its A registers and its slot may be reused
-        acc, a_prev = warpgroup_mma_wait(num_outstanding=1, deps=(acc, a_prev))
-        a_prev = a
-        gl.thread_barrier()
-        j = i + STAGES - 1
-        _issue_loads(j, x_desc, codes_desc, scales_desc, x_bufs, codes_bufs, scales_bufs, bars, t0, n0,
-                     j < steps, STAGES)
-    acc = warpgroup_mma_wait(num_outstanding=0, deps=(acc, ))
-    for i in gl.static_range(STAGES):
-        mbarrier.invalidate(bars.index(i))
+    results = gl.warp_specialize([
+        (_mma_partition, (x_bufs, a_bufs, load_ready, load_empty, a_ready, a_empty, steps, STAGES, A_STAGES,
+                          acc_layout)),
+        (_load_partition, (x_desc, codes_desc, scales_desc, x_bufs, codes_bufs, scales_bufs, load_ready,
+                           load_empty, t0, n0, steps, STAGES)),
+        (_decode_partition, (codes_bufs, scales_bufs, a_bufs, load_ready, load_empty, a_ready, a_empty, steps,
+                             STAGES, A_STAGES, DECODE_WARPS)),
+    ], [1, DECODE_WARPS], [LOAD_REGS, DECODE_REGS])
+    acc = results[0]
 
-    # epilogue: each thread 8 consecutive output columns (16-byte stores)
+    # epilogue (the mma partition's warps): each thread 8 consecutive output columns (16-byte stores)
     out_layout: gl.constexpr = gl.BlockedLayout([8, 1], [8, 4], [1, num_warps], [0, 1])
     y = gl.convert_layout(acc, out_layout)
     rows = n0 + gl.arange(0, ROWS, gl.SliceLayout(1, out_layout))
@@ -188,7 +269,6 @@ def hopper_w4a16_kernel(
     mask = row_ok[:, None] & (tokens < M)[None, :]
     gl.store(out_ptr + offsets, y.to(out_ptr.dtype.element_ty), mask=mask)
 
-
 def descriptor_layouts(config: HopperConfig):
     """-> the shared-memory layouts of x's, the codes' and the scales' TMA boxes, and the boxes."""
     kc = config.block_k // layout.CHUNK_K
@@ -198,6 +278,13 @@ def descriptor_layouts(config: HopperConfig):
     return ((gl.NVMMASharedLayout.get_default_for(x_box, gl.bfloat16), x_box),
             (gl.NVMMASharedLayout(swizzle_byte_width=0, element_bitwidth=32, rank=3), codes_box),
             (gl.NVMMASharedLayout(swizzle_byte_width=0, element_bitwidth=16, rank=2), scales_box))
+
+
+def kernel_constexprs(config: HopperConfig) -> dict:
+    """The kernel's tile constexprs of a config (the TMA boxes carry the tile sizes)."""
+    return {"STAGES": config.stages, "GROUP_N": config.group_n, "num_warps": config.num_warps,
+            "A_STAGES": config.a_stages, "DECODE_WARPS": config.decode_warps, "LOAD_REGS": config.load_regs,
+            "DECODE_REGS": config.decode_regs}
 
 
 def hopper_linear(x, w_codes, w_scales, w_global_scale, bias=None, out_dtype=torch.bfloat16,
@@ -217,6 +304,8 @@ def hopper_linear(x, w_codes, w_scales, w_global_scale, bias=None, out_dtype=tor
     if per_row and w_global_scale.shape != (n,):
         raise ValueError(f"a per-row global scale must have shape ({n},)")
     config = config or hopper_config(m)
+    if config.rows % 64 or config.num_warps * 16 != config.rows or config.block_k % layout.CHUNK_K:
+        raise ValueError(f"{config}: rows a multiple of 64, num_warps = rows / 16, block_k a multiple of 64")
     if x.stride(1) != 1 or x.stride(0) % 8 or x.data_ptr() % 16:
         x = x.contiguous()
     out = torch.empty((m, n), dtype=out_dtype, device=x.device)
@@ -230,6 +319,5 @@ def hopper_linear(x, w_codes, w_scales, w_global_scale, bias=None, out_dtype=tor
     grid = (triton.cdiv(n, config.rows) * triton.cdiv(m, config.block_t), )
     hopper_w4a16_kernel[grid](
         x_desc, codes_desc, scales_desc, g, bias if bias is not None else g, out, m, n, out.stride(0),
-        W_GLOBAL_SCALE_PER_ROW=per_row, HAS_BIAS=bias is not None, STAGES=config.stages,
-        GROUP_N=config.group_n, num_warps=config.num_warps)
+        W_GLOBAL_SCALE_PER_ROW=per_row, HAS_BIAS=bias is not None, **kernel_constexprs(config))
     return out

@@ -1,8 +1,10 @@
-"""Compile the Hopper W4A16 GEMM (Gluon) for sm_90 without a GPU, one case per shipped config.
+"""Compile the Hopper W4A16 GEMM (Gluon, warp-specialized) for sm_90 without a GPU, one case per
+shipped config and epilogue variant.
 
 Run as a script (in a process without TRITON_INTERPRET): prints one JSON object per case,
-{"case", "ok", "error", "mma", "wait_counts", "loop_wait_counts", "ptxas_serialized", "spills",
-"sass_depbar_counts"}.
+{"case", "config", "ok", "error", "mma", "wait_counts", "loops", "mma_loops", "mma_loop_wait_counts",
+"loop_releases", "arrives_after_bar_sync", "setmaxnreg", "ptxas_serialized", "ptxas_warnings",
+"spills", "sass_depbar_counts"}.
     python tests/helpers/compile_hopper.py
 """
 
@@ -25,22 +27,44 @@ from nvfp4_inductor.kernels import hopper_gemm  # noqa: E402
 
 WAIT_GROUP = r"wgmma\.wait_group\.sync\.aligned (\d+)"
 DEPBAR = r"WARPGROUP\.DEPBAR\.LE gsb0, 0x(\w+)"
-LOOP = r"(?s)\n(\$L__BB\d+_\d+):[^\n]*Inner Loop Header(.*?)bra(?:\.uni)?\s+\1;"  # the K loop's body
 SERIALIZED = "C7515"  # ptxas: "wgmma.mma_async instructions are serialized"
+# a block label whose comment lines (LLVM's) name it an innermost loop's header
+LOOP_HEADER = r"\n(\$L__BB\d+_\d+):([^\n]*(?:\n[ \t]*//[^\n]*)*)"
+RELEASE = r"mbarrier\.arrive\.shared::cta"  # a consumer's arrive (not the loader's arrive.expect_tx)
+SYNC_EVENTS = r"bar\.sync|barrier\.sync|" + RELEASE + r"|ld\.shared|st\.shared|wgmma\.wait_group"
+
+
+def inner_loops(ptx: str) -> list[str]:
+    """The bodies of the PTX's innermost loops: from the header label to the branch back to it."""
+    bodies = []
+    for match in re.finditer(LOOP_HEADER, ptx):
+        label, comments = match.groups()
+        if "Inner Loop Header" not in comments:
+            continue
+        back = re.search(r"bra(?:\.uni)?\s+" + re.escape(label) + ";", ptx[match.end():])
+        if back:
+            bodies.append(ptx[match.end():match.end() + back.start()])
+    return bodies
+
+
+def arrives_after_bar_sync(body: str) -> bool:
+    """Every consumer arrive in the loop directly follows a bar.sync among the loop's shared-memory
+    accesses, wgmma waits, barriers and arrives: all warps of the partition are done before it."""
+    events = re.findall(SYNC_EVENTS, body)
+    return all(i > 0 and events[i - 1] in ("bar.sync", "barrier.sync") or re.fullmatch(RELEASE, events[i - 1])
+               for i, e in enumerate(events) if re.fullmatch(RELEASE, e))
 
 
 def signature(config, per_row: bool, bias: bool):
     (x_layout, x_box), (codes_layout, codes_box), (scales_layout, scales_box) = \
         hopper_gemm.descriptor_layouts(config)
+    constexprs = {"W_GLOBAL_SCALE_PER_ROW": per_row, "HAS_BIAS": bias, **hopper_gemm.kernel_constexprs(config)}
     sig = {"x_desc": f"tensordesc<bf16{x_box},{x_layout!r}>",
            "codes_desc": f"tensordesc<i32{codes_box},{codes_layout!r}>",
            "scales_desc": f"tensordesc<i16{scales_box},{scales_layout!r}>",
            "w_global_scale_ptr": "*fp32", "bias_ptr": "*bf16", "out_ptr": "*bf16",
            "M": "i32", "N": "i32", "stride_om": "i32",
-           **{name: "constexpr" for name in ("W_GLOBAL_SCALE_PER_ROW", "HAS_BIAS", "STAGES", "GROUP_N",
-                                             "num_warps")}}
-    constexprs = {"W_GLOBAL_SCALE_PER_ROW": per_row, "HAS_BIAS": bias, "STAGES": config.stages,
-                  "GROUP_N": config.group_n, "num_warps": config.num_warps}
+           **{name: "constexpr" for name in constexprs}}
     names = list(sig)
     # what the JIT specializes at launch: pointers and a stride divisible by 16
     attrs = {(names.index(name),): [["tt.divisibility", 16]]
@@ -70,21 +94,33 @@ def cases():
             yield f"hopper-{'x'.join(map(str, config))}-rowg{int(per_row)}-bias{int(bias)}", config, per_row, bias
 
 
+def facts(compiled) -> dict:
+    ptx = compiled.asm["ptx"]
+    loops = inner_loops(ptx)
+    mma_loops = [body for body in loops if "wgmma.mma_async" in body]
+    ptxas = tool_output(knobs.nvidia.ptxas, ["-arch=sm_90a", "-v", "-o", os.devnull], ".ptx", ptx)
+    sass = tool_output(knobs.nvidia.cuobjdump, ["-sass"], ".cubin", compiled.asm["cubin"])
+    return {
+        "mma": sorted(set(re.findall(r"wgmma\.mma_async[\w.]*", ptx))),
+        "wait_counts": sorted({int(n) for n in re.findall(WAIT_GROUP, ptx)}),
+        "loops": len(loops),
+        "mma_loops": len(mma_loops),
+        "mma_loop_wait_counts": sorted({int(n) for body in mma_loops for n in re.findall(WAIT_GROUP, body)}),
+        "loop_releases": sum(len(re.findall(RELEASE, body)) for body in loops),
+        "arrives_after_bar_sync": all(arrives_after_bar_sync(body) for body in loops),
+        "setmaxnreg": sorted({int(n) for n in re.findall(r"setmaxnreg\.\w+\.sync\.aligned\.u32\s+(\d+)", ptx)}),
+        "ptxas_serialized": SERIALIZED in ptxas,
+        "ptxas_warnings": [ln for ln in ptxas.splitlines() if "warning" in ln.lower()],
+        "spills": re.findall(r"(\d+) bytes spill stores", ptxas),
+        "sass_depbar_counts": sorted({int(n, 16) for n in re.findall(DEPBAR, sass)}),
+    }
+
+
 def main():
     for case, config, per_row, bias in cases():
-        result = {"case": case, "ok": False, "error": None}
+        result = {"case": case, "config": list(config), "ok": False, "error": None}
         try:
-            compiled = compile_config(config, per_row, bias)
-            ptx = compiled.asm["ptx"]
-            result["mma"] = sorted(set(re.findall(r"wgmma\.mma_async[\w.]*", ptx)))
-            result["wait_counts"] = sorted({int(n) for n in re.findall(WAIT_GROUP, ptx)})
-            loops = re.findall(LOOP, ptx)
-            result["loop_wait_counts"] = sorted({int(n) for _, body in loops for n in re.findall(WAIT_GROUP, body)})
-            ptxas = tool_output(knobs.nvidia.ptxas, ["-arch=sm_90a", "-v", "-o", os.devnull], ".ptx", ptx)
-            result["ptxas_serialized"] = SERIALIZED in ptxas
-            result["spills"] = re.findall(r"(\d+) bytes spill stores", ptxas)
-            sass = tool_output(knobs.nvidia.cuobjdump, ["-sass"], ".cubin", compiled.asm["cubin"])
-            result["sass_depbar_counts"] = sorted({int(n, 16) for n in re.findall(DEPBAR, sass)})
+            result.update(facts(compile_config(config, per_row, bias)))
             result["ok"] = True
         except Exception as e:  # noqa: BLE001 - reported per case
             result["error"] = f"{type(e).__name__}: {e}"[:2000]

@@ -1,7 +1,8 @@
-"""kernels/hopper_gemm.py, the Hopper W4A16 GEMM (Gluon). Without a GPU: every shipped config
-compiles for sm_90 and keeps one wgmma group in flight through the K loop (PTX `wgmma.wait_group 1`
-in the loop, SASS `WARPGROUP.DEPBAR.LE gsb0, 0x1`, no ptxas serialization warning). On a GPU: the
-kernel against the reference linear on fresh random inputs and odd shapes."""
+"""kernels/hopper_gemm.py, the Hopper W4A16 GEMM (Gluon, warp-specialized). Without a GPU: every
+shipped config compiles for sm_90 into load, decode and mma partitions, and the mma partition's
+K loop keeps one wgmma group in flight (PTX `wgmma.wait_group 1` in the loop, SASS
+`WARPGROUP.DEPBAR.LE gsb0, 0x1`, no ptxas serialization warning, no spills). On a GPU: the kernel
+against the reference linear on fresh random inputs, odd shapes and every shipped config."""
 
 import json
 import os
@@ -14,10 +15,12 @@ import torch
 
 import nvfp4_inductor as nv
 from nvfp4_inductor import reference
+from nvfp4_inductor.kernels import gemm_configs
 
 pytest.importorskip("triton.experimental.gluon")
 
 SCRIPT = Path(__file__).parents[1] / "helpers" / "compile_hopper.py"
+CONFIGS = sorted({config for _, config in gemm_configs.HOPPER_CONFIGS})
 
 
 @pytest.fixture(scope="module")
@@ -30,9 +33,7 @@ def compiled() -> list[dict]:
 
 
 def test_every_config_compiles_for_sm90(compiled):
-    from nvfp4_inductor.kernels import gemm_configs
-
-    assert len(compiled) == 2 * len({config for _, config in gemm_configs.HOPPER_CONFIGS})
+    assert len(compiled) == 2 * len(CONFIGS)
     failed = {r["case"]: r["error"] for r in compiled if not r["ok"]}
     assert not failed, failed
 
@@ -40,10 +41,23 @@ def test_every_config_compiles_for_sm90(compiled):
 def test_wgmma_stays_in_flight_through_the_k_loop(compiled):
     for r in compiled:
         assert r["mma"] and all(".bf16.bf16" in mma for mma in r["mma"]), r
-        assert r["loop_wait_counts"] == [1], r  # the loop never drains the wgmma groups
+        assert r["loops"] == 3, r  # one K loop a partition: load, decode, mma
+        assert r["mma_loops"] == 1, r
+        assert r["mma_loop_wait_counts"] == [1], r  # the mma loop never drains the wgmma groups
         assert not r["ptxas_serialized"], r  # ptxas did not serialize the wgmmas (C7515)
+        assert not r["ptxas_warnings"], r
         assert 1 in r["sass_depbar_counts"], r
         assert r["spills"] == ["0"], r
+
+
+def test_partitions_and_handover(compiled):
+    """The partitions get their register counts, and each release of a slot (decode: codes read,
+    A tile stored; mma: step i - 1's wgmma retired) follows a partition-wide bar.sync."""
+    for r in compiled:
+        config = gemm_configs.HopperConfig(*r["config"])
+        assert {config.load_regs, config.decode_regs} <= set(r["setmaxnreg"]), r
+        assert r["loop_releases"] == 4, r  # decode: load_empty, a_ready; mma: load_empty, a_empty
+        assert r["arrives_after_bar_sync"], r
 
 
 def _rel(got, want):
@@ -51,24 +65,34 @@ def _rel(got, want):
     return ((got - want).norm() / want.norm()).item()
 
 
-@pytest.mark.gpu
-@pytest.mark.parametrize("m", [17, 33, 128, 200, 512, 1000])
-@pytest.mark.parametrize("n, k", [(200, 320), (1024, 512), (96, 1040)])
-def test_against_the_reference_linear(m, n, k):
-    """Fresh random x over a wide range, per-tensor and per-row global scales, weights with blocks
-    spanning the e4m3 range (subnormal scales included), bias; M, N, K not multiples of the tiles."""
-    from nvfp4_inductor.kernels.hopper_gemm import hopper_linear
+def _case(m, n, k, seed, per_row, bias=True):
+    """Fresh random x over a wide range, weights with blocks spanning the e4m3 range (subnormal
+    scales included), a per-tensor or per-row global scale, bias -> (inputs on the GPU, reference
+    output in float64)."""
     from nvfp4_inductor.reference import hopper
 
-    gen = torch.Generator().manual_seed(m * 131 + n * 7 + k)
+    gen = torch.Generator().manual_seed(seed)
     x = (torch.randn(m, k, generator=gen) * 10).to(torch.bfloat16)
     w = torch.randn(n, k, generator=gen) * torch.logspace(-3, 2, n)[:, None]
-    per_row = m % 2 == 1
     data, scale, g = reference.quantize(w, per_row=per_row)
-    bias = torch.randn(n, generator=gen)
+    b = torch.randn(n, generator=gen) if bias else None
     codes, scales = hopper.pack(data, scale)
-    want = x.double() @ reference.dequantize(data, scale, g).double().T + bias.double()
-    args = [t.cuda() for t in (x, codes, scales, g, bias)]
+    want = x.double() @ reference.dequantize(data, scale, g).double().T
+    if bias:
+        want = want + b.double()
+    args = [t.cuda() for t in (x, codes, scales, g)] + [b.cuda() if bias else None]
+    return args, want
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("m", [17, 33, 128, 200, 600])
+@pytest.mark.parametrize("n, k", [(200, 320), (1024, 512), (96, 1040), (328, 4112)])
+def test_against_the_reference_linear(m, n, k):
+    """The default config for M; N not a multiple of the tile, K a multiple of 16 and (512 aside)
+    not of BLOCK_K, K = 4112 wrapping the slot rings many times."""
+    from nvfp4_inductor.kernels.hopper_gemm import hopper_linear
+
+    args, want = _case(m, n, k, seed=m * 131 + n * 7 + k, per_row=m % 2 == 1)
     y = hopper_linear(*args, out_dtype=torch.float32, n=n)
     assert y.shape == (m, n)
     assert _rel(y, want) <= 2e-3
@@ -77,10 +101,23 @@ def test_against_the_reference_linear(m, n, k):
 
 
 @pytest.mark.gpu
-def test_every_shipped_config_and_special_blocks():
-    """Each config of the table on one shape, with a NaN block (poisons its row's outputs only)
-    and an all-zero row."""
-    from nvfp4_inductor.kernels import gemm_configs
+@pytest.mark.parametrize("config", CONFIGS, ids=lambda c: "x".join(map(str, c)))
+@pytest.mark.parametrize("m", [17, 200, 600])
+@pytest.mark.parametrize("per_row, bias", [(False, True), (True, False), (True, True)])
+def test_every_shipped_config(config, m, per_row, bias):
+    """Each config at every M (not only where the table picks it), odd N and K."""
+    from nvfp4_inductor.kernels.hopper_gemm import hopper_linear
+
+    n, k = 200, 1040
+    args, want = _case(m, n, k, seed=m + 3 * per_row + bias + config.rows, per_row=per_row, bias=bias)
+    y = hopper_linear(*args, out_dtype=torch.float32, config=config, n=n)
+    assert _rel(y, want) <= 2e-3, config
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("config", CONFIGS, ids=lambda c: "x".join(map(str, c)))
+def test_special_blocks(config):
+    """A NaN block poisons its row's outputs only; an all-zero row gives zeros."""
     from nvfp4_inductor.kernels.hopper_gemm import hopper_linear
     from nvfp4_inductor.reference import hopper
 
@@ -93,10 +130,19 @@ def test_every_shipped_config_and_special_blocks():
     data[7], scale.view(torch.uint8)[7] = 0, 0
     codes, scales = hopper.pack(data, scale)
     want = x.double() @ reference.dequantize(data, scale, q.global_scale).double().T
-    for _, config in gemm_configs.HOPPER_CONFIGS:
-        y = hopper_linear(x.cuda(), codes.cuda(), scales.cuda(), q.global_scale.cuda(), None,
-                          torch.float32, config, n=n).cpu()
-        assert torch.isnan(y[:, 5]).all() and not torch.isnan(y[:, torch.arange(n) != 5]).any(), config
-        assert not y[:, 7].any(), config
-        keep = torch.arange(n) != 5
-        assert _rel(y[:, keep], want[:, keep]) <= 2e-3, config
+    y = hopper_linear(x.cuda(), codes.cuda(), scales.cuda(), q.global_scale.cuda(), None,
+                      torch.float32, config, n=n).cpu()
+    assert torch.isnan(y[:, 5]).all() and not torch.isnan(y[:, torch.arange(n) != 5]).any(), config
+    assert not y[:, 7].any(), config
+    keep = torch.arange(n) != 5
+    assert _rel(y[:, keep], want[:, keep]) <= 2e-3, config
+
+
+def test_rejects_a_config_the_kernel_cannot_run():
+    from nvfp4_inductor.kernels.hopper_gemm import hopper_linear
+    from nvfp4_inductor.reference import hopper
+
+    codes, scales = hopper.pack(torch.zeros(64, 32, dtype=torch.uint8), torch.ones(64, 4).to(torch.float8_e4m3fn))
+    x = torch.zeros(8, 64, dtype=torch.bfloat16)
+    with pytest.raises(ValueError, match="num_warps"):
+        hopper_linear(x, codes, scales, torch.ones(()), config=gemm_configs.HopperConfig(rows=128, num_warps=4))
