@@ -22,7 +22,6 @@ Every row runs in its own try/except: a failure prints its error and the table g
 
 import argparse
 import math
-import statistics
 import time
 import traceback
 
@@ -31,6 +30,7 @@ import triton
 import transformers
 
 import nvfp4_inductor as nv
+from bench_quantize import copy_bandwidth_gbs, graph_us
 from nvfp4_inductor.reference import kv_cache as layout
 
 Q_HEADS, KV_HEADS, HEAD_DIM = 32, 8, 128
@@ -39,44 +39,9 @@ LLAMA3_8B = dict(vocab_size=4096, hidden_size=4096, intermediate_size=14336, num
 OPS = torch.ops.nvfp4
 
 
-def graph_us(fn, calls: int = 20, reps: int = 15) -> float:
-    """Median time of one fn() call, from CUDA-graph replays of `calls` back-to-back calls."""
-    fn()
-    torch.cuda.synchronize()
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        for _ in range(calls):
-            fn()
-    times = []
-    for _ in range(reps):
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
-        graph.replay()
-        end.record()
-        torch.cuda.synchronize()
-        times.append(start.elapsed_time(end) * 1e3 / calls)
-    return statistics.median(times)
-
-
-def copy_bandwidth_gbs() -> float:
-    """1 GiB device copies timed with events (read + write bytes)."""
-    src = torch.empty(1 << 30, dtype=torch.uint8, device="cuda").random_()
-    dst = torch.empty_like(src)
-    dst.copy_(src)
-    times = []
-    for _ in range(10):
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
-        dst.copy_(src)
-        end.record()
-        torch.cuda.synchronize()
-        times.append(start.elapsed_time(end) * 1e3)
-    return 2 * src.numel() / statistics.median(times) / 1e3
-
-
 def cycle_us(fn, inputs) -> float:
     """Time of one fn(*x), from graph replays of calls cycling through inputs."""
-    return graph_us(lambda: [fn(*x) for x in inputs]) / len(inputs)
+    return graph_us(lambda: [fn(*x) for x in inputs], calls=20, reps=15) / len(inputs)
 
 
 def copies_for(nbytes: int) -> int:

@@ -330,11 +330,17 @@ def _check_kv_states(name: str, x, batch: int, heads: int, dim: int, what: str) 
         raise ValueError(f"{name} has {x.shape[1]} heads; the cache has {heads} kv heads (need {need})")
 
 
-def check_kv_write_args(key, value, k_cache, v_cache, positions) -> None:
-    batch, heads, _, dim = check_kv_cache("k_cache", k_cache)
+def _check_kv_caches(k_cache, v_cache) -> tuple[int, int, int, int]:
+    """Both caches checked and alike -> (batch, kv heads, slots, head dim)."""
+    sizes = check_kv_cache("k_cache", k_cache)
     check_kv_cache("v_cache", v_cache)
     if v_cache.shape != k_cache.shape:
         raise ValueError(f"k_cache {tuple(k_cache.shape)} and v_cache {tuple(v_cache.shape)} differ")
+    return sizes
+
+
+def check_kv_write_args(key, value, k_cache, v_cache, positions) -> None:
+    batch, heads, _, dim = _check_kv_caches(k_cache, v_cache)
     _check_kv_states("key", key, batch, heads, dim, "kv")
     _check_kv_states("value", value, batch, heads, dim, "kv")
     if value.shape != key.shape or value.dtype != key.dtype:
@@ -348,10 +354,7 @@ def check_kv_write_args(key, value, k_cache, v_cache, positions) -> None:
 
 
 def check_kv_attention_args(query, k_cache, v_cache, mask, scale) -> None:
-    batch, heads, slots, dim = check_kv_cache("k_cache", k_cache)
-    check_kv_cache("v_cache", v_cache)
-    if v_cache.shape != k_cache.shape:
-        raise ValueError(f"k_cache {tuple(k_cache.shape)} and v_cache {tuple(v_cache.shape)} differ")
+    batch, heads, slots, dim = _check_kv_caches(k_cache, v_cache)
     _check_kv_states("query", query, batch, heads, dim, "q")
     if not isinstance(scale, float):
         raise TypeError(f"scale must be a float; got {scale!r}")
