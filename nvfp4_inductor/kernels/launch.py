@@ -1,6 +1,7 @@
-"""Launching compiled NVFP4 GEMM kernels: split-K tile counters (one allocator, `split_counters`),
-direct launches of a compiled kernel without Triton's per-call argument binding (`run`), and
-launches bound to one weight (`BoundLaunch`). Nothing here decides which kernel runs (plan.py)."""
+"""Launching compiled NVFP4 GEMM kernels: the split-K tile counters of eager launches
+(`split_counters`; a compiled graph allocates its own), direct launches of a compiled kernel
+without Triton's per-call argument binding (`run`), and launches bound to one weight
+(`BoundLaunch`). Nothing here decides which kernel runs (plan.py)."""
 
 import threading
 

@@ -29,7 +29,7 @@ TILE_SCALES = TILE_N * TILE_K // BLOCK_SIZE  # scale bytes a tile (256)
 
 def scale_index(r, c):
     """Tile row r, block c (ints or tensors) -> the byte of its scale in the tile's TILE_SCALES
-    (module docstring; kernels/_common.tiled_scale_offset is the kernels' copy)."""
+    (module docstring; kernels/device/common.tiled_scale_offset is the kernels' copy)."""
     return 128 * (r // 32) + 16 * (r % 8) + 4 * c + (r % 32) // 8
 
 
