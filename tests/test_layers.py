@@ -178,7 +178,8 @@ def test_x_reaches_the_kernel_through_few_modules():
     def profile(frame, event, arg):
         module = frame.f_globals.get("__name__", "")
         if event == "call" and module.startswith("nvfp4_inductor."):
-            holds_x = any(isinstance(v, torch.Tensor) and v.untyped_storage().data_ptr() == x.untyped_storage().data_ptr()
+            storage = x.untyped_storage().data_ptr()
+            holds_x = any(isinstance(v, torch.Tensor) and v.untyped_storage().data_ptr() == storage
                           for v in frame.f_locals.values())
             if holds_x and (not visits or visits[-1] != module):
                 visits.append(module)

@@ -79,7 +79,8 @@ def test_sm100_template_matches_reference(sm100, monkeypatch, m):
     finally:
         torch._dynamo.reset()
     source = "\n".join(code)
-    assert f"MAINLOOP : tl.constexpr = {MAINLOOPS['dot_scaled']}" in source and "torch.ops.nvfp4.quantize.default(" in source
+    assert f"MAINLOOP : tl.constexpr = {MAINLOOPS['dot_scaled']}" in source
+    assert "torch.ops.nvfp4.quantize.default(" in source
     w = linear.weight.detach()
     data, scale, g = torch.ops.nvfp4.quantize(w, None, False, False)
     with torch.no_grad():

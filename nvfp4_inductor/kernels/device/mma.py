@@ -38,9 +38,9 @@ s * 2^119 (one mul.bf16x2, exact: at most 6 significant bits): e2m1 * s * 2^-7, 
 device/mainloops.py; the epilogue multiplies by 2^7 * g. s * 2^119 comes from the e4m3 bits through
 the hardware conversion (cvt.rn.f16x2.e4m3x2, exact, NaN kept) and fp32.
 
-Row-major weights (LAYOUT_ROW_MAJOR .. LAYOUT_GROUPED). The same lanes, values and mma; each lane keeps a pointer to each
-of its four rows, and a warp's 8-byte code load reads 8 rows x 32 bytes (8 cache lines, against 2
-in the tiled layout). Plain scales read as bytes cost as much again (8 lines a byte load), so
+Row-major weights (LAYOUT_ROW_MAJOR .. LAYOUT_GROUPED). The same lanes, values and mma; each lane
+keeps a pointer to each of its four rows, and a warp's 8-byte code load reads 8 rows x 32 bytes
+(8 cache lines, against 2 in the tiled layout). Plain scales read as bytes cost as much again (8 lines a byte load), so
 with K % 64 == 0 at M <= 8 (LAYOUT_GROUPED) a lane takes, in tile r of each group of 4 K-tiles, the
 16-k block 4q + r of the group: its 4 scale bytes of the group are one word, loaded once a group
 and picked from by a byte permute; its codes of a group are then 32 contiguous bytes of each row,
@@ -216,7 +216,8 @@ def _load_weights(ww_ptr, ws_ptr, tile):
 
 @triton.jit
 def load_codes_rm(wp, t, held, k_ok, LAYOUT: tl.constexpr, EVEN_K: tl.constexpr):
-    """Row-major W: a lane's codes of K-tile t (LAYOUT_ROW_MAJOR .. LAYOUT_GROUPED; wp its four row pointers at K-tile 0)
+    """Row-major W: a lane's codes of K-tile t (LAYOUT_ROW_MAJOR .. LAYOUT_GROUPED; wp its four row
+    pointers at K-tile 0)
     -> (8 words: two a row, rows g, g + 8, g + 16, g + 24), held. LAYOUT_GROUPED: a lane's blocks of a
     group are 32 contiguous bytes of each row, read as two 16-byte loads, at the group's tiles 0 and
     2; the second half of each (tiles 1 and 3) is held (8 words) until the next tile. Else 8-byte
@@ -280,7 +281,8 @@ def lane_k(q, LAYOUT: tl.constexpr):
 
 @triton.jit
 def row_major_pointers(w_ptr, w_scale_ptr, n0, q, N, K, scale_cols, LAYOUT: tl.constexpr):
-    """Row-major W (LAYOUT_ROW_MAJOR .. LAYOUT_GROUPED): a lane's pointers at K-tile 0 -> (four uint32 code pointers, four
+    """Row-major W (LAYOUT_ROW_MAJOR .. LAYOUT_GROUPED): a lane's pointers at K-tile 0 -> (four uint32
+    code pointers, four
     scale pointers) for its rows n0, n0 + 8, n0 + 16, n0 + 24 (each at most N - 1) and its k-slice
     q; _load_w adds K-tile t's offsets (_tile_offsets). Scale pointers: bytes (LAYOUT_ROW_MAJOR, plain; LAYOUT_SWIZZLED,
     swizzled, scale_cols the padded columns) or uint32 words (3: blocks 4q .. 4q + 3 of group 0)."""
