@@ -39,15 +39,16 @@ device/mainloops.py; the epilogue multiplies by 2^7 * g. s * 2^119 comes from th
 the hardware conversion (cvt.rn.f16x2.e4m3x2, exact, NaN kept) and fp32.
 
 Row-major weights (LAYOUT_ROW_MAJOR .. LAYOUT_GROUPED). The same lanes, values and mma; each lane
-keeps a pointer to each of its four rows, and a warp's 8-byte code load reads 8 rows x 32 bytes
-(8 cache lines, against 2 in the tiled layout). Plain scales read as bytes cost as much again (8 lines a byte load), so
-with K % 64 == 0 at M <= 8 (LAYOUT_GROUPED) a lane takes, in tile r of each group of 4 K-tiles, the
-16-k block 4q + r of the group: its 4 scale bytes of the group are one word, loaded once a group
-and picked from by a byte permute; its codes of a group are then 32 contiguous bytes of each row,
-read as two 16-byte loads (tiles 0 and 2 of the group; the second half of each held in registers
-for the next tile). Swizzled scales (LAYOUT_SWIZZLED) need neither: the 8 rows of a warp's scale load
-lie in one 128-byte line. Fastest to slowest: tiled, swizzled, plain read as words, plain read as
-bytes; the 16-byte code loads hold more registers but are faster (docs/gemm.md).
+keeps a pointer to each of its four rows, and a warp's 8-byte code load reads 8 rows x 32 bytes (8
+cache lines, against 2 in the tiled layout). Plain scales read as bytes cost as much again (8 lines
+a byte load), so with K % 64 == 0 at M <= 8 (LAYOUT_GROUPED) a lane takes, in tile r of each group
+of 4 K-tiles, the 16-k block 4q + r of the group: its 4 scale bytes of the group are one word,
+loaded once a group and picked from by a byte permute; its codes of a group are then 32 contiguous
+bytes of each row, read as two 16-byte loads (tiles 0 and 2 of the group; the second half of each
+held in registers for the next tile). Swizzled scales (LAYOUT_SWIZZLED) need neither: the 8 rows of
+a warp's scale load lie in one 128-byte line. Fastest to slowest: tiled, swizzled, plain read as
+words, plain read as bytes; the 16-byte code loads hold more registers but are faster
+(docs/gemm.md).
 
 More x rows (NB blocks of 8: M <= 8, 16, 32): each block's x words feed an mma per weight row
 block, the weights decoded once. Four blocks hold 32 sums and two tiles of x words a lane (142
