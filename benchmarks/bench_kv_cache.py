@@ -1,6 +1,6 @@
 """NVFP4 KV cache (nv.NVFP4Cache, attn_implementation "nvfp4") against the bf16 static cache, same run.
 
-    python benchmarks/bench_kv_cache.py                      # everything below, < 4 minutes on an H100
+    python benchmarks/bench_kv_cache.py                      # everything below
     python benchmarks/bench_kv_cache.py --skip-e2e           # memory and attention only
 
 1. KV memory: bytes of an NVFP4Cache against a bf16 StaticCache of the same shape (Llama-3-8B:

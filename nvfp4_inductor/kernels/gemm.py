@@ -63,10 +63,9 @@ def _linear(x2, w_data, w_scale, w_global_scale, bias, n, activation, w_swizzled
     a = x_global_scale = None
     if x_format == "bf16":
         a, x_global_scale = _activation_operand(x2, activation)
-    chosen = plan.plan_gemm(m, n, k, tiled=tiled, activation=activation, device=x2.device,
-                            mma_operands_fit=a is None or plan.mma_operands_aligned(a, w_data, w_scale, tiled),
-                            code_bytes=w_data.numel(), swizzled=w_swizzled,
-                            scale_word_aligned=w_scale.data_ptr() % 4 == 0)
+    # (an NVFP4 x takes the block-scaled MMA, whatever its alignment: x's own facts stand in)
+    chosen = plan.plan_gemm(m, n, k, tiled=tiled, activation=activation, device=x2.device, swizzled=w_swizzled,
+                            **plan.operand_facts(x2 if a is None else a, w_data, w_scale, tiled))
     if chosen.kernel == "splitk":
         a_scale = None
         if x_format == "nvfp4":  # (sm_100: both global scales in the epilogue's g)
@@ -114,8 +113,7 @@ def bind_linear_tiled(x, w_data, w_scale, w_global_scale, bias, n: int, activati
         return None  # (bind_splitk checks the rest)
     x2 = x.reshape(-1, x.shape[-1])
     chosen = plan.plan_gemm(x2.shape[0], n, x2.shape[1], tiled=True, activation=activation, device=x.device,
-                            mma_operands_fit=plan.mma_operands_aligned(x2, w_data, w_scale, True),
-                            code_bytes=w_data.numel(), scale_word_aligned=w_scale.data_ptr() % 4 == 0)
+                            **plan.operand_facts(x2, w_data, w_scale, True))
     if chosen.kernel != "splitk" or chosen.x_format != "bf16":
         return None
     return bind_splitk(x2, w_data, w_scale, w_global_scale, bias, x.dtype, n, (*x.shape[:-1], n), chosen.launch)

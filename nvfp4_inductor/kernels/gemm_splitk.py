@@ -22,6 +22,7 @@ import triton
 import triton.language as tl
 
 from nvfp4_inductor import capability
+from nvfp4_inductor.format import BLOCK_SIZE
 from nvfp4_inductor.kernels import launch as launches
 from nvfp4_inductor.kernels import plan
 from nvfp4_inductor.kernels.device.common import LAYOUT_GROUPED, LAYOUTS, check_swizzled_offsets
@@ -132,7 +133,7 @@ def gemm_splitk(x, w_data, w_scale, w_global_scale, bias, out_dtype, swizzled, t
     if m > max_m:
         raise ValueError(f"the split-K NVFP4 GEMM takes at most {max_m} rows with this mainloop; got {m}")
     k = x.shape[1] * (2 if x_format == "nvfp4" else 1)
-    scale_cols_pad = w_scale.shape[1] if swizzled else k // 16
+    scale_cols_pad = w_scale.shape[1] if swizzled else k // BLOCK_SIZE
     if launch.splits > 1:
         partial = torch.empty((launch.splits, m, n), dtype=torch.float32, device=x.device)
         counters = launches.split_counters(x.device, launch.tiles)
@@ -187,5 +188,5 @@ def bind_splitk(x, w_data, w_scale, w_global_scale, bias, out_dtype, tiled_n: in
     bound.grid, bound.device, bound.out_shape, bound.out_dtype = launch.grid, x.device, tuple(out_shape), out_dtype
     bound.partial_numel = launch.splits * m * n if launch.splits > 1 else 0
     bound.tiles, bound.weights = launch.tiles, weights
-    bound.tail = (m, n, k, k // 16, launch.steps_per_split, x.stride(0), n, *constexprs)
+    bound.tail = (m, n, k, k // BLOCK_SIZE, launch.steps_per_split, x.stride(0), n, *constexprs)
     return bound

@@ -188,6 +188,20 @@ def mma_operands_aligned(x, w_data, w_scale, tiled: bool) -> bool:
     return w_ok and x.stride(0) % 2 == 0 and x.data_ptr() % 4 == 0
 
 
+def operand_facts(x, w_data, w_scale, tiled: bool) -> dict:
+    """plan_gemm's keyword arguments that the operands themselves decide: the register-fed
+    mainloop's alignments, W's code bytes, whether W's scales start on a word."""
+    return dict(mma_operands_fit=mma_operands_aligned(x, w_data, w_scale, tiled), code_bytes=w_data.numel(),
+                scale_word_aligned=w_scale.data_ptr() % 4 == 0)
+
+
+def splitk_grid(mainloop: str, m_blocks, splits, n_tiles) -> tuple:
+    """The split-K grid (eager kernel and template alike): with the wgmma mainloop the blocks of
+    rows first, so that the programs reading one weight tile run together (it comes from HBM
+    once); otherwise the weight tiles first."""
+    return (m_blocks, splits, n_tiles) if mainloop == "wgmma" else (n_tiles, splits, m_blocks)
+
+
 @functools.lru_cache(maxsize=4096)
 def splitk_launch(m: int, n: int, k: int, *, tiled: bool, swizzled: bool, x_format: str, device: torch.device,
                   mainloop: str | None = None, mma_operands_fit: bool = True, codes_fit: bool = True,
@@ -241,7 +255,7 @@ def splitk_launch(m: int, n: int, k: int, *, tiled: bool, swizzled: bool, x_form
     layout = "tiled" if tiled else "swizzled" if swizzled else "grouped" if grouped else "row_major"
     return SplitKLaunch(
         mainloop, layout, block_m, block_n, block_k, splits, steps_per_split, warps, stages,
-        grid=(m_blocks, splits, tiles) if mainloop == "wgmma" else (tiles, splits, 1), tiles=tiles,
+        grid=splitk_grid(mainloop, m_blocks, splits, tiles), tiles=tiles,
         reg_mma=gemm_configs.reg_mma_blocks(m) if reg_mma else 0, sum_rows=sum_rows, sum_splits=sum_splits,
         # Programmatic dependent launch on sm_90+: every program waits for the previous kernel
         # before any global access (device/mainloops.mainloop), so only the launch and the
@@ -257,11 +271,12 @@ def splitk_launch_for(x, w_data, w_scale, *, swizzled: bool, tiled_n: int | None
     the alignments the register-fed mainloop needs."""
     m, k = x.shape[0], x.shape[1] * (2 if x_format == "nvfp4" else 1)
     tiled = tiled_n is not None
+    facts = operand_facts(x, w_data, w_scale, tiled)
     return splitk_launch(m, w_data.shape[0] if tiled_n is None else tiled_n, k, tiled=tiled, swizzled=swizzled,
                          x_format=x_format, device=x.device, mainloop=mainloop,
-                         mma_operands_fit=mma_operands_aligned(x, w_data, w_scale, tiled),
-                         codes_fit=w_data.numel() < MMA_MAX_CODE_BYTES,
-                         scale_word_aligned=w_scale.data_ptr() % 4 == 0)
+                         mma_operands_fit=facts["mma_operands_fit"],
+                         codes_fit=facts["code_bytes"] < MMA_MAX_CODE_BYTES,
+                         scale_word_aligned=facts["scale_word_aligned"])
 
 
 

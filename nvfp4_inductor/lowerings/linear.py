@@ -76,9 +76,8 @@ def load_template(name: str) -> str:
 
 @SymbolicGridFn
 def _grid(m, n, meta, *, cdiv):
-    if meta.get("MAINLOOP") == MAINLOOPS["wgmma"]:  # blocks of rows first (the template's docstring)
-        return (cdiv(m, meta["BLOCK_M"]), meta["SPLIT"], cdiv(n, meta["BLOCK_N"]))
-    return (cdiv(n, meta["BLOCK_N"]), meta["SPLIT"], cdiv(m, meta["BLOCK_M"]))
+    mainloop = "wgmma" if meta.get("MAINLOOP") == MAINLOOPS["wgmma"] else ""
+    return plan.splitk_grid(mainloop, cdiv(m, meta["BLOCK_M"]), meta["SPLIT"], cdiv(n, meta["BLOCK_N"]))
 
 
 tiled_gemm_template = TritonTemplate(name="nvfp4_tiled_gemm", grid=_grid,
