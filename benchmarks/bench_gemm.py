@@ -19,14 +19,17 @@ import nvfp4_inductor as nv
 from nvfp4_inductor.kernels import plan
 from nvfp4_inductor.kernels.gemm import scaled_mm_tiled
 from nvfp4_inductor.kernels.gemm_splitk import gemm_splitk
+from nvfp4_inductor.kernels.hopper_gemm import hopper_linear
+from nvfp4_inductor.reference import hopper
 
 SHAPES = [(4096, 4096), (4096, 14336), (14336, 4096), (8192, 28672)]  # (K, N)
 MS = [1, 16, 32, 64, 128, 256, 512, 4096]
 
 
 def weight_copies(k: int, n: int, l2: int):
-    """-> (bf16 (N, K) weights, NVFP4 weights, their tiled parts + global scale): fresh random
-    copies, each format's set 3x the L2 in its own bytes (the NVFP4 set needs 3.56x more copies)."""
+    """-> (bf16 (N, K) weights, NVFP4 weights, their tiled parts + global scale, on sm_90 their
+    reference.hopper parts + global scale): fresh random copies, each format's set 3x the L2 in its
+    own bytes (the NVFP4 set needs 3.56x more copies)."""
     def copies(nbytes):
         return max(2, math.ceil(3 * l2 / nbytes))
 
@@ -34,7 +37,9 @@ def weight_copies(k: int, n: int, l2: int):
     w_fp4 = [nv.quantize(torch.randn(n, k, dtype=torch.bfloat16, device="cuda"))
              for _ in range(copies(n * k * 0.5625))]
     w_tiled = [(*torch.ops.nvfp4.tile_weight(q.data, q.scale.view(torch.uint8)), q.global_scale) for q in w_fp4]
-    return w_bf16, w_fp4, w_tiled
+    sm90 = torch.cuda.get_device_capability() == (9, 0)
+    w_hopper = [(*hopper.pack(q.data, q.scale), q.global_scale) for q in w_fp4] if sm90 else None
+    return w_bf16, w_fp4, w_tiled, w_hopper
 
 
 def main() -> None:
@@ -51,14 +56,15 @@ def main() -> None:
           " plan.plan_gemm's kernel (split-K at decode sizes, the wgmma mainloop at 33-128 rows on sm_90,"
           " else dequantize + cuBLASLt); deq16: tiled W4A16 through dequantize + cuBLASLt at every M;"
           " dot16: tiled W4A16 through the split-K kernel's tl.dot mainloop (M <= 64; what 33-64 rows"
-          " take without wgmma). x: speed-up over bf16 cuBLAS (>1 is faster); floor: NVFP4 bytes at the"
+          " take without wgmma); hop16 (sm_90): W4A16 through kernels.hopper_gemm, the warp-specialized"
+          " Gluon kernel, on weights in reference.hopper's layout. x: speed-up over bf16 cuBLAS (>1 is faster); floor: NVFP4 bytes at the"
           " copy bandwidth.")
     print(f"\n{'K':>6} {'N':>6} {'M':>5} {'bf16 us':>8} {'W4A16':>7} {'W4A4':>7} {'tiled16':>8} {'tiled4':>7}"
-          f" {'deq16':>7} {'dot16':>7} {'floor':>6} | {'W4A16 x':>7} {'W4A4 x':>6} {'tiled16 x':>9}"
-          f" {'tiled4 x':>8} {'deq16 x':>7} {'dot16 x':>7} {'floor x':>7}")
+          f" {'deq16':>7} {'dot16':>7} {'hop16':>7} {'floor':>6} | {'W4A16 x':>7} {'W4A4 x':>6} {'tiled16 x':>9}"
+          f" {'tiled4 x':>8} {'deq16 x':>7} {'dot16 x':>7} {'hop16 x':>7} {'floor x':>7}")
     ops = torch.ops.nvfp4
     for k, n in SHAPES:
-        w_bf16, w_fp4, w_tiled = weight_copies(k, n, l2)
+        w_bf16, w_fp4, w_tiled, w_hopper = weight_copies(k, n, l2)
         for m in ms:
             x = torch.randn(m, k, dtype=torch.bfloat16, device="cuda")
             bf16 = stream_us(lambda w: x @ w.T, w_bf16)
@@ -72,11 +78,13 @@ def main() -> None:
             dot16 = (stream_us(lambda w: gemm_splitk(x, *w[:3], None, torch.bfloat16, False, tiled_n=n,
                                                      launch=dot), w_tiled)
                      if dot is not None else math.nan)
+            hop16 = (stream_us(lambda w: hopper_linear(x, *w, n=n), w_hopper)
+                     if w_hopper is not None else math.nan)
             floor = (n * k * 0.5625 + 2 * m * k + 2 * m * n) / copy / 1e3
-            times = (w4a16, w4a4, t16, t4, deq16, dot16, floor)
+            times = (w4a16, w4a4, t16, t4, deq16, dot16, hop16, floor)
             print(f"{k:>6} {n:>6} {m:>5} {bf16:8.1f} " + " ".join(f"{t:7.1f}" for t in times) + " | "
                   + " ".join(f"{bf16 / t:7.2f}" for t in times), flush=True)
-        del w_bf16, w_fp4, w_tiled
+        del w_bf16, w_fp4, w_tiled, w_hopper
 
 
 if __name__ == "__main__":

@@ -2,6 +2,10 @@
 
 from nvfp4_inductor.kernels import gemm_configs, plan
 
+# a line of the NVFP4 GEMM template's kernel source (templates/nvfp4_tiled_gemm.py.jinja): in a
+# compiled graph's code where a linear became the template
+TEMPLATE_MARK = "from nvfp4_inductor.kernels.device.mainloops import MAINLOOP_WGMMA, mainloop"
+
 
 def pin_splitk_config(monkeypatch, config):
     """The split-K launcher with this (BLOCK_M, BLOCK_N, BLOCK_K, splits, warps, stages) config."""

@@ -15,6 +15,8 @@ from torch._inductor.utils import run_and_get_code
 import nvfp4_inductor as nv
 from nvfp4_inductor.lowerings.backend import nvfp4_backend
 
+from helpers.gemm import TEMPLATE_MARK
+
 
 class Block(nn.Module):
     def __init__(self):
@@ -728,7 +730,7 @@ def test_backend_on_cuda(mode, entry):
     y, code = run_and_get_code(compiled, x)  # the first call compiles
     source = "\n".join(code)
     # the linears became the NVFP4 GEMM template (tests/lowerings/test_lowering.py), not the eager op
-    assert "splitk_mainloop" in source and "torch.ops.nvfp4.linear_tiled.default(" not in source
+    assert TEMPLATE_MARK in source and "torch.ops.nvfp4.linear_tiled.default(" not in source
     for _ in range(2):  # reduce-overhead: record, then replay
         y = compiled(x)
     assert counters["inductor"]["cudagraph_skips"] == skips
