@@ -37,9 +37,12 @@ def weight_copies(k: int, n: int, l2: int):
     w_fp4 = [nv.quantize(torch.randn(n, k, dtype=torch.bfloat16, device="cuda"))
              for _ in range(copies(n * k * 0.5625))]
     w_tiled = [(*torch.ops.nvfp4.tile_weight(q.data, q.scale.view(torch.uint8)), q.global_scale) for q in w_fp4]
-    sm90 = torch.cuda.get_device_capability() == (9, 0)
-    w_hopper = [(*hopper.pack(q.data, q.scale), q.global_scale) for q in w_fp4] if sm90 else None
+    w_hopper = [(*hopper.pack(q.data, q.scale), q.global_scale) for q in w_fp4] if _sm90() else None
     return w_bf16, w_fp4, w_tiled, w_hopper
+
+
+def _sm90() -> bool:
+    return torch.cuda.get_device_capability() == (9, 0)
 
 
 def main() -> None:
@@ -57,11 +60,13 @@ def main() -> None:
           " else dequantize + cuBLASLt); deq16: tiled W4A16 through dequantize + cuBLASLt at every M;"
           " dot16: tiled W4A16 through the split-K kernel's tl.dot mainloop (M <= 64; what 33-64 rows"
           " take without wgmma); hop16 (sm_90): W4A16 through kernels.hopper_gemm, the warp-specialized"
-          " Gluon kernel, on weights in reference.hopper's layout. x: speed-up over bf16 cuBLAS (>1 is faster); floor: NVFP4 bytes at the"
+          " Gluon kernel, on weights in reference.hopper's layout; hopT16 (sm_90): the same kernel on the tiled"
+          " weights. x: speed-up over bf16 cuBLAS (>1 is faster); floor: NVFP4 bytes at the"
           " copy bandwidth.")
     print(f"\n{'K':>6} {'N':>6} {'M':>5} {'bf16 us':>8} {'W4A16':>7} {'W4A4':>7} {'tiled16':>8} {'tiled4':>7}"
-          f" {'deq16':>7} {'dot16':>7} {'hop16':>7} {'floor':>6} | {'W4A16 x':>7} {'W4A4 x':>6} {'tiled16 x':>9}"
-          f" {'tiled4 x':>8} {'deq16 x':>7} {'dot16 x':>7} {'hop16 x':>7} {'floor x':>7}")
+          f" {'deq16':>7} {'dot16':>7} {'hop16':>7} {'hopT16':>7} {'floor':>6} | {'W4A16 x':>7} {'W4A4 x':>6}"
+          f" {'tiled16 x':>9} {'tiled4 x':>8} {'deq16 x':>7} {'dot16 x':>7} {'hop16 x':>7} {'hopT16 x':>8}"
+          f" {'floor x':>7}")
     ops = torch.ops.nvfp4
     for k, n in SHAPES:
         w_bf16, w_fp4, w_tiled, w_hopper = weight_copies(k, n, l2)
@@ -80,8 +85,10 @@ def main() -> None:
                      if dot is not None else math.nan)
             hop16 = (stream_us(lambda w: hopper_linear(x, *w, n=n), w_hopper)
                      if w_hopper is not None else math.nan)
+            hopt16 = (stream_us(lambda w: hopper_linear(x, *w[:2], w[2], n=n, tiled=True), w_tiled)
+                      if _sm90() else math.nan)
             floor = (n * k * 0.5625 + 2 * m * k + 2 * m * n) / copy / 1e3
-            times = (w4a16, w4a4, t16, t4, deq16, dot16, hop16, floor)
+            times = (w4a16, w4a4, t16, t4, deq16, dot16, hop16, hopt16, floor)
             print(f"{k:>6} {n:>6} {m:>5} {bf16:8.1f} " + " ".join(f"{t:7.1f}" for t in times) + " | "
                   + " ".join(f"{bf16 / t:7.2f}" for t in times), flush=True)
         del w_bf16, w_fp4, w_tiled, w_hopper

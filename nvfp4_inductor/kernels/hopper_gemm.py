@@ -1,5 +1,6 @@
 """Hopper (sm_90) W4A16 GEMM in Gluon: y = x @ W^T * g (+ bias), x bf16 (M, K), W NVFP4 in the
-layout of nvfp4_inductor.reference.hopper, for M from a few tens of rows to thousands.
+layout of nvfp4_inductor.reference.hopper, or (TILED) in the tiled layout the backend and the
+split-K kernels read (reference/tiled.py), for M from a few tens of rows to thousands.
 
 Swapped form: the kernel computes y^T = W . x^T. A program owns ROWS weight rows (wgmma's M side,
 64 a warpgroup) and BLOCK_T tokens (wgmma's N, 8..256), so a small M wastes no MMA rows.
@@ -24,6 +25,11 @@ each other through shared memory, behind mbarriers.
          tile and B = x^T, both from shared memory, issued asynchronously and waited with one
          group left in flight, so the tensor cores multiply step i while the decoder works on
          the next steps and the loader on steps up to i + STAGES - 1.
+TILED: the loader copies (ROWS / 64 tiles, BLOCK_K, 32 bytes) of codes and the tiles' scale
+words; the decoder reads a 16-k block (two words, one scale) a thread, decodes codes i and i + 4 of
+a word into one bf16x2 at a time (e2m1 * 2^-126 by shift and mask, times the scale's bf16x2
+s * 2^119: device/mma.py's values), and stores its 16 values of a row, in order, to the A tile;
+the epilogue undoes 2^-7 instead of 2^-20.
 A is staged in shared memory on purpose: the single-partition form with A decoded into wgmma's
 registers gave wrong results on an H100 at most tiles (likely the next step's decode overwriting
 an in-flight wgmma's A registers).
@@ -69,6 +75,7 @@ from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
 
 from nvfp4_inductor.kernels.gemm_configs import HopperConfig, hopper_config
 from nvfp4_inductor.reference import hopper as layout
+from nvfp4_inductor.reference.tiled import TILE_K, TILE_N
 
 # int32 masks, written signed (Gluon constants are int32)
 _PAIR_MASK = gl.constexpr(0x81C081C0 - (1 << 32))  # magnitudes at bits 6..8, 22..24; signs 15, 31
@@ -78,6 +85,12 @@ _SCALE_SPREAD = gl.constexpr(0x00100010)  # S -> S << 4 | S << 20
 _SCALE_EXPONENT = gl.constexpr(0x70007000)  # exponent field + 224, both halves
 _CHUNK_K = gl.constexpr(layout.CHUNK_K)
 _UNSCALE = gl.constexpr(float(2**layout.UNSCALE_LOG2))  # the decode's 2^-20 undone
+# the tiled layout's decode (the split-K kernels' values, device/mma.py): e2m1 * 2^-126 times
+# s * 2^119 is e2m1 * s * 2^-7, undone in the epilogue
+_TILE_N = gl.constexpr(TILE_N)
+_TILE_K = gl.constexpr(TILE_K)
+_TILED_SCALE_UP = gl.constexpr(float(2**119))
+_TILED_UNSCALE = gl.constexpr(float(2**7))
 
 
 @gluon.jit
@@ -123,6 +136,55 @@ def _decode_step(codes_smem, scales_smem, a_layout: gl.constexpr, ROWS: gl.const
 
 
 @gluon.jit
+def _tiled_pair(w, mult, left: gl.constexpr, sign_left: gl.constexpr):
+    """Codes i and i + 4 of each word (natural order: nibble i is k offset i) -> their bf16x2,
+    e2m1 * 2^-126 each (magnitude to bits 6..8, sign to 15; +16), times mult. A negative shift
+    is a right shift (arithmetic: the sign bits it brings in fall outside the masks)."""
+    if left >= 0:
+        mag = (w << left) & _MAG_MASK
+    else:
+        mag = (w >> -left) & _MAG_MASK
+    if sign_left > 0:
+        sign = (w << sign_left) & _SIGN_MASK
+    else:
+        sign = w & _SIGN_MASK
+    return _mul_bf16x2(mag | sign, mult)
+
+
+@gluon.jit
+def _decode_tiled_step(codes_smem, scales_smem, ROWS: gl.constexpr, BLOCK_K: gl.constexpr,
+                       WARPS: gl.constexpr):
+    """A slot of the tiled layout (reference/tiled.py): codes (ROWS / 64, BLOCK_K, 8) int32 (weight
+    tile, K-tile * 64 + row, word) and scale words (ROWS / 64, BLOCK_K) (weight tile, K-tile * 64 +
+    word) -> bf16 (ROWS, BLOCK_K), e2m1 * s * 2^-7, a thread 16 consecutive k of a row."""
+    R64: gl.constexpr = ROWS // _TILE_N
+    KT: gl.constexpr = BLOCK_K // _TILE_K
+    # (weight tile, K-tile, row, 16-k block c, word of the block): a thread a block's two words
+    words_layout: gl.constexpr = gl.BlockedLayout([1, 1, 1, 1, 2], [1, 1, 8, 4, 1], [1, 1, WARPS, 1, 1],
+                                                  [4, 3, 2, 1, 0])
+    w = codes_smem.reshape([R64, KT, _TILE_N, 4, 2]).load(words_layout)
+    # a tile's scale word 32 a + 4 g + c holds byte j of row 32 a + 8 j + g, block c
+    scale_layout: gl.constexpr = gl.BlockedLayout([1, 1, 1, 1, 1], [1, 1, 2, 4, 4], [1, 1, 1, WARPS, 1],
+                                                  [4, 3, 2, 1, 0])
+    sw = scales_smem.reshape([R64, KT, 2, 8, 4]).load(scale_layout)
+    # join(join(a, b), join(c, d))[..., y, x] is (a, b, c, d)[2 x + y]: bytes j = 2 y + x
+    sb = gl.join(gl.join(sw & 0xFF, (sw >> 16) & 0xFF), gl.join((sw >> 8) & 0xFF, (sw >> 24) & 0xFF))
+    sb = gl.reshape(sb, [R64, KT, 2, 8, 4, 4])  # (a, g, c, j)
+    sb = gl.reshape(gl.permute(sb, [0, 1, 2, 5, 3, 4]), [R64, KT, _TILE_N, 4])  # (row 32 a + 8 j + g, c)
+    sb = gl.convert_layout(sb, gl.SliceLayout(4, words_layout))
+    # e4m3 bits -> bf16x2 (s, s) * 2^119 (exact; NaN stays NaN, a negative scale negative)
+    s = (sb.to(gl.uint8).to(gl.float8e4nv, bitcast=True).to(gl.float32) * _TILED_SCALE_UP).to(gl.bfloat16)
+    s = s.to(gl.int16, bitcast=True).to(gl.int32) & 0xFFFF
+    mult, _ = gl.broadcast(gl.expand_dims(s | (s << 16), 4), w)
+    # pairs (i, i + 4), i = 0..3 (joined so that i = 2 y + x) -> (row, c, word, e, y, x):
+    # k = 16 c + 8 word + 4 e + i, in order
+    v = gl.join(gl.join(_bf16_pair(_tiled_pair(w, mult, 6, 12)), _bf16_pair(_tiled_pair(w, mult, -2, 4))),
+                gl.join(_bf16_pair(_tiled_pair(w, mult, 2, 8)), _bf16_pair(_tiled_pair(w, mult, -6, 0))))
+    v = gl.reshape(v, [R64, KT, _TILE_N, _TILE_K])
+    return gl.reshape(gl.permute(v, [0, 2, 1, 3]), [ROWS, BLOCK_K])
+
+
+@gluon.jit
 def _tile_ids(M, N, ROWS: gl.constexpr, BLOCK_T: gl.constexpr, GROUP_N: gl.constexpr):
     """Program id -> (weight tile, token tile): groups of GROUP_N weight tiles, tokens inside."""
     pid = gl.program_id(0)
@@ -137,7 +199,7 @@ def _tile_ids(M, N, ROWS: gl.constexpr, BLOCK_T: gl.constexpr, GROUP_N: gl.const
 
 @gluon.jit
 def _load_partition(x_desc, codes_desc, scales_desc, x_bufs, codes_bufs, scales_bufs, load_ready, load_empty,
-                    t0, n0, steps, STAGES: gl.constexpr):
+                    t0, n0, steps, STAGES: gl.constexpr, TILED: gl.constexpr):
     """TMA of every K-step into slot i % STAGES, once its previous contents are released."""
     BLOCK_K: gl.constexpr = x_desc.block_type.shape[1]
     KC: gl.constexpr = BLOCK_K // _CHUNK_K
@@ -148,13 +210,17 @@ def _load_partition(x_desc, codes_desc, scales_desc, x_bufs, codes_bufs, scales_
         bar = load_ready.index(slot)
         mbarrier.expect(bar, nbytes)
         tma.async_copy_global_to_shared(x_desc, [t0, i * BLOCK_K], bar, x_bufs.index(slot))
-        tma.async_copy_global_to_shared(codes_desc, [i * KC, 2 * n0, 0], bar, codes_bufs.index(slot))
-        tma.async_copy_global_to_shared(scales_desc, [i * KC, 2 * n0], bar, scales_bufs.index(slot))
+        if TILED:  # (weight tile, K-tile * 64 + row, word), (weight tile, K-tile * 64 + scale word)
+            tma.async_copy_global_to_shared(codes_desc, [n0 // _TILE_N, i * BLOCK_K, 0], bar, codes_bufs.index(slot))
+            tma.async_copy_global_to_shared(scales_desc, [n0 // _TILE_N, i * BLOCK_K], bar, scales_bufs.index(slot))
+        else:
+            tma.async_copy_global_to_shared(codes_desc, [i * KC, 2 * n0, 0], bar, codes_bufs.index(slot))
+            tma.async_copy_global_to_shared(scales_desc, [i * KC, 2 * n0], bar, scales_bufs.index(slot))
 
 
 @gluon.jit
 def _decode_partition(codes_bufs, scales_bufs, a_bufs, load_ready, load_empty, a_ready, a_empty, steps,
-                      STAGES: gl.constexpr, A_STAGES: gl.constexpr, DECODE_WARPS: gl.constexpr):
+                      STAGES: gl.constexpr, A_STAGES: gl.constexpr, DECODE_WARPS: gl.constexpr, TILED: gl.constexpr):
     """Codes + scales of slot i % STAGES -> the bf16 W tile in A slot i % A_STAGES."""
     ROWS: gl.constexpr = a_bufs.type.shape[1]
     BLOCK_K: gl.constexpr = a_bufs.type.shape[2]
@@ -166,7 +232,11 @@ def _decode_partition(codes_bufs, scales_bufs, a_bufs, load_ready, load_empty, a
     for i in range(steps):
         slot = i % STAGES
         mbarrier.wait(load_ready.index(slot), (i // STAGES) & 1)
-        a = _decode_step(codes_bufs.index(slot), scales_bufs.index(slot), a_layout, ROWS, BLOCK_K, DECODE_WARPS)
+        if TILED:
+            a = _decode_tiled_step(codes_bufs.index(slot), scales_bufs.index(slot), ROWS, BLOCK_K, DECODE_WARPS)
+        else:
+            a = _decode_step(codes_bufs.index(slot), scales_bufs.index(slot), a_layout, ROWS, BLOCK_K,
+                             DECODE_WARPS)
         # the codes and scales are in registers: release them to the next TMA (async proxy)
         fence_async_shared()
         mbarrier.arrive(load_empty.index(slot), count=1)
@@ -205,13 +275,13 @@ def hopper_w4a16_kernel(
     x_desc, codes_desc, scales_desc,  # TMA descriptors: x (M, K) bf16, the layout's codes and scales
     w_global_scale_ptr, bias_ptr, out_ptr,  # fp32 g (one, or one a row), bias (N,), out (M, N)
     M, N, stride_om,
-    W_GLOBAL_SCALE_PER_ROW: gl.constexpr, HAS_BIAS: gl.constexpr, STAGES: gl.constexpr,
+    TILED: gl.constexpr, W_GLOBAL_SCALE_PER_ROW: gl.constexpr, HAS_BIAS: gl.constexpr, STAGES: gl.constexpr,
     GROUP_N: gl.constexpr, num_warps: gl.constexpr,
     A_STAGES: gl.constexpr, DECODE_WARPS: gl.constexpr, LOAD_REGS: gl.constexpr, DECODE_REGS: gl.constexpr,
 ):
     BLOCK_T: gl.constexpr = x_desc.block_type.shape[0]
     BLOCK_K: gl.constexpr = x_desc.block_type.shape[1]
-    ROWS: gl.constexpr = codes_desc.block_type.shape[1] // 2
+    ROWS: gl.constexpr = codes_desc.block_type.shape[0] * _TILE_N if TILED else codes_desc.block_type.shape[1] // 2
     K = x_desc.shape[1]
 
     pid_n, pid_t = _tile_ids(M, N, ROWS, BLOCK_T, GROUP_N)
@@ -246,9 +316,9 @@ def hopper_w4a16_kernel(
         (_mma_partition, (x_bufs, a_bufs, load_ready, load_empty, a_ready, a_empty, steps, STAGES, A_STAGES,
                           acc_layout)),
         (_load_partition, (x_desc, codes_desc, scales_desc, x_bufs, codes_bufs, scales_bufs, load_ready,
-                           load_empty, t0, n0, steps, STAGES)),
+                           load_empty, t0, n0, steps, STAGES, TILED)),
         (_decode_partition, (codes_bufs, scales_bufs, a_bufs, load_ready, load_empty, a_ready, a_empty, steps,
-                             STAGES, A_STAGES, DECODE_WARPS)),
+                             STAGES, A_STAGES, DECODE_WARPS, TILED)),
     ], [1, DECODE_WARPS], [LOAD_REGS, DECODE_REGS])
     acc = results[0]
 
@@ -262,22 +332,31 @@ def hopper_w4a16_kernel(
         g = gl.load(w_global_scale_ptr + rows, mask=row_ok, other=0.0)[:, None]
     else:
         g = gl.load(w_global_scale_ptr)
-    y = y * (g * _UNSCALE)
+    if TILED:
+        y = y * (g * _TILED_UNSCALE)
+    else:
+        y = y * (g * _UNSCALE)
     if HAS_BIAS:
         y = y + gl.load(bias_ptr + rows, mask=row_ok, other=0.0).to(gl.float32)[:, None]
     offsets = tokens.to(gl.int64)[None, :] * stride_om + rows[:, None]
     mask = row_ok[:, None] & (tokens < M)[None, :]
     gl.store(out_ptr + offsets, y.to(out_ptr.dtype.element_ty), mask=mask)
 
-def descriptor_layouts(config: HopperConfig):
-    """-> the shared-memory layouts of x's, the codes' and the scales' TMA boxes, and the boxes."""
-    kc = config.block_k // layout.CHUNK_K
+def descriptor_layouts(config: HopperConfig, tiled: bool = False):
+    """-> the shared-memory layouts of x's, the codes' and the scales' TMA boxes, and the boxes:
+    reference.hopper's layout, or (tiled) reference.tiled's viewed as int32 (N_pad / 64, K_pad, 8)
+    codes and (N_pad / 64, K_pad) scale words."""
     x_box = [config.block_t, config.block_k]
-    codes_box = [kc, 2 * config.rows, 4]
-    scales_box = [kc, 2 * config.rows]
+    if tiled:
+        codes_box = [config.rows // TILE_N, config.block_k, 8]
+        scales_box = [config.rows // TILE_N, config.block_k]
+    else:
+        kc = config.block_k // layout.CHUNK_K
+        codes_box = [kc, 2 * config.rows, 4]
+        scales_box = [kc, 2 * config.rows]
     return ((gl.NVMMASharedLayout.get_default_for(x_box, gl.bfloat16), x_box),
             (gl.NVMMASharedLayout(swizzle_byte_width=0, element_bitwidth=32, rank=3), codes_box),
-            (gl.NVMMASharedLayout(swizzle_byte_width=0, element_bitwidth=16, rank=2), scales_box))
+            (gl.NVMMASharedLayout(swizzle_byte_width=0, element_bitwidth=32 if tiled else 16, rank=2), scales_box))
 
 
 def kernel_constexprs(config: HopperConfig) -> dict:
@@ -287,19 +366,39 @@ def kernel_constexprs(config: HopperConfig) -> dict:
             "DECODE_REGS": config.decode_regs}
 
 
+def _weight_tensors(w_codes, w_scales, n, k, tiled):
+    """The weights as the descriptors read them, checked -> (codes, scales, N rows at most)."""
+    if tiled:
+        k_pad = -(-k // TILE_K) * TILE_K
+        rows = w_codes.numel() * 2 // k_pad if w_codes.dim() == 1 else 0
+        if (w_codes.dtype != torch.uint8 or w_scales.dtype != torch.uint8 or w_codes.dim() != 1 or rows % TILE_N
+                or (rows * k_pad // 2,) != tuple(w_codes.shape) or (rows * k_pad // 16,) != tuple(w_scales.shape)):
+            raise ValueError(f"w_codes, w_scales must be the tiled layout's 1-D uint8 tensors for K = {k} "
+                             "(nvfp4::tile_weight)")
+        if n is None or n > rows:
+            raise ValueError(f"give n (the weight's rows, at most {rows}) with tiled weights")
+        return (w_codes.view(torch.int32).view(rows // TILE_N, k_pad, 8),
+                w_scales.view(torch.int32).view(rows // TILE_N, k_pad), rows)
+    chunks, rows2 = w_scales.shape
+    if w_codes.shape != (chunks, rows2, 4) or w_codes.dtype != torch.int32 or w_scales.dtype != torch.int16:
+        raise ValueError("w_codes, w_scales must be reference.hopper.pack's int32 and int16 tensors")
+    if not k <= chunks * layout.CHUNK_K < k + layout.CHUNK_K or (n is not None and n > rows2 // 2):
+        raise ValueError(f"weights packed for K = {chunks * layout.CHUNK_K}, N <= {rows2 // 2}; x has K = {k}")
+    return w_codes, w_scales, rows2 // 2
+
+
 def hopper_linear(x, w_codes, w_scales, w_global_scale, bias=None, out_dtype=torch.bfloat16,
-                  config: HopperConfig | None = None, n: int | None = None):
-    """x (M, K) bf16, W as reference.hopper.pack's (codes, scales) of N rows, g fp32 () or (N,),
-    bias (N,) or None -> (M, N) out_dtype: x @ W^T * g + bias."""
+                  config: HopperConfig | None = None, n: int | None = None, tiled: bool = False):
+    """x (M, K) bf16, W of N rows as reference.hopper.pack's (codes, scales), or (tiled) as
+    reference.tiled's 1-D (codes, scale bits) with n given, g fp32 () or (N,), bias (N,) or None
+    -> (M, N) out_dtype: x @ W^T * g + bias."""
     if x.dim() != 2 or x.dtype != torch.bfloat16:
         raise ValueError(f"x must be a 2-D bf16 tensor, got {tuple(x.shape)} {x.dtype}")
     m, k = x.shape
-    chunks, rows2 = w_scales.shape
-    n = rows2 // 2 if n is None else n
-    if w_codes.shape != (chunks, rows2, 4) or w_codes.dtype != torch.int32 or w_scales.dtype != torch.int16:
-        raise ValueError("w_codes, w_scales must be reference.hopper.pack's int32 and int16 tensors")
-    if k % 16 or not k <= chunks * layout.CHUNK_K < k + layout.CHUNK_K or n > rows2 // 2:
-        raise ValueError(f"weights packed for K = {chunks * layout.CHUNK_K}, N <= {rows2 // 2}; x has K = {k}")
+    if k % 16:
+        raise ValueError(f"x's K = {k} is not a multiple of 16")
+    w_codes, w_scales, rows = _weight_tensors(w_codes, w_scales, n, k, tiled)
+    n = rows if n is None else n
     per_row = w_global_scale.dim() == 1
     if per_row and w_global_scale.shape != (n,):
         raise ValueError(f"a per-row global scale must have shape ({n},)")
@@ -311,7 +410,7 @@ def hopper_linear(x, w_codes, w_scales, w_global_scale, bias=None, out_dtype=tor
     out = torch.empty((m, n), dtype=out_dtype, device=x.device)
     if m == 0 or n == 0:
         return out
-    (x_layout, x_box), (codes_layout, codes_box), (scales_layout, scales_box) = descriptor_layouts(config)
+    (x_layout, x_box), (codes_layout, codes_box), (scales_layout, scales_box) = descriptor_layouts(config, tiled)
     x_desc = TensorDescriptor(x, list(x.shape), list(x.stride()), x_box, x_layout)
     codes_desc = TensorDescriptor.from_tensor(w_codes, codes_box, codes_layout)
     scales_desc = TensorDescriptor.from_tensor(w_scales, scales_box, scales_layout)
@@ -319,5 +418,5 @@ def hopper_linear(x, w_codes, w_scales, w_global_scale, bias=None, out_dtype=tor
     grid = (triton.cdiv(n, config.rows) * triton.cdiv(m, config.block_t), )
     hopper_w4a16_kernel[grid](
         x_desc, codes_desc, scales_desc, g, bias if bias is not None else g, out, m, n, out.stride(0),
-        W_GLOBAL_SCALE_PER_ROW=per_row, HAS_BIAS=bias is not None, **kernel_constexprs(config))
+        TILED=tiled, W_GLOBAL_SCALE_PER_ROW=per_row, HAS_BIAS=bias is not None, **kernel_constexprs(config))
     return out

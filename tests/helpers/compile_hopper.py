@@ -1,5 +1,5 @@
 """Compile the Hopper W4A16 GEMM (Gluon, warp-specialized) for sm_90 without a GPU, one case per
-shipped config and epilogue variant.
+weight layout (reference.hopper's, reference.tiled's), shipped config and epilogue variant.
 
 Run as a script (in a process without TRITON_INTERPRET): prints one JSON object per case,
 {"case", "config", "ok", "error", "mma", "wait_counts", "loops", "mma_loops", "mma_loop_wait_counts",
@@ -55,13 +55,14 @@ def arrives_after_bar_sync(body: str) -> bool:
                for i, e in enumerate(events) if re.fullmatch(RELEASE, e))
 
 
-def signature(config, per_row: bool, bias: bool):
+def signature(config, per_row: bool, bias: bool, tiled: bool):
     (x_layout, x_box), (codes_layout, codes_box), (scales_layout, scales_box) = \
-        hopper_gemm.descriptor_layouts(config)
-    constexprs = {"W_GLOBAL_SCALE_PER_ROW": per_row, "HAS_BIAS": bias, **hopper_gemm.kernel_constexprs(config)}
+        hopper_gemm.descriptor_layouts(config, tiled)
+    constexprs = {"TILED": tiled, "W_GLOBAL_SCALE_PER_ROW": per_row, "HAS_BIAS": bias,
+                  **hopper_gemm.kernel_constexprs(config)}
     sig = {"x_desc": f"tensordesc<bf16{x_box},{x_layout!r}>",
            "codes_desc": f"tensordesc<i32{codes_box},{codes_layout!r}>",
-           "scales_desc": f"tensordesc<i16{scales_box},{scales_layout!r}>",
+           "scales_desc": f"tensordesc<{'i32' if tiled else 'i16'}{scales_box},{scales_layout!r}>",
            "w_global_scale_ptr": "*fp32", "bias_ptr": "*bf16", "out_ptr": "*bf16",
            "M": "i32", "N": "i32", "stride_om": "i32",
            **{name: "constexpr" for name in constexprs}}
@@ -72,8 +73,8 @@ def signature(config, per_row: bool, bias: bool):
     return sig, constexprs, attrs
 
 
-def compile_config(config, per_row=False, bias=True, sm=90):
-    sig, constexprs, attrs = signature(config, per_row, bias)
+def compile_config(config, per_row=False, bias=True, tiled=False, sm=90):
+    sig, constexprs, attrs = signature(config, per_row, bias, tiled)
     source = GluonASTSource(hopper_gemm.hopper_w4a16_kernel, sig, constexprs=constexprs, attrs=attrs)
     return triton.compile(source, target=GPUTarget("cuda", sm, 32), options={"num_warps": config.num_warps})
 
@@ -90,8 +91,10 @@ def tool_output(tool, args, suffix, data):
 def cases():
     configs = {config for _, config in gemm_configs.HOPPER_CONFIGS}
     for config in sorted(configs):
-        for per_row, bias in ((False, True), (True, False)):
-            yield f"hopper-{'x'.join(map(str, config))}-rowg{int(per_row)}-bias{int(bias)}", config, per_row, bias
+        for tiled in (False, True):
+            for per_row, bias in ((False, True), (True, False)):
+                yield (f"hopper-{'tiled' if tiled else 'hopper'}-{'x'.join(map(str, config))}-rowg{int(per_row)}"
+                       f"-bias{int(bias)}", config, per_row, bias, tiled)
 
 
 def facts(compiled) -> dict:
@@ -117,10 +120,10 @@ def facts(compiled) -> dict:
 
 
 def main():
-    for case, config, per_row, bias in cases():
+    for case, config, per_row, bias, tiled in cases():
         result = {"case": case, "config": list(config), "ok": False, "error": None}
         try:
-            result.update(facts(compile_config(config, per_row, bias)))
+            result.update(facts(compile_config(config, per_row, bias, tiled)))
             result["ok"] = True
         except Exception as e:  # noqa: BLE001 - reported per case
             result["error"] = f"{type(e).__name__}: {e}"[:2000]

@@ -33,7 +33,7 @@ def compiled() -> list[dict]:
 
 
 def test_every_config_compiles_for_sm90(compiled):
-    assert len(compiled) == 2 * len(CONFIGS)
+    assert len(compiled) == 4 * len(CONFIGS)  # 2 weight layouts x 2 epilogues
     failed = {r["case"]: r["error"] for r in compiled if not r["ok"]}
     assert not failed, failed
 
@@ -65,18 +65,24 @@ def _rel(got, want):
     return ((got - want).norm() / want.norm()).item()
 
 
-def _case(m, n, k, seed, per_row, bias=True):
+def _pack(data, scale, tiled):
+    """The weights in the kernel's layout: reference.hopper's, or the backend's tiled one."""
+    from nvfp4_inductor.reference import hopper, tiled as tiled_layout
+
+    return tiled_layout.tile(data, scale.view(torch.uint8)) if tiled else hopper.pack(data, scale)
+
+
+def _case(m, n, k, seed, per_row, bias=True, tiled=False):
     """Fresh random x over a wide range, weights with blocks spanning the e4m3 range (subnormal
     scales included), a per-tensor or per-row global scale, bias -> (inputs on the GPU, reference
     output in float64)."""
-    from nvfp4_inductor.reference import hopper
 
     gen = torch.Generator().manual_seed(seed)
     x = (torch.randn(m, k, generator=gen) * 10).to(torch.bfloat16)
     w = torch.randn(n, k, generator=gen) * torch.logspace(-3, 2, n)[:, None]
     data, scale, g = reference.quantize(w, per_row=per_row)
     b = torch.randn(n, generator=gen) if bias else None
-    codes, scales = hopper.pack(data, scale)
+    codes, scales = _pack(data, scale, tiled)
     want = x.double() @ reference.dequantize(data, scale, g).double().T
     if bias:
         want = want + b.double()
@@ -84,42 +90,48 @@ def _case(m, n, k, seed, per_row, bias=True):
     return args, want
 
 
+LAYOUTS = pytest.mark.parametrize("tiled", [False, True], ids=["hopper-layout", "tiled-layout"])
+
+
 @pytest.mark.gpu
+@LAYOUTS
 @pytest.mark.parametrize("m", [17, 33, 128, 200, 600])
 @pytest.mark.parametrize("n, k", [(200, 320), (1024, 512), (96, 1040), (328, 4112)])
-def test_against_the_reference_linear(m, n, k):
+def test_against_the_reference_linear(m, n, k, tiled):
     """The default config for M; N not a multiple of the tile, K a multiple of 16 and (512 aside)
     not of BLOCK_K, K = 4112 wrapping the slot rings many times."""
     from nvfp4_inductor.kernels.hopper_gemm import hopper_linear
 
-    args, want = _case(m, n, k, seed=m * 131 + n * 7 + k, per_row=m % 2 == 1)
-    y = hopper_linear(*args, out_dtype=torch.float32, n=n)
+    args, want = _case(m, n, k, seed=m * 131 + n * 7 + k, per_row=m % 2 == 1, tiled=tiled)
+    y = hopper_linear(*args, out_dtype=torch.float32, n=n, tiled=tiled)
     assert y.shape == (m, n)
     assert _rel(y, want) <= 2e-3
-    y16 = hopper_linear(*args, out_dtype=torch.bfloat16, n=n)
+    y16 = hopper_linear(*args, out_dtype=torch.bfloat16, n=n, tiled=tiled)
     assert _rel(y16, want) <= 1e-2
 
 
 @pytest.mark.gpu
+@LAYOUTS
 @pytest.mark.parametrize("config", CONFIGS, ids=lambda c: "x".join(map(str, c)))
 @pytest.mark.parametrize("m", [17, 200, 600])
 @pytest.mark.parametrize("per_row, bias", [(False, True), (True, False), (True, True)])
-def test_every_shipped_config(config, m, per_row, bias):
+def test_every_shipped_config(config, m, per_row, bias, tiled):
     """Each config at every M (not only where the table picks it), odd N and K."""
     from nvfp4_inductor.kernels.hopper_gemm import hopper_linear
 
     n, k = 200, 1040
-    args, want = _case(m, n, k, seed=m + 3 * per_row + bias + config.rows, per_row=per_row, bias=bias)
-    y = hopper_linear(*args, out_dtype=torch.float32, config=config, n=n)
+    args, want = _case(m, n, k, seed=m + 3 * per_row + bias + config.rows, per_row=per_row, bias=bias,
+                       tiled=tiled)
+    y = hopper_linear(*args, out_dtype=torch.float32, config=config, n=n, tiled=tiled)
     assert _rel(y, want) <= 2e-3, config
 
 
 @pytest.mark.gpu
+@LAYOUTS
 @pytest.mark.parametrize("config", CONFIGS, ids=lambda c: "x".join(map(str, c)))
-def test_special_blocks(config):
+def test_special_blocks(config, tiled):
     """A NaN block poisons its row's outputs only; an all-zero row gives zeros."""
     from nvfp4_inductor.kernels.hopper_gemm import hopper_linear
-    from nvfp4_inductor.reference import hopper
 
     gen = torch.Generator().manual_seed(11)
     m, n, k = 300, 192, 768
@@ -128,10 +140,10 @@ def test_special_blocks(config):
     data, scale = q.data.clone(), q.scale.clone()
     scale.view(torch.uint8)[5, 3] = 0x7F
     data[7], scale.view(torch.uint8)[7] = 0, 0
-    codes, scales = hopper.pack(data, scale)
+    codes, scales = _pack(data, scale, tiled)
     want = x.double() @ reference.dequantize(data, scale, q.global_scale).double().T
     y = hopper_linear(x.cuda(), codes.cuda(), scales.cuda(), q.global_scale.cuda(), None,
-                      torch.float32, config, n=n).cpu()
+                      torch.float32, config, n=n, tiled=tiled).cpu()
     assert torch.isnan(y[:, 5]).all() and not torch.isnan(y[:, torch.arange(n) != 5]).any(), config
     assert not y[:, 7].any(), config
     keep = torch.arange(n) != 5
@@ -146,3 +158,20 @@ def test_rejects_a_config_the_kernel_cannot_run():
     x = torch.zeros(8, 64, dtype=torch.bfloat16)
     with pytest.raises(ValueError, match="num_warps"):
         hopper_linear(x, codes, scales, torch.ones(()), config=gemm_configs.HopperConfig(rows=128, num_warps=4))
+
+
+def test_rejects_tiled_weights_of_another_shape():
+    from nvfp4_inductor.kernels.hopper_gemm import hopper_linear
+    from nvfp4_inductor.reference import tiled
+
+    codes, scales = tiled.tile(torch.zeros(64, 48, dtype=torch.uint8), torch.zeros(64, 6, dtype=torch.uint8))
+    x = torch.zeros(8, 96, dtype=torch.bfloat16)
+    g = torch.ones(())
+    with pytest.raises(ValueError, match="give n"):
+        hopper_linear(x, codes, scales, g, tiled=True)
+    with pytest.raises(ValueError, match="at most 64"):
+        hopper_linear(x, codes, scales, g, n=65, tiled=True)
+    with pytest.raises(ValueError, match="tiled layout"):
+        hopper_linear(torch.zeros(8, 160, dtype=torch.bfloat16), codes, scales, g, n=64, tiled=True)
+    with pytest.raises(ValueError, match="tiled layout"):
+        hopper_linear(x, codes[:-16], scales, g, n=64, tiled=True)
