@@ -276,3 +276,12 @@ HOPPER_CONFIGS = (
 def hopper_config(m: int) -> HopperConfig:
     """The Hopper W4A16 GEMM's tiles for M tokens."""
     return next(config for limit, config in HOPPER_CONFIGS if limit is None or m <= limit)
+
+
+HOPPER_MIN_STEPS = 4  # K-steps a split at least: a ring of 3-4 slots filled before it drains
+
+
+def hopper_splits(tiles: int, steps: int, num_sms: int) -> int:
+    """Ways to split K for `tiles` output tiles of `steps` K-steps: with fewer tiles than SMs (one
+    program an SM: its shared memory), as many splits as keep the programs within one wave."""
+    return max(1, min(num_sms // max(tiles, 1), steps // HOPPER_MIN_STEPS))

@@ -60,6 +60,9 @@ Invariants that make this safe:
 Tiles past M, N or K are zero-filled by TMA (the layout pads N to 64 rows and K to 64); the
 epilogue, on the mma partition's warps after the warp-specialized region, masks its stores.
 
+SPLIT: a tile's K-steps are shared by `splits` consecutive programs; each stores its partial tile
+(fp32) to a workspace, and the last to arrive at the tile's counter (a barrier, then one acq_rel
+atomic; it zeroes the counter again) sums the partials in split order and runs the epilogue.
 Programs are ordered in groups of GROUP_N weight tiles: consecutive programs share x's tile and a
 wave covers few weight tiles many times, so at large M each weight tile comes from HBM about once.
 """
@@ -73,7 +76,8 @@ from triton.experimental.gluon.language.nvidia.hopper import (
 )
 from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
 
-from nvfp4_inductor.kernels.gemm_configs import HopperConfig, hopper_config
+from nvfp4_inductor.kernels.gemm_configs import HopperConfig, hopper_config, hopper_splits
+from nvfp4_inductor.kernels.launch import split_counters
 from nvfp4_inductor.reference import hopper as layout
 from nvfp4_inductor.reference.tiled import TILE_K, TILE_N
 
@@ -185,9 +189,10 @@ def _decode_tiled_step(codes_smem, scales_smem, ROWS: gl.constexpr, BLOCK_K: gl.
 
 
 @gluon.jit
-def _tile_ids(M, N, ROWS: gl.constexpr, BLOCK_T: gl.constexpr, GROUP_N: gl.constexpr):
-    """Program id -> (weight tile, token tile): groups of GROUP_N weight tiles, tokens inside."""
-    pid = gl.program_id(0)
+def _tile_ids(M, N, ROWS: gl.constexpr, BLOCK_T: gl.constexpr, GROUP_N: gl.constexpr, splits):
+    """Program id -> (weight tile, token tile): groups of GROUP_N weight tiles, tokens inside, each
+    tile's `splits` programs consecutive."""
+    pid = gl.program_id(0) // splits
     tiles_n = gl.cdiv(N, ROWS)
     tiles_t = gl.cdiv(M, BLOCK_T)
     per_group = GROUP_N * tiles_t
@@ -199,8 +204,9 @@ def _tile_ids(M, N, ROWS: gl.constexpr, BLOCK_T: gl.constexpr, GROUP_N: gl.const
 
 @gluon.jit
 def _load_partition(x_desc, codes_desc, scales_desc, x_bufs, codes_bufs, scales_bufs, load_ready, load_empty,
-                    t0, n0, steps, STAGES: gl.constexpr, TILED: gl.constexpr):
-    """TMA of every K-step into slot i % STAGES, once its previous contents are released."""
+                    t0, n0, first, steps, STAGES: gl.constexpr, TILED: gl.constexpr):
+    """TMA of K-steps first .. first + steps - 1 into slot i % STAGES, once its previous contents
+    are released."""
     BLOCK_K: gl.constexpr = x_desc.block_type.shape[1]
     KC: gl.constexpr = BLOCK_K // _CHUNK_K
     nbytes: gl.constexpr = x_desc.block_type.nbytes + codes_desc.block_type.nbytes + scales_desc.block_type.nbytes
@@ -209,13 +215,15 @@ def _load_partition(x_desc, codes_desc, scales_desc, x_bufs, codes_bufs, scales_
         mbarrier.wait(load_empty.index(slot), ((i // STAGES) & 1) ^ 1)
         bar = load_ready.index(slot)
         mbarrier.expect(bar, nbytes)
-        tma.async_copy_global_to_shared(x_desc, [t0, i * BLOCK_K], bar, x_bufs.index(slot))
+        step = first + i
+        tma.async_copy_global_to_shared(x_desc, [t0, step * BLOCK_K], bar, x_bufs.index(slot))
         if TILED:  # (weight tile, K-tile * 64 + row, word), (weight tile, K-tile * 64 + scale word)
-            tma.async_copy_global_to_shared(codes_desc, [n0 // _TILE_N, i * BLOCK_K, 0], bar, codes_bufs.index(slot))
-            tma.async_copy_global_to_shared(scales_desc, [n0 // _TILE_N, i * BLOCK_K], bar, scales_bufs.index(slot))
+            tma.async_copy_global_to_shared(codes_desc, [n0 // _TILE_N, step * BLOCK_K, 0], bar,
+                                            codes_bufs.index(slot))
+            tma.async_copy_global_to_shared(scales_desc, [n0 // _TILE_N, step * BLOCK_K], bar, scales_bufs.index(slot))
         else:
-            tma.async_copy_global_to_shared(codes_desc, [i * KC, 2 * n0, 0], bar, codes_bufs.index(slot))
-            tma.async_copy_global_to_shared(scales_desc, [i * KC, 2 * n0], bar, scales_bufs.index(slot))
+            tma.async_copy_global_to_shared(codes_desc, [step * KC, 2 * n0, 0], bar, codes_bufs.index(slot))
+            tma.async_copy_global_to_shared(scales_desc, [step * KC, 2 * n0], bar, scales_bufs.index(slot))
 
 
 @gluon.jit
@@ -274,8 +282,9 @@ def _mma_partition(x_bufs, a_bufs, load_ready, load_empty, a_ready, a_empty, ste
 def hopper_w4a16_kernel(
     x_desc, codes_desc, scales_desc,  # TMA descriptors: x (M, K) bf16, the layout's codes and scales
     w_global_scale_ptr, bias_ptr, out_ptr,  # fp32 g (one, or one a row), bias (N,), out (M, N)
-    M, N, stride_om,
-    TILED: gl.constexpr, W_GLOBAL_SCALE_PER_ROW: gl.constexpr, HAS_BIAS: gl.constexpr, STAGES: gl.constexpr,
+    partial_ptr, counter_ptr,  # SPLIT: fp32 (tiles, splits, ROWS, BLOCK_T) partial sums, int32 zeros a tile
+    M, N, stride_om, splits, steps_per_split,
+    TILED: gl.constexpr, SPLIT: gl.constexpr, W_GLOBAL_SCALE_PER_ROW: gl.constexpr, HAS_BIAS: gl.constexpr, STAGES: gl.constexpr,
     GROUP_N: gl.constexpr, num_warps: gl.constexpr,
     A_STAGES: gl.constexpr, DECODE_WARPS: gl.constexpr, LOAD_REGS: gl.constexpr, DECODE_REGS: gl.constexpr,
 ):
@@ -284,7 +293,10 @@ def hopper_w4a16_kernel(
     ROWS: gl.constexpr = codes_desc.block_type.shape[0] * _TILE_N if TILED else codes_desc.block_type.shape[1] // 2
     K = x_desc.shape[1]
 
-    pid_n, pid_t = _tile_ids(M, N, ROWS, BLOCK_T, GROUP_N)
+    # SPLIT: a tile's splits are consecutive programs, each K-steps [first, first + steps)
+    pid_n, pid_t = _tile_ids(M, N, ROWS, BLOCK_T, GROUP_N, splits)
+    tile = pid_n * gl.cdiv(M, BLOCK_T) + pid_t
+    pid_s = gl.program_id(0) % splits
     n0 = pid_n * ROWS
     t0 = pid_t * BLOCK_T
 
@@ -311,12 +323,13 @@ def hopper_w4a16_kernel(
                                                          instr_shape=[16, BLOCK_T, 16])
     # at least one step: with a zero-trip path the accumulator's zeros would reach the final wait
     # outside wgmma, and ptxas serializes every wgmma (C7515)
-    steps = gl.maximum(gl.cdiv(K, BLOCK_K), 1)
+    first = pid_s * steps_per_split
+    steps = gl.maximum(gl.minimum(steps_per_split, gl.cdiv(K, BLOCK_K) - first), 1)
     results = gl.warp_specialize([
         (_mma_partition, (x_bufs, a_bufs, load_ready, load_empty, a_ready, a_empty, steps, STAGES, A_STAGES,
                           acc_layout)),
         (_load_partition, (x_desc, codes_desc, scales_desc, x_bufs, codes_bufs, scales_bufs, load_ready,
-                           load_empty, t0, n0, steps, STAGES, TILED)),
+                           load_empty, t0, n0, first, steps, STAGES, TILED)),
         (_decode_partition, (codes_bufs, scales_bufs, a_bufs, load_ready, load_empty, a_ready, a_empty, steps,
                              STAGES, A_STAGES, DECODE_WARPS, TILED)),
     ], [1, DECODE_WARPS], [LOAD_REGS, DECODE_REGS])
@@ -325,8 +338,33 @@ def hopper_w4a16_kernel(
     # epilogue (the mma partition's warps): each thread 8 consecutive output columns (16-byte stores)
     out_layout: gl.constexpr = gl.BlockedLayout([8, 1], [8, 4], [1, num_warps], [0, 1])
     y = gl.convert_layout(acc, out_layout)
-    rows = n0 + gl.arange(0, ROWS, gl.SliceLayout(1, out_layout))
-    tokens = t0 + gl.arange(0, BLOCK_T, gl.SliceLayout(0, out_layout))
+    r = gl.arange(0, ROWS, gl.SliceLayout(1, out_layout))
+    t = gl.arange(0, BLOCK_T, gl.SliceLayout(0, out_layout))
+    if SPLIT:
+        # store this split's partial tile; the last split of the tile to arrive sums them all, in
+        # split order (the same bits whatever the arrival order)
+        in_tile = t[None, :] * ROWS + r[:, None]  # a thread's 8 rows: one 32-byte store
+        tile_partials = partial_ptr + tile.to(gl.int64) * splits * (ROWS * BLOCK_T)
+        gl.store(tile_partials + pid_s * (ROWS * BLOCK_T) + in_tile, y)
+        gl.thread_barrier()  # every thread's stores before the release
+        arrived = gl.atomic_add(counter_ptr + tile, 1, sem="acq_rel", scope="gpu")
+        if arrived == splits - 1:
+            gl.store(counter_ptr + tile, 0)  # zeros again for the next launch
+            y = gl.zeros([ROWS, BLOCK_T], gl.float32, out_layout)
+            for j in range(splits):
+                y += gl.load(tile_partials + j * (ROWS * BLOCK_T) + in_tile, cache_modifier=".cg")
+            _finish(y, n0 + r, t0 + t, M, N, w_global_scale_ptr, bias_ptr, out_ptr, stride_om, TILED,
+                    W_GLOBAL_SCALE_PER_ROW, HAS_BIAS)
+    else:
+        _finish(y, n0 + r, t0 + t, M, N, w_global_scale_ptr, bias_ptr, out_ptr, stride_om, TILED,
+                W_GLOBAL_SCALE_PER_ROW, HAS_BIAS)
+
+
+@gluon.jit
+def _finish(y, rows, tokens, M, N, w_global_scale_ptr, bias_ptr, out_ptr, stride_om, TILED: gl.constexpr,
+            W_GLOBAL_SCALE_PER_ROW: gl.constexpr, HAS_BIAS: gl.constexpr):
+    """(ROWS, BLOCK_T) fp32 sums of decoded weights times x -> out[tokens, rows] = y * unscale * g
+    + bias, masked to M tokens and N rows."""
     row_ok = rows < N
     if W_GLOBAL_SCALE_PER_ROW:
         g = gl.load(w_global_scale_ptr + rows, mask=row_ok, other=0.0)[:, None]
@@ -341,6 +379,7 @@ def hopper_w4a16_kernel(
     offsets = tokens.to(gl.int64)[None, :] * stride_om + rows[:, None]
     mask = row_ok[:, None] & (tokens < M)[None, :]
     gl.store(out_ptr + offsets, y.to(out_ptr.dtype.element_ty), mask=mask)
+
 
 def descriptor_layouts(config: HopperConfig, tiled: bool = False):
     """-> the shared-memory layouts of x's, the codes' and the scales' TMA boxes, and the boxes:
@@ -388,10 +427,12 @@ def _weight_tensors(w_codes, w_scales, n, k, tiled):
 
 
 def hopper_linear(x, w_codes, w_scales, w_global_scale, bias=None, out_dtype=torch.bfloat16,
-                  config: HopperConfig | None = None, n: int | None = None, tiled: bool = False):
+                  config: HopperConfig | None = None, n: int | None = None, tiled: bool = False,
+                  splits: int | None = None):
     """x (M, K) bf16, W of N rows as reference.hopper.pack's (codes, scales), or (tiled) as
     reference.tiled's 1-D (codes, scale bits) with n given, g fp32 () or (N,), bias (N,) or None
-    -> (M, N) out_dtype: x @ W^T * g + bias."""
+    -> (M, N) out_dtype: x @ W^T * g + bias. K is split `splits` ways (default
+    gemm_configs.hopper_splits) when the output tiles are too few to fill the GPU."""
     if x.dim() != 2 or x.dtype != torch.bfloat16:
         raise ValueError(f"x must be a 2-D bf16 tensor, got {tuple(x.shape)} {x.dtype}")
     m, k = x.shape
@@ -415,8 +456,22 @@ def hopper_linear(x, w_codes, w_scales, w_global_scale, bias=None, out_dtype=tor
     codes_desc = TensorDescriptor.from_tensor(w_codes, codes_box, codes_layout)
     scales_desc = TensorDescriptor.from_tensor(w_scales, scales_box, scales_layout)
     g = w_global_scale.to(torch.float32).contiguous()
-    grid = (triton.cdiv(n, config.rows) * triton.cdiv(m, config.block_t), )
-    hopper_w4a16_kernel[grid](
-        x_desc, codes_desc, scales_desc, g, bias if bias is not None else g, out, m, n, out.stride(0),
-        TILED=tiled, W_GLOBAL_SCALE_PER_ROW=per_row, HAS_BIAS=bias is not None, **kernel_constexprs(config))
+    tiles = triton.cdiv(n, config.rows) * triton.cdiv(m, config.block_t)
+    steps = triton.cdiv(k, config.block_k)
+    if splits is None:
+        splits = hopper_splits(tiles, steps, torch.cuda.get_device_properties(x.device).multi_processor_count)
+    if not 1 <= splits <= steps:
+        raise ValueError(f"splits must be 1 .. {steps} (K-steps of {config.block_k}), got {splits}")
+    per_split = triton.cdiv(steps, splits)
+    splits = triton.cdiv(steps, per_split)  # no split without a K-step
+    if splits > 1:
+        partials = torch.empty(tiles * splits * config.rows * config.block_t, dtype=torch.float32, device=x.device)
+        counters = split_counters(x.device, tiles)
+    else:
+        partials = counters = g
+    hopper_w4a16_kernel[(tiles * splits, )](
+        x_desc, codes_desc, scales_desc, g, bias if bias is not None else g, out, partials, counters,
+        m, n, out.stride(0), splits, per_split,
+        TILED=tiled, SPLIT=splits > 1, W_GLOBAL_SCALE_PER_ROW=per_row, HAS_BIAS=bias is not None,
+        **kernel_constexprs(config))
     return out

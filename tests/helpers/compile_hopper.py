@@ -1,8 +1,9 @@
 """Compile the Hopper W4A16 GEMM (Gluon, warp-specialized) for sm_90 without a GPU, one case per
-weight layout (reference.hopper's, reference.tiled's), shipped config and epilogue variant.
+weight layout (reference.hopper's, reference.tiled's), shipped config and epilogue variant (the
+split-K one among them).
 
 Run as a script (in a process without TRITON_INTERPRET): prints one JSON object per case,
-{"case", "config", "ok", "error", "mma", "wait_counts", "loops", "mma_loops", "mma_loop_wait_counts",
+{"case", "config", "split", "ok", "error", "mma", "atomics", "wait_counts", "loops", "mma_loops", "mma_loop_wait_counts",
 "loop_releases", "arrives_after_bar_sync", "setmaxnreg", "ptxas_serialized", "ptxas_warnings",
 "spills", "sass_depbar_counts"}.
     python tests/helpers/compile_hopper.py
@@ -55,26 +56,27 @@ def arrives_after_bar_sync(body: str) -> bool:
                for i, e in enumerate(events) if re.fullmatch(RELEASE, e))
 
 
-def signature(config, per_row: bool, bias: bool, tiled: bool):
+def signature(config, per_row: bool, bias: bool, tiled: bool, split: bool):
     (x_layout, x_box), (codes_layout, codes_box), (scales_layout, scales_box) = \
         hopper_gemm.descriptor_layouts(config, tiled)
-    constexprs = {"TILED": tiled, "W_GLOBAL_SCALE_PER_ROW": per_row, "HAS_BIAS": bias,
+    constexprs = {"TILED": tiled, "SPLIT": split, "W_GLOBAL_SCALE_PER_ROW": per_row, "HAS_BIAS": bias,
                   **hopper_gemm.kernel_constexprs(config)}
     sig = {"x_desc": f"tensordesc<bf16{x_box},{x_layout!r}>",
            "codes_desc": f"tensordesc<i32{codes_box},{codes_layout!r}>",
            "scales_desc": f"tensordesc<{'i32' if tiled else 'i16'}{scales_box},{scales_layout!r}>",
            "w_global_scale_ptr": "*fp32", "bias_ptr": "*bf16", "out_ptr": "*bf16",
-           "M": "i32", "N": "i32", "stride_om": "i32",
+           "partial_ptr": "*fp32", "counter_ptr": "*i32",
+           "M": "i32", "N": "i32", "stride_om": "i32", "splits": "i32", "steps_per_split": "i32",
            **{name: "constexpr" for name in constexprs}}
     names = list(sig)
     # what the JIT specializes at launch: pointers and a stride divisible by 16
     attrs = {(names.index(name),): [["tt.divisibility", 16]]
-             for name in ("w_global_scale_ptr", "bias_ptr", "out_ptr", "stride_om")}
+             for name in ("w_global_scale_ptr", "bias_ptr", "out_ptr", "partial_ptr", "counter_ptr", "stride_om")}
     return sig, constexprs, attrs
 
 
-def compile_config(config, per_row=False, bias=True, tiled=False, sm=90):
-    sig, constexprs, attrs = signature(config, per_row, bias, tiled)
+def compile_config(config, per_row=False, bias=True, tiled=False, split=False, sm=90):
+    sig, constexprs, attrs = signature(config, per_row, bias, tiled, split)
     source = GluonASTSource(hopper_gemm.hopper_w4a16_kernel, sig, constexprs=constexprs, attrs=attrs)
     return triton.compile(source, target=GPUTarget("cuda", sm, 32), options={"num_warps": config.num_warps})
 
@@ -92,9 +94,9 @@ def cases():
     configs = {config for _, config in gemm_configs.HOPPER_CONFIGS}
     for config in sorted(configs):
         for tiled in (False, True):
-            for per_row, bias in ((False, True), (True, False)):
+            for per_row, bias, split in ((False, True, False), (True, False, True)):
                 yield (f"hopper-{'tiled' if tiled else 'hopper'}-{'x'.join(map(str, config))}-rowg{int(per_row)}"
-                       f"-bias{int(bias)}", config, per_row, bias, tiled)
+                       f"-bias{int(bias)}-split{int(split)}", config, per_row, bias, tiled, split)
 
 
 def facts(compiled) -> dict:
@@ -105,6 +107,8 @@ def facts(compiled) -> dict:
     sass = tool_output(knobs.nvidia.cuobjdump, ["-sass"], ".cubin", compiled.asm["cubin"])
     return {
         "mma": sorted(set(re.findall(r"wgmma\.mma_async[\w.]*", ptx))),
+        # the split-K handshake: the barrier, then one acq_rel atomic on the tile's counter
+        "atomics": re.findall(r"bar\.sync[^\n]*\n(?:(?!bar\.sync)[^\n]*\n)*?[^\n]*(atom[\w.]*)", ptx),
         "wait_counts": sorted({int(n) for n in re.findall(WAIT_GROUP, ptx)}),
         "loops": len(loops),
         "mma_loops": len(mma_loops),
@@ -120,10 +124,10 @@ def facts(compiled) -> dict:
 
 
 def main():
-    for case, config, per_row, bias, tiled in cases():
-        result = {"case": case, "config": list(config), "ok": False, "error": None}
+    for case, config, per_row, bias, tiled, split in cases():
+        result = {"case": case, "config": list(config), "split": split, "ok": False, "error": None}
         try:
-            result.update(facts(compile_config(config, per_row, bias, tiled)))
+            result.update(facts(compile_config(config, per_row, bias, tiled, split)))
             result["ok"] = True
         except Exception as e:  # noqa: BLE001 - reported per case
             result["error"] = f"{type(e).__name__}: {e}"[:2000]

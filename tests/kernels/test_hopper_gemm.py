@@ -1,7 +1,8 @@
 """kernels/hopper_gemm.py, the Hopper W4A16 GEMM (Gluon, warp-specialized). Without a GPU: every
 shipped config compiles for sm_90 into load, decode and mma partitions, and the mma partition's
 K loop keeps one wgmma group in flight (PTX `wgmma.wait_group 1` in the loop, SASS
-`WARPGROUP.DEPBAR.LE gsb0, 0x1`, no ptxas serialization warning, no spills). On a GPU: the kernel
+`WARPGROUP.DEPBAR.LE gsb0, 0x1`, no ptxas serialization warning, no spills), for both weight
+layouts, and the split-K epilogue's handshake is there. On a GPU: the kernel
 against the reference linear on fresh random inputs, odd shapes and every shipped config."""
 
 import json
@@ -41,13 +42,21 @@ def test_every_config_compiles_for_sm90(compiled):
 def test_wgmma_stays_in_flight_through_the_k_loop(compiled):
     for r in compiled:
         assert r["mma"] and all(".bf16.bf16" in mma for mma in r["mma"]), r
-        assert r["loops"] == 3, r  # one K loop a partition: load, decode, mma
+        assert r["loops"] == 3 + r["split"], r  # one K loop a partition (and the sum of the splits)
         assert r["mma_loops"] == 1, r
         assert r["mma_loop_wait_counts"] == [1], r  # the mma loop never drains the wgmma groups
         assert not r["ptxas_serialized"], r  # ptxas did not serialize the wgmmas (C7515)
         assert not r["ptxas_warnings"], r
         assert 1 in r["sass_depbar_counts"], r
         assert r["spills"] == ["0"], r
+
+
+def test_split_k_handshake(compiled):
+    """With K split, the last program of a tile to arrive (one acq_rel atomic after a barrier)
+    sums the partials; without, no atomic at all."""
+    assert {r["split"] for r in compiled} == {False, True}
+    for r in compiled:
+        assert r["atomics"] == (["atom.global.gpu.acq_rel.add.u32"] if r["split"] else []), r
 
 
 def test_partitions_and_handover(compiled):
@@ -129,6 +138,23 @@ def test_every_shipped_config(config, m, per_row, bias, tiled):
 @pytest.mark.gpu
 @LAYOUTS
 @pytest.mark.parametrize("config", CONFIGS, ids=lambda c: "x".join(map(str, c)))
+@pytest.mark.parametrize("m, n, k, splits", [(33, 200, 1040, 2), (128, 328, 4112, 5), (600, 96, 2048, 3)])
+def test_split_k(config, m, n, k, splits, tiled):
+    """K split across programs (the last to arrive sums the partials in split order): the
+    reference linear, the same bits on a second call and with the splits' counters reused."""
+    from nvfp4_inductor.kernels.hopper_gemm import hopper_linear
+
+    args, want = _case(m, n, k, seed=m + n + splits, per_row=splits % 2 == 1, tiled=tiled)
+    y = hopper_linear(*args, out_dtype=torch.float32, config=config, n=n, tiled=tiled, splits=splits)
+    assert _rel(y, want) <= 2e-3, config
+    for _ in range(3):
+        again = hopper_linear(*args, out_dtype=torch.float32, config=config, n=n, tiled=tiled, splits=splits)
+        assert torch.equal(again, y)
+
+
+@pytest.mark.gpu
+@LAYOUTS
+@pytest.mark.parametrize("config", CONFIGS, ids=lambda c: "x".join(map(str, c)))
 def test_special_blocks(config, tiled):
     """A NaN block poisons its row's outputs only; an all-zero row gives zeros."""
     from nvfp4_inductor.kernels.hopper_gemm import hopper_linear
@@ -175,3 +201,5 @@ def test_rejects_tiled_weights_of_another_shape():
         hopper_linear(torch.zeros(8, 160, dtype=torch.bfloat16), codes, scales, g, n=64, tiled=True)
     with pytest.raises(ValueError, match="tiled layout"):
         hopper_linear(x, codes[:-16], scales, g, n=64, tiled=True)
+    with pytest.raises(ValueError, match="splits must be 1 .. 1"):
+        hopper_linear(x, codes, scales, g, n=64, tiled=True, splits=2)
