@@ -1,6 +1,7 @@
 """NVFP4 linear (y = x @ W^T) vs bf16 cuBLAS, same run.
 
     python benchmarks/bench_gemm.py [--ms 4096]
+    python benchmarks/bench_gemm.py --hopper-sweep --ms 32 64 128 256 512   # sm_90: the Gluon kernel's tiles
 
 Times are CUDA-graph replays cycling through weight copies, each format's set 3x the L2 (each call
 reads its weights from HBM, as in a real model), at least 32 calls a replay. W4A4 includes
@@ -16,7 +17,7 @@ import triton
 from bench_quantize import copy_bandwidth_gbs, stream_us
 
 import nvfp4_inductor as nv
-from nvfp4_inductor.kernels import plan
+from nvfp4_inductor.kernels import gemm_configs, plan
 from nvfp4_inductor.kernels.gemm import scaled_mm_tiled
 from nvfp4_inductor.kernels.gemm_splitk import gemm_splitk
 from nvfp4_inductor.kernels.hopper_gemm import hopper_linear
@@ -45,15 +46,72 @@ def _sm90() -> bool:
     return torch.cuda.get_device_capability() == (9, 0)
 
 
+def hopper_candidates() -> list[gemm_configs.HopperConfig]:
+    """The warp-specialized kernel's tiles worth timing: the shipped ones, and weight rows 64 / 128
+    by tokens 32..256, 4 slots of 64 k or 3 of 128 (one warpgroup a 64 rows; the decode
+    partition's registers what the warps leave, gemm_configs.HOPPER_CONFIGS), within the 227 KiB
+    of shared memory a program may have (x and code slots, two decoded tiles)."""
+    shipped = [config for _, config in gemm_configs.HOPPER_CONFIGS]
+    grid = [gemm_configs.HopperConfig(rows=rows, block_t=block_t, block_k=block_k, stages=stages,
+                                      num_warps=rows // 16, decode_regs=96 if rows == 128 else 152)
+            for rows in (64, 128) for block_t in (32, 64, 128, 256) for block_k, stages in ((64, 4), (128, 3))
+            if not (rows == 128 and block_t == 256)  # 128 x 256 fp32 sums: more registers than a warpgroup has
+            and stages * block_t * block_k * 2 + 2 * rows * block_k * 2 + stages * rows * block_k // 2 <= 227 * 1024]
+    return shipped + [c for c in grid if c not in shipped]
+
+
+def hopper_sweep(ms: list[int], l2: int) -> None:
+    """Each candidate tile of the warp-specialized kernel on the tiled weights (K split as
+    gemm_configs.hopper_splits says), us; configs that do not compile or fit are skipped ("-"), and
+    one whose output is off the dequantized product (relative error over 1e-2) is not timed ("bad")."""
+    candidates = hopper_candidates()
+    print("hopT16 sweep: the warp-specialized Gluon kernel on tiled weights, us per config"
+          " (rows x tokens x K-step x slots); best: the fastest and its speed-up over bf16 cuBLAS")
+    for i, c in enumerate(candidates):
+        print(f"  c{i}: {c.rows}x{c.block_t}x{c.block_k}x{c.stages}")
+    print(f"{'K':>6} {'N':>6} {'M':>5} {'bf16':>8} " + " ".join(f"{f'c{i}':>7}" for i in range(len(candidates)))
+          + f" {'best':>5} {'x':>5}")
+    for k, n in SHAPES:
+        w_bf16, w_fp4, w_tiled, _ = weight_copies(k, n, l2)
+        w0 = nv.dequantize(w_fp4[0], torch.float32)
+        for m in ms:
+            x = torch.randn(m, k, dtype=torch.bfloat16, device="cuda")
+            want = x.float() @ w0.T
+            bf16 = stream_us(lambda w: x @ w.T, w_bf16)
+            times = []
+            for c in candidates:
+                try:
+                    y = hopper_linear(x, *w_tiled[0][:2], w_tiled[0][2], n=n, tiled=True, config=c)
+                    if ((y.float() - want).norm() / want.norm()).item() > 1e-2:
+                        times.append(math.nan)
+                        continue
+                    times.append(stream_us(lambda w: hopper_linear(x, *w[:2], w[2], n=n, tiled=True, config=c),
+                                           w_tiled))
+                except Exception:  # noqa: BLE001 - out of shared memory or registers: not a candidate
+                    times.append(math.inf)
+            timed = [i for i, t in enumerate(times) if t < math.inf]
+            best = min(timed, key=times.__getitem__) if timed else None
+            cells = [f"{t:7.1f}" if t < math.inf else f"{'-':>7}" if t == math.inf else f"{'bad':>7}" for t in times]
+            print(f"{k:>6} {n:>6} {m:>5} {bf16:8.1f} " + " ".join(cells)
+                  + (f" {f'c{best}':>5} {bf16 / times[best]:5.2f}" if best is not None else ""), flush=True)
+        del w_bf16, w_fp4, w_tiled
+
+
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--ms", type=int, nargs="+", default=MS, help="rows of x (default: all)")
-    ms = parser.parse_args().ms
+    parser.add_argument("--hopper-sweep", action="store_true",
+                        help="sm_90: time the warp-specialized kernel's candidate tiles instead of the table")
+    args = parser.parse_args()
+    ms = args.ms
     torch.manual_seed(0)
     print(f"GPU: {torch.cuda.get_device_name()}, torch {torch.__version__}, triton {triton.__version__}")
     copy = copy_bandwidth_gbs()
     l2 = torch.cuda.get_device_properties().L2_cache_size
     print(f"device copy: {copy:.0f} GB/s")
+    if args.hopper_sweep:
+        hopper_sweep(ms, l2)
+        return
     print("W4A16 / W4A4: nvfp4_inductor.linear on row-major weights; tiled16 / tiled4: nvfp4::linear_tiled,"
           " the eager form of what backend='nvfp4' compiles (weights in the tiled layout); both take"
           " plan.plan_gemm's kernel (split-K at decode sizes, the wgmma mainloop at 33-128 rows on sm_90,"
