@@ -11,7 +11,7 @@ from torch import Tensor
 
 from nvfp4_inductor.format import BLOCK_SIZE
 from nvfp4_inductor.reference import kv_cache, swizzled_shape
-from nvfp4_inductor.reference.tiled import GLU_GROUP, tiled_shapes
+from nvfp4_inductor.reference.tiled import GATED_GROUP, tiled_shapes
 
 FLOAT_DTYPES = (torch.bfloat16, torch.float16, torch.float32)
 ACTIVATIONS = ("bf16", "nvfp4")
@@ -109,9 +109,9 @@ def check_eps(name: str, eps: float) -> None:
 def check_silu_mul_linear_args(n: int, w_global_scale, x_global_scale) -> None:
     """n: a positive multiple of the interleave group; the global scales one per weight row; x's
     None or fp32 ()."""
-    if n <= 0 or n % GLU_GROUP:
-        raise ValueError(f"n = {n} must be a positive multiple of {GLU_GROUP} (gate and up rows are "
-                         f"interleaved in groups of {GLU_GROUP})")
+    if n <= 0 or n % GATED_GROUP:
+        raise ValueError(f"n = {n} must be a positive multiple of {GATED_GROUP} (gate and up rows are "
+                         f"interleaved in groups of {GATED_GROUP})")
     check_tensor("w_global_scale", w_global_scale, (torch.float32,))
     if tuple(w_global_scale.shape) != (2 * n,):
         raise ValueError(f"w_global_scale must have shape ({2 * n},) (one per gate and up row); got "

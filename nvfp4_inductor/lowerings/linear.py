@@ -64,7 +64,7 @@ from nvfp4_inductor.reference import tiled
 
 aten = torch.ops.aten
 OP = torch.ops.nvfp4.linear_tiled.default
-GLU_OP = torch.ops.nvfp4.linear_tiled_silu_mul.default
+SILU_MUL_OP = torch.ops.nvfp4.linear_tiled_silu_mul.default
 _TL_DTYPES = {torch.bfloat16: "tl.bfloat16", torch.float16: "tl.float16", torch.float32: "tl.float32"}
 
 
@@ -99,12 +99,12 @@ def mm_tiled_f32_x4(x_data, x_scale, w_data, w_scale, n):
     return run(dequantize(x_data, x_scale, None, False, torch.bfloat16), w_data, w_scale, n)
 
 
-def scaled_mm_tiled(x, w_data, w_scale, g, bias=None, *, n, out_dtype):
+def scaled_mm_tiled(x, w_data, w_scale, w_global_scale, bias=None, *, n, out_dtype):
     """The extern choice where it is the only one: (M, N) out_dtype = g * (x @ (e2m1 * block
-    scale)^T) + bias, g read on the device by one cuBLASLt GEMM (kernels/gemm.py)."""
+    scale)^T) + bias, the global scale g read on the device by one cuBLASLt GEMM (kernels/gemm.py)."""
     from nvfp4_inductor.kernels.gemm import scaled_mm_tiled as run
 
-    return run(x, w_data, w_scale, g, bias, n, out_dtype)
+    return run(x, w_data, w_scale, w_global_scale, bias, n, out_dtype)
 
 
 extern_mm_tiled_f32 = ExternKernelChoice(mm_tiled_f32, name="nvfp4_mm_tiled_f32", has_out_variant=False)
@@ -124,7 +124,7 @@ def _graph_tiles(device) -> int:
     """The most output tiles a split-K template of the graph being lowered may count on device: its
     nvfp4 linears' weight rows (a gated MLP's: twice its output's width) over the narrowest tile."""
     most = 0
-    for op, rows in ((OP, 1), (GLU_OP, 2)):
+    for op, rows in ((OP, 1), (SILU_MUL_OP, 2)):
         for node in V.graph.module.graph.find_nodes(op="call_function", target=op):
             y = node.meta.get("val")
             if isinstance(y, torch.Tensor) and y.device == device and isinstance(y.shape[-1], int):
@@ -191,19 +191,19 @@ def _pdl_mode(device, w_data, w_scale) -> int:
 
 
 def lower_linear_tiled(x, w_data, w_scale, w_global_scale, bias, n, activation, norm_h=None, norm_eps=0.0,
-                       glu=False, x_global_scale=None):
-    """glu: nvfp4.linear_tiled_silu_mul (with its x_global_scale), n = 2 x its output width: the
+                       silu_mul=False, x_global_scale=None):
+    """silu_mul: nvfp4.linear_tiled_silu_mul (with its x_global_scale), n = 2 x its output width: the
     template's epilogue takes silu(gate) * up from each tile's 32 gate and 32 up rows and stores
     (M, n / 2) itself. norm_h: a deferred RMSNorm (the op's docstring), applied by the template
     where it reads h's rows whole (gemm_configs.rms_in_template), else the eager op."""
-    op_args = (x, w_data, w_scale, w_global_scale, *((x_global_scale, n // 2) if glu else (bias, n)),
+    op_args = (x, w_data, w_scale, w_global_scale, *((x_global_scale, n // 2) if silu_mul else (bias, n)),
                activation, norm_h, norm_eps)  # the op's own arguments, as called
 
     def eager_op():
-        return fallback_handler(GLU_OP if glu else OP, add_to_fallback_set=False)(*op_args)
+        return fallback_handler(SILU_MUL_OP if silu_mul else OP, add_to_fallback_set=False)(*op_args)
 
     dot_scaled = plan.x_format(activation, x.get_device()) == "nvfp4"
-    if not _uses_template(x) or (glu and dot_scaled):
+    if not _uses_template(x) or (silu_mul and dot_scaled):
         return eager_op()
     *lead, k = (int(s) for s in x.get_size())
     m = math.prod(lead)
@@ -230,7 +230,7 @@ def lower_linear_tiled(x, w_data, w_scale, w_global_scale, bias, n, activation, 
         x2 = _unit_k_stride(realize_inputs(x2))
         inputs = realize_inputs(x2, w_data, w_scale)
         extern_choice = extern_mm_tiled_f32
-    if activation == "nvfp4" and not glu:  # (the GLU template multiplies them itself)
+    if activation == "nvfp4" and not silu_mul:  # (the SiLU * up template multiplies them itself)
         w_global_scale = lowerings[aten.mul.Tensor](w_global_scale, x_global_scale)  # the eager kernels' order
     # the register-fed mainloop reads x's rows as 32-bit words: even row stride and offset (a
     # flexible layout is contiguous until the template freezes it; forcing one would copy x)
@@ -243,7 +243,7 @@ def lower_linear_tiled(x, w_data, w_scale, w_global_scale, bias, n, activation, 
             and not all(gemm_configs.rms_in_template(c.block_m, k) for c in configs)):
         return eager_op()  # (unsplit, each program reads its BLOCK_M rows of h)
     # where dequantize + cuBLAS may win (M > 64); it does not apply a deferred norm
-    extern = split == 1 and device.type == "cuda" and not glu and norm_h is None
+    extern = split == 1 and device.type == "cuda" and not silu_mul and norm_h is None
     if not _compat.max_autotune():  # the plan's pick alone
         template = not extern or chosen.kernel != "dequant_cublas"
         configs = configs[:1] if template else []
@@ -259,19 +259,19 @@ def lower_linear_tiled(x, w_data, w_scale, w_global_scale, bias, n, activation, 
         return lowerings[aten.view.default](y, [*lead, n])
     layout = ir.FixedLayout(device, torch.float32, [m, n])
     use_asm = device.type == "cuda"  # inline PTX decode; the CPU backend decodes with plain ops
-    extra, input_gen_fns = {"GLU": glu, "RMS": norm_h is not None, "NORM_EPS": float(norm_eps),
+    extra, input_gen_fns = {"SILU_MUL": silu_mul, "RMS": norm_h is not None, "NORM_EPS": float(norm_eps),
                             "RMS_SPAN": 1 << (k - 1).bit_length()}, None
     pdl = _pdl_mode(device, w_data, w_scale)
     if pdl:
         extra["triton_meta"] = {"launch_pdl": True}
-    if glu:  # the global scales go in (the epilogue rounds each linear), the output is final
+    if silu_mul:  # the global scales go in (the epilogue rounds each linear), the output is final
         inputs.append(realize_inputs(w_global_scale))
         extra["HAS_GX"] = x_global_scale is not None
         if x_global_scale is not None:
             inputs.append(realize_inputs(x_global_scale))
         layout = ir.FixedLayout(device, x.get_dtype(), [m, n // 2])
         extra["OUT_DTYPE"] = _TL_DTYPES[x.get_dtype()]
-        assert all(c.block_n % (2 * tiled.GLU_GROUP) == 0 for c in configs), configs
+        assert all(c.block_n % (2 * tiled.GATED_GROUP) == 0 for c in configs), configs
     if norm_h is not None:  # the norm's input h, unit column stride (the residual stream: no copy)
         inputs.append(ir.ExternKernel.require_stride1(realize_inputs(
             lowerings[aten.view.default](norm_h, [m, k]))))
@@ -303,7 +303,7 @@ def lower_linear_tiled(x, w_data, w_scale, w_global_scale, bias, n, activation, 
         choices.append(extern_choice.bind(inputs, layout, n=n))
     products = _compat.selected_node(autotune_select_algorithm(
         "nvfp4_tiled_gemm", choices, list(inputs), layout, input_gen_fns=input_gen_fns))
-    if glu:
+    if silu_mul:
         return lowerings[aten.view.default](products, [*lead, n // 2])
     y = lowerings[aten.mul.Tensor](products, w_global_scale)
     if bias is not None:
@@ -326,8 +326,8 @@ def register() -> None:
     global _registered
     if not _registered:
         register_lowering(OP, type_promotion_kind=None)(lower_linear_tiled)
-        register_lowering(GLU_OP, type_promotion_kind=None)(
-            lambda x, w_data, w_scale, g, x_global_scale, n, activation, norm_h=None, norm_eps=0.0:
-            lower_linear_tiled(x, w_data, w_scale, g, None, 2 * n, activation, norm_h, norm_eps, glu=True,
-                               x_global_scale=x_global_scale))
+        register_lowering(SILU_MUL_OP, type_promotion_kind=None)(
+            lambda x, w_data, w_scale, w_global_scale, x_global_scale, n, activation, norm_h=None, norm_eps=0.0:
+            lower_linear_tiled(x, w_data, w_scale, w_global_scale, None, 2 * n, activation, norm_h, norm_eps,
+                               silu_mul=True, x_global_scale=x_global_scale))
         _registered = True

@@ -40,23 +40,23 @@ def _scale_places(device) -> Tensor:
 
 
 # A gated MLP's gate and up weights multiplied as one GEMM whose epilogue takes silu(gate) * up
-# (nvfp4::linear_tiled_silu_mul): their rows interleaved in groups of GLU_GROUP, so that every
+# (nvfp4::linear_tiled_silu_mul): their rows interleaved in groups of GATED_GROUP, so that every
 # TILE_N-row tile holds 32 gate rows and the same 32 up rows.
-GLU_GROUP = TILE_N // 2
+GATED_GROUP = TILE_N // 2
 
 
 def interleave_halves(gate: Tensor, up: Tensor) -> Tensor:
-    """(n, ...) gate rows and (n, ...) up rows, n a multiple of GLU_GROUP -> (2n, ...): gate rows
+    """(n, ...) gate rows and (n, ...) up rows, n a multiple of GATED_GROUP -> (2n, ...): gate rows
     0-31, up rows 0-31, gate rows 32-63, ..."""
     n, rest = gate.shape[0], gate.shape[1:]
-    groups = [t.reshape(n // GLU_GROUP, GLU_GROUP, *rest) for t in (gate, up)]
+    groups = [t.reshape(n // GATED_GROUP, GATED_GROUP, *rest) for t in (gate, up)]
     return torch.stack(groups, 1).reshape(2 * n, *rest)
 
 
 def split_halves(y: Tensor) -> tuple[Tensor, Tensor]:
     """(..., 2n) columns in interleave_halves' order -> (gate, up), each (..., n)."""
     lead, n = y.shape[:-1], y.shape[-1] // 2
-    groups = y.reshape(*lead, n // GLU_GROUP, 2, GLU_GROUP)
+    groups = y.reshape(*lead, n // GATED_GROUP, 2, GATED_GROUP)
     return groups[..., 0, :].reshape(*lead, n), groups[..., 1, :].reshape(*lead, n)
 
 
@@ -96,13 +96,13 @@ def untile(data_tiled: Tensor, scale_tiled: Tensor, n: int, k: int) -> tuple[Ten
 # Mixture-of-experts weights (E, N, K): each expert tiled on its own, one after another, so that
 # expert e's tiles are rows [e * tile_rows, (e + 1) * tile_rows) of tiles of one (E * N_pad, K)
 # tiled weight. A gated gate_up (2I rows: gate [0, I), up [I, 2I)) is stored as
-# interleave_halves of its halves, each first padded with zero rows to a multiple of GLU_GROUP,
+# interleave_halves of its halves, each first padded with zero rows to a multiple of GATED_GROUP,
 # so that every tile holds 32 gate rows and the same 32 up rows (the kernels' SiLU * up epilogue).
 
 def expert_rows(n: int, gated: bool) -> int:
     """An expert's rows as stored (N_pad: a multiple of TILE_N) for N logical rows (2I, gated)."""
     if gated:
-        return 2 * (-(-(n // 2) // GLU_GROUP) * GLU_GROUP)
+        return 2 * (-(-(n // 2) // GATED_GROUP) * GATED_GROUP)
     return -(-n // TILE_N) * TILE_N
 
 
@@ -118,7 +118,7 @@ def stored_rows(part: Tensor, gated: bool) -> Tensor:
     half = rows // 2
     gate, up = (part.new_zeros((e, half, part.shape[2])) for _ in range(2))
     gate[:, : n // 2], up[:, : n // 2] = part[:, : n // 2], part[:, n // 2:]
-    return torch.stack([t.view(e, half // GLU_GROUP, GLU_GROUP, -1) for t in (gate, up)], 2).view(e, rows, -1)
+    return torch.stack([t.view(e, half // GATED_GROUP, GATED_GROUP, -1) for t in (gate, up)], 2).view(e, rows, -1)
 
 
 def tile_experts(data: Tensor, scale: Tensor, gated: bool) -> tuple[Tensor, Tensor]:
@@ -136,7 +136,7 @@ def untile_experts(codes: Tensor, scales: Tensor, n: int, k: int, gated: bool) -
     for part in untile(codes.reshape(-1), scales.reshape(-1), e * rows, k):
         part = part.view(e, rows, -1)
         if gated:
-            halves = part.view(e, rows // (2 * GLU_GROUP), 2, GLU_GROUP, -1)
+            halves = part.view(e, rows // (2 * GATED_GROUP), 2, GATED_GROUP, -1)
             part = torch.cat([halves[:, :, j].reshape(e, rows // 2, -1)[:, : n // 2] for j in (0, 1)], 1)
         else:
             part = part[:, :n]

@@ -57,7 +57,7 @@ from nvfp4_inductor.lowerings.passes.fx import (
     call as _call, LINEAR, tensor_val as _tensor_val, val as _val, VIEWS as _VIEWS,
 )
 from nvfp4_inductor.lowerings.passes.fx import silu_mul_operands, view_root as _view_root
-from nvfp4_inductor.reference.tiled import GLU_GROUP, TILE_N
+from nvfp4_inductor.reference.tiled import GATED_GROUP, TILE_N
 
 log = logging.getLogger("nvfp4_inductor")
 NVFP4_LINEAR = torch.ops.nvfp4.linear.default
@@ -428,7 +428,7 @@ class LinearToNVFP4(_compat.CustomGraphPass):
             return
         n = y.args[5] // 2
         tiled = y.args[1].args[0] if _call(y.args[1], operator.getitem) else None
-        if ("val" not in y.meta or "val" not in sliced.meta or n % GLU_GROUP
+        if ("val" not in y.meta or "val" not in sliced.meta or n % GATED_GROUP
                 or sliced.meta["val"].shape[-1] != 2 * n or not _call(tiled, TILE_WEIGHT)):
             return
         dims = sliced.meta["val"].dim()
@@ -445,7 +445,7 @@ class LinearToNVFP4(_compat.CustomGraphPass):
                       graph.call_function(aten.slice.Tensor, (t, 0, n, 2 * n))]
             if not gate_first:
                 halves.reverse()
-            groups = [graph.call_function(aten.view.default, (h, [n // GLU_GROUP, GLU_GROUP, *rest]))
+            groups = [graph.call_function(aten.view.default, (h, [n // GATED_GROUP, GATED_GROUP, *rest]))
                       for h in halves]
             stacked = graph.call_function(aten.stack.default, (groups, 1))
             return graph.call_function(aten.view.default, (stacked, [2 * n, *rest]))
