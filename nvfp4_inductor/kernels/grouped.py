@@ -53,13 +53,11 @@ import triton.language as tl
 from nvfp4_inductor import capability
 from nvfp4_inductor.kernels import launch as launches
 from nvfp4_inductor.kernels import plan
-from nvfp4_inductor.kernels.device.common import BLOCK, LAYOUT_TILED, round_to
+from nvfp4_inductor.kernels.device.common import BLOCK, LAYOUT_TILED, TILED_K, TILED_N, round_to
 from nvfp4_inductor.kernels.device.epilogue import last_split, silu_mul_halves, split_tiles
 from nvfp4_inductor.kernels.device.mainloops import MAINLOOP_DOT_SCALED, MAINLOOPS, mainloop
-from nvfp4_inductor.reference.tiled import expert_rows, stored_rows, TILE_K, TILE_N
+from nvfp4_inductor.reference.tiled import expert_rows, stored_rows
 
-_TILE_N: tl.constexpr = tl.constexpr(TILE_N)
-_TILE_K: tl.constexpr = tl.constexpr(TILE_K)
 
 _UNSCALE: tl.constexpr = tl.constexpr(2.0**7)  # the decode's 2^-7 (device/mainloops.py)
 
@@ -122,9 +120,9 @@ def grouped_linear_kernel(
         rows = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)  # stored weight rows of the expert
         e64 = expert.to(tl.int64)
         # the expert's tiles: whole tiles, so its codes start on 2 KiB and its scales on 256 bytes
-        expert_tiles = (NP // _TILE_N) * tl.cdiv(K, _TILE_K)
-        w_e = w_ptr + tl.multiple_of(e64 * expert_tiles * (_TILE_N * _TILE_K // 2), 16)
-        s_e = w_scale_ptr + tl.multiple_of(e64 * expert_tiles * (_TILE_N * _TILE_K // BLOCK), 16)
+        expert_tiles = (NP // TILED_N) * tl.cdiv(K, TILED_K)
+        w_e = w_ptr + tl.multiple_of(e64 * expert_tiles * (TILED_N * TILED_K // 2), 16)
+        s_e = w_scale_ptr + tl.multiple_of(e64 * expert_tiles * (TILED_N * TILED_K // BLOCK), 16)
         m_rows = tl.minimum(end - row0, BLOCK_M)
         x_t = x_ptr + row0.to(tl.int64) * stride_xt
         xs_t = x_scale_ptr + row0.to(tl.int64) * (K // BLOCK)

@@ -76,6 +76,7 @@ from triton.experimental.gluon.language.nvidia.hopper import (
 )
 from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
 
+from nvfp4_inductor.kernels.device.common import TILED_K, TILED_N
 from nvfp4_inductor.kernels.gemm_configs import HopperConfig, hopper_config, hopper_splits
 from nvfp4_inductor.kernels.launch import split_counters
 from nvfp4_inductor.reference import hopper as layout
@@ -91,8 +92,6 @@ _CHUNK_K = gl.constexpr(layout.CHUNK_K)
 _UNSCALE = gl.constexpr(float(2**layout.UNSCALE_LOG2))  # the decode's 2^-20 undone
 # the tiled layout's decode (the split-K kernels' values, device/mma.py): e2m1 * 2^-126 times
 # s * 2^119 is e2m1 * s * 2^-7, undone in the epilogue
-_TILE_N = gl.constexpr(TILE_N)
-_TILE_K = gl.constexpr(TILE_K)
 _TILED_SCALE_UP = gl.constexpr(float(2**119))
 _TILED_UNSCALE = gl.constexpr(float(2**7))
 
@@ -161,12 +160,12 @@ def _decode_tiled_step(codes_smem, scales_smem, ROWS: gl.constexpr, BLOCK_K: gl.
     """A slot of the tiled layout (reference/tiled.py): codes (ROWS / 64, BLOCK_K, 8) int32 (weight
     tile, K-tile * 64 + row, word) and scale words (ROWS / 64, BLOCK_K) (weight tile, K-tile * 64 +
     word) -> bf16 (ROWS, BLOCK_K), e2m1 * s * 2^-7, a thread 16 consecutive k of a row."""
-    R64: gl.constexpr = ROWS // _TILE_N
-    KT: gl.constexpr = BLOCK_K // _TILE_K
+    R64: gl.constexpr = ROWS // TILED_N
+    KT: gl.constexpr = BLOCK_K // TILED_K
     # (weight tile, K-tile, row, 16-k block c, word of the block): a thread a block's two words
     words_layout: gl.constexpr = gl.BlockedLayout([1, 1, 1, 1, 2], [1, 1, 8, 4, 1], [1, 1, WARPS, 1, 1],
                                                   [4, 3, 2, 1, 0])
-    w = codes_smem.reshape([R64, KT, _TILE_N, 4, 2]).load(words_layout)
+    w = codes_smem.reshape([R64, KT, TILED_N, 4, 2]).load(words_layout)
     # a tile's scale word 32 a + 4 g + c holds byte j of row 32 a + 8 j + g, block c
     scale_layout: gl.constexpr = gl.BlockedLayout([1, 1, 1, 1, 1], [1, 1, 2, 4, 4], [1, 1, 1, WARPS, 1],
                                                   [4, 3, 2, 1, 0])
@@ -174,7 +173,7 @@ def _decode_tiled_step(codes_smem, scales_smem, ROWS: gl.constexpr, BLOCK_K: gl.
     # join(join(a, b), join(c, d))[..., y, x] is (a, b, c, d)[2 x + y]: bytes j = 2 y + x
     sb = gl.join(gl.join(sw & 0xFF, (sw >> 16) & 0xFF), gl.join((sw >> 8) & 0xFF, (sw >> 24) & 0xFF))
     sb = gl.reshape(sb, [R64, KT, 2, 8, 4, 4])  # (a, g, c, j)
-    sb = gl.reshape(gl.permute(sb, [0, 1, 2, 5, 3, 4]), [R64, KT, _TILE_N, 4])  # (row 32 a + 8 j + g, c)
+    sb = gl.reshape(gl.permute(sb, [0, 1, 2, 5, 3, 4]), [R64, KT, TILED_N, 4])  # (row 32 a + 8 j + g, c)
     sb = gl.convert_layout(sb, gl.SliceLayout(4, words_layout))
     # e4m3 bits -> bf16x2 (s, s) * 2^119 (exact; NaN stays NaN, a negative scale negative)
     s = (sb.to(gl.uint8).to(gl.float8e4nv, bitcast=True).to(gl.float32) * _TILED_SCALE_UP).to(gl.bfloat16)
@@ -184,7 +183,7 @@ def _decode_tiled_step(codes_smem, scales_smem, ROWS: gl.constexpr, BLOCK_K: gl.
     # k = 16 c + 8 word + 4 e + i, in order
     v = gl.join(gl.join(_bf16_pair(_tiled_pair(w, mult, 6, 12)), _bf16_pair(_tiled_pair(w, mult, -2, 4))),
                 gl.join(_bf16_pair(_tiled_pair(w, mult, 2, 8)), _bf16_pair(_tiled_pair(w, mult, -6, 0))))
-    v = gl.reshape(v, [R64, KT, _TILE_N, _TILE_K])
+    v = gl.reshape(v, [R64, KT, TILED_N, TILED_K])
     return gl.reshape(gl.permute(v, [0, 2, 1, 3]), [ROWS, BLOCK_K])
 
 
@@ -218,9 +217,9 @@ def _load_partition(x_desc, codes_desc, scales_desc, x_bufs, codes_bufs, scales_
         step = first + i
         tma.async_copy_global_to_shared(x_desc, [t0, step * BLOCK_K], bar, x_bufs.index(slot))
         if TILED:  # (weight tile, K-tile * 64 + row, word), (weight tile, K-tile * 64 + scale word)
-            tma.async_copy_global_to_shared(codes_desc, [n0 // _TILE_N, step * BLOCK_K, 0], bar,
+            tma.async_copy_global_to_shared(codes_desc, [n0 // TILED_N, step * BLOCK_K, 0], bar,
                                             codes_bufs.index(slot))
-            tma.async_copy_global_to_shared(scales_desc, [n0 // _TILE_N, step * BLOCK_K], bar, scales_bufs.index(slot))
+            tma.async_copy_global_to_shared(scales_desc, [n0 // TILED_N, step * BLOCK_K], bar, scales_bufs.index(slot))
         else:
             tma.async_copy_global_to_shared(codes_desc, [step * KC, 2 * n0, 0], bar, codes_bufs.index(slot))
             tma.async_copy_global_to_shared(scales_desc, [step * KC, 2 * n0], bar, scales_bufs.index(slot))
@@ -290,7 +289,7 @@ def hopper_w4a16_kernel(
 ):
     BLOCK_T: gl.constexpr = x_desc.block_type.shape[0]
     BLOCK_K: gl.constexpr = x_desc.block_type.shape[1]
-    ROWS: gl.constexpr = codes_desc.block_type.shape[0] * _TILE_N if TILED else codes_desc.block_type.shape[1] // 2
+    ROWS: gl.constexpr = codes_desc.block_type.shape[0] * TILED_N if TILED else codes_desc.block_type.shape[1] // 2
     K = x_desc.shape[1]
 
     # SPLIT: a tile's splits are consecutive programs, each K-steps [first, first + steps)

@@ -42,7 +42,7 @@ from nvfp4_inductor.kernels.device.common import (
     FP4_MAX,
     FP4_MAX_TINY,
     FP8_NAN,
-    TILE_ROWS,
+    SWIZZLE_ROWS,
     block_scale_bits,
     check_swizzled_offsets,
     e2m1_pack_pair,
@@ -378,12 +378,12 @@ def _quantize_kernel(
         # M = 1 would be 64x the real work.
         # Four columns of one row are 4 contiguous bytes there: zeroed as one 32-bit word.
         if tile_m == tl.cdiv(M, BLOCK_M) - 1:
-            pad_rows = M + tl.arange(0, TILE_ROWS)
+            pad_rows = M + tl.arange(0, SWIZZLE_ROWS)
             col_groups = tile_k * (BLOCK_K // BLOCK // 4) + tl.arange(0, BLOCK_K // BLOCK // 4)
             offsets = swizzled_scale_offset(pad_rows[:, None], col_groups[None, :] * 4, scale_cols_pad)
             mask = (pad_rows < scale_rows_pad)[:, None] & (col_groups * 4 < scale_cols_pad)[None, :]
             tl.store(scale_ptr.to(tl.pointer_type(tl.int32)) + offsets // 4,
-                     tl.zeros((TILE_ROWS, BLOCK_K // BLOCK // 4), tl.int32), mask=mask)
+                     tl.zeros((SWIZZLE_ROWS, BLOCK_K // BLOCK // 4), tl.int32), mask=mask)
 
 
 def _pair_aligned(t: torch.Tensor) -> torch.Tensor:

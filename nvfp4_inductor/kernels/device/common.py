@@ -40,16 +40,20 @@ from nvfp4_inductor.format import (
     TINY_GLOBAL_SCALE,
     TINY_SCALE_FACTOR,
 )
+from nvfp4_inductor.reference.tiled import TILE_K, TILE_N
 
 BLOCK: tl.constexpr = tl.constexpr(BLOCK_SIZE)
 FP4_MAX: tl.constexpr = tl.constexpr(E2M1_MAX)
 FP8_MAX: tl.constexpr = tl.constexpr(E4M3_MAX)
 FP8_NAN: tl.constexpr = tl.constexpr(E4M3_NAN_BITS)
 G_DIVISOR: tl.constexpr = tl.constexpr(GLOBAL_SCALE_DIVISOR)
-TILE_ROWS: tl.constexpr = tl.constexpr(SWIZZLE_TILE_ROWS)
-TILE_COLS: tl.constexpr = tl.constexpr(SWIZZLE_TILE_COLS)
+SWIZZLE_ROWS: tl.constexpr = tl.constexpr(SWIZZLE_TILE_ROWS)
+SWIZZLE_COLS: tl.constexpr = tl.constexpr(SWIZZLE_TILE_COLS)
 ROW_GROUP: tl.constexpr = tl.constexpr(SWIZZLE_ROW_GROUP)
-TILE_BYTES: tl.constexpr = tl.constexpr(SWIZZLE_TILE_ROWS * SWIZZLE_TILE_COLS)
+SWIZZLE_BYTES: tl.constexpr = tl.constexpr(SWIZZLE_TILE_ROWS * SWIZZLE_TILE_COLS)
+# the tiled weight layout's tile (reference/tiled.py): TILED_N rows by TILED_K values
+TILED_N: tl.constexpr = tl.constexpr(TILE_N)
+TILED_K: tl.constexpr = tl.constexpr(TILE_K)
 _TINY_G: tl.constexpr = tl.constexpr(TINY_GLOBAL_SCALE)
 _TINY_FACTOR: tl.constexpr = tl.constexpr(TINY_SCALE_FACTOR)
 FP4_MAX_TINY: tl.constexpr = tl.constexpr(E2M1_MAX / TINY_SCALE_FACTOR)  # 6 in units of 1 / k
@@ -227,9 +231,9 @@ def check_swizzled_offsets(name: str, rows_pad: int, cols_pad: int) -> None:
 def swizzled_scale_offset(row, col, cols_pad):
     """Row and column of the padded (rows_pad, cols_pad) scale matrix -> byte offset (the swizzled
     layout)."""
-    tile = (row // TILE_ROWS) * (cols_pad // TILE_COLS) + col // TILE_COLS
-    inner = (row % ROW_GROUP) * (TILE_ROWS // ROW_GROUP * TILE_COLS) + (row % TILE_ROWS) // ROW_GROUP * TILE_COLS
-    return tile * TILE_BYTES + inner + col % TILE_COLS
+    tile = (row // SWIZZLE_ROWS) * (cols_pad // SWIZZLE_COLS) + col // SWIZZLE_COLS
+    inner = (row % ROW_GROUP) * (SWIZZLE_ROWS // ROW_GROUP * SWIZZLE_COLS) + (row % SWIZZLE_ROWS) // ROW_GROUP * SWIZZLE_COLS
+    return tile * SWIZZLE_BYTES + inner + col % SWIZZLE_COLS
 
 
 @triton.jit

@@ -44,11 +44,10 @@ import triton
 import triton.language as tl
 
 from nvfp4_inductor.kernels.device.common import (
-    BLOCK, FP8_NAN, LAYOUT_SWIZZLED, LAYOUT_TILED, e2m1_decode, scale_offsets, tiled_places_to_rows, tiled_row_at,
-    tiled_scale_offset, tiled_scales_by_place,
+    BLOCK, FP8_NAN, LAYOUT_SWIZZLED, LAYOUT_TILED, TILED_K, TILED_N, e2m1_decode, scale_offsets,
+    tiled_places_to_rows, tiled_row_at, tiled_scale_offset, tiled_scales_by_place,
 )
 from nvfp4_inductor.kernels.device.mma import mma_mainloop
-from nvfp4_inductor.reference.tiled import TILE_K, TILE_N
 
 # The MAINLOOP meta-parameter (launchers translate the plan's name with MAINLOOPS): tl.dot on
 # decoded tiles, the register-fed mma.sync (device/mma.py), wgmma with x's tile first (sm_90), or
@@ -77,8 +76,6 @@ or.b32 m, m, s; mul.rn.bf16x2 $3, m, $6;
 }
 """)
 
-_TILE_N: tl.constexpr = tl.constexpr(TILE_N)
-_TILE_K: tl.constexpr = tl.constexpr(TILE_K)
 _SCALE_BIAS: tl.constexpr = tl.constexpr(2.0**127)  # s * 2^-8 -> s * 2^119; codes carry 2^-126
 
 
@@ -207,10 +204,10 @@ def wgmma_mainloop(x_ptr, w_ptr, w_scale_ptr, M, K, stride_xm, pid_n, step_begin
     bytes, loaded in storage order and rearranged in registers (rows by place, as dot_mainloop
     reads them, cost more: docs/gemm.md). EVEN: K % BLOCK_K == 0 (else the last step's missing
     tiles and x's columns past K load as zeros)."""
-    R: tl.constexpr = BLOCK_K // _TILE_K
-    CODES: tl.constexpr = _TILE_N * _TILE_K // 2  # code bytes a tile
-    SCALES: tl.constexpr = _TILE_N * _TILE_K // BLOCK  # scale bytes a tile
-    tiles_k = tl.cdiv(K, _TILE_K)
+    R: tl.constexpr = BLOCK_K // TILED_K
+    CODES: tl.constexpr = TILED_N * TILED_K // 2  # code bytes a tile
+    SCALES: tl.constexpr = TILED_N * TILED_K // BLOCK  # scale bytes a tile
+    tiles_k = tl.cdiv(K, TILED_K)
     codes = tl.arange(0, R * CODES)
     scales = tl.arange(0, R * SCALES)
     w_row = w_ptr + pid_n.to(tl.int64) * tiles_k * CODES  # the pid_n-th row of tiles
@@ -218,7 +215,7 @@ def wgmma_mainloop(x_ptr, w_ptr, w_scale_ptr, M, K, stride_xm, pid_n, step_begin
     ms = tl.arange(0, BLOCK_M)
     m_ok = ms < M
     x_rows = x_ptr + ms.to(tl.int64)[:, None] * stride_xm
-    acc = tl.zeros((BLOCK_M, _TILE_N), tl.float32)
+    acc = tl.zeros((BLOCK_M, TILED_N), tl.float32)
     for t in range(step_begin, step_end):
         ks = t * BLOCK_K + tl.arange(0, BLOCK_K)
         if EVEN:
@@ -232,11 +229,11 @@ def wgmma_mainloop(x_ptr, w_ptr, w_scale_ptr, M, K, stride_xm, pid_n, step_begin
             x = tl.load(x_rows + ks[None, :], mask=m_ok[:, None] & (ks < K)[None, :], other=0.0)
         # codes (tile b, row r, byte c) -> (r, block 4b + c // 8, c % 8); scale byte
         # 128u + 16g + 4c + j of tile b (tiled.scale_index: row 32u + 8j + g, block c) -> (row, 4b + c)
-        packed = tl.reshape(tl.permute(tl.reshape(packed, (R, _TILE_N, _TILE_K // 2)), (1, 0, 2)),
-                            (_TILE_N, BLOCK_K // BLOCK, BLOCK // 2))
+        packed = tl.reshape(tl.permute(tl.reshape(packed, (R, TILED_N, TILED_K // 2)), (1, 0, 2)),
+                            (TILED_N, BLOCK_K // BLOCK, BLOCK // 2))
         s_bits = tl.reshape(tl.permute(tl.reshape(s_bits, (R, 2, 8, 4, 4)), (1, 4, 2, 0, 3)),
-                            (_TILE_N, BLOCK_K // BLOCK))
-        w = decode_tile(packed, s_bits, USE_ASM, OPERAND, _TILE_N, BLOCK_K)
+                            (TILED_N, BLOCK_K // BLOCK))
+        w = decode_tile(packed, s_bits, USE_ASM, OPERAND, TILED_N, BLOCK_K)
         acc = tl.dot(x.to(OPERAND), tl.trans(w), acc)
     return tl.trans(acc)
 
@@ -247,18 +244,18 @@ def load_tile_group(w_ptr, w_scale_ptr, N, K, pid_n, t, BLOCK_N: tl.constexpr, B
     (BLOCK_N / TILE_N) x (BLOCK_K / TILE_K) tiles -> packed codes (BLOCK_N, BLOCK_K / 2) and scale
     bits (BLOCK_N, BLOCK_K / 16), zeros past N and K:
         W[row a * TILE_N + r, byte b * TILE_K / 2 + c] = tile (tn0 + a, tk0 + b), row r, byte c."""
-    a = tl.arange(0, BLOCK_N // _TILE_N)[:, None, None, None]
-    r = tl.arange(0, _TILE_N)[None, :, None, None]
-    b = tl.arange(0, BLOCK_K // _TILE_K)[None, None, :, None]
-    tn = pid_n * (BLOCK_N // _TILE_N) + a
-    tk = t * (BLOCK_K // _TILE_K) + b
-    tile = tn.to(tl.int64) * tl.cdiv(K, _TILE_K) + tk  # tile after tile
-    ok = (tn < tl.cdiv(N, _TILE_N)) & (tk < tl.cdiv(K, _TILE_K))
-    c = tl.arange(0, _TILE_K // 2)[None, None, None, :]
-    w = tl.reshape(tl.load(w_ptr + (tile * _TILE_N + r) * (_TILE_K // 2) + c, mask=ok, other=0),
+    a = tl.arange(0, BLOCK_N // TILED_N)[:, None, None, None]
+    r = tl.arange(0, TILED_N)[None, :, None, None]
+    b = tl.arange(0, BLOCK_K // TILED_K)[None, None, :, None]
+    tn = pid_n * (BLOCK_N // TILED_N) + a
+    tk = t * (BLOCK_K // TILED_K) + b
+    tile = tn.to(tl.int64) * tl.cdiv(K, TILED_K) + tk  # tile after tile
+    ok = (tn < tl.cdiv(N, TILED_N)) & (tk < tl.cdiv(K, TILED_K))
+    c = tl.arange(0, TILED_K // 2)[None, None, None, :]
+    w = tl.reshape(tl.load(w_ptr + (tile * TILED_N + r) * (TILED_K // 2) + c, mask=ok, other=0),
                    (BLOCK_N, BLOCK_K // 2))
-    c = tl.arange(0, _TILE_K // BLOCK)[None, None, None, :]
-    w_bits = tl.load(w_scale_ptr + tile * (_TILE_N * _TILE_K // BLOCK) + tiled_scale_offset(r, c), mask=ok,
+    c = tl.arange(0, TILED_K // BLOCK)[None, None, None, :]
+    w_bits = tl.load(w_scale_ptr + tile * (TILED_N * TILED_K // BLOCK) + tiled_scale_offset(r, c), mask=ok,
                      other=0)
     return w, tl.reshape(w_bits, (BLOCK_N, BLOCK_K // BLOCK))
 

@@ -70,14 +70,12 @@ import triton.language as tl
 
 from nvfp4_inductor.format import BLOCK_SIZE
 from nvfp4_inductor.kernels.device.common import (
-    LAYOUT_GROUPED, LAYOUT_ROW_MAJOR, LAYOUT_SWIZZLED, LAYOUT_TILED, TILE_BYTES as SWIZZLE_TILE_BYTES,
+    LAYOUT_GROUPED, LAYOUT_ROW_MAJOR, LAYOUT_SWIZZLED, LAYOUT_TILED, SWIZZLE_BYTES, TILED_K, TILED_N,
     swizzled_scale_offset,
 )
 from nvfp4_inductor.kernels.gemm_configs import MMA_GROUP
 from nvfp4_inductor.reference.tiled import TILE_K, TILE_N
 
-_TILE_N: tl.constexpr = tl.constexpr(TILE_N)
-_TILE_K: tl.constexpr = tl.constexpr(TILE_K)
 _TILE_WORDS: tl.constexpr = tl.constexpr(TILE_N * TILE_K // 8)  # uint32 words of codes a tile
 _TILE_SCALE_WORDS: tl.constexpr = tl.constexpr(TILE_N * TILE_K // BLOCK_SIZE // 4)  # a tile's scales (words)
 _ROW_WORDS: tl.constexpr = tl.constexpr(TILE_K // 8)  # uint32 words a tile row (8)
@@ -269,9 +267,9 @@ def _tile_offsets(t, LAYOUT: tl.constexpr):
     if LAYOUT == LAYOUT_GROUPED:
         group, r = t // _GROUP, t % _GROUP
         return (group * (_GROUP * _ROW_WORDS) + (r // 2) * (2 * _BLOCK // 8),  # 8 codes a word
-                group * (_GROUP * _TILE_K // 2) + r * (_BLOCK // 2),  # 2 bf16 a word
-                group * (_GROUP * _TILE_K))
-    return t * _ROW_WORDS, t * (_TILE_K // 2), t * _TILE_K
+                group * (_GROUP * TILED_K // 2) + r * (_BLOCK // 2),  # 2 bf16 a word
+                group * (_GROUP * TILED_K))
+    return t * _ROW_WORDS, t * (TILED_K // 2), t * TILED_K
 
 
 @triton.jit
@@ -336,7 +334,7 @@ def _load_w(wp, sp, sw, first, t, k_ok, LAYOUT: tl.constexpr, EVEN_K: tl.constex
             s01 = _byte_pair(words[0], words[1], r)
             s23 = _byte_pair(words[2], words[3], r)
         else:
-            step: tl.constexpr = _TILE_K // _BLOCK if LAYOUT == LAYOUT_ROW_MAJOR else SWIZZLE_TILE_BYTES
+            step: tl.constexpr = TILED_K // _BLOCK if LAYOUT == LAYOUT_ROW_MAJOR else SWIZZLE_BYTES
             s01 = _load_rm(sp[0] + t * step, k_ok, EVEN_K) | (_load_rm(sp[1] + t * step, k_ok, EVEN_K) << 8)
             s23 = _load_rm(sp[2] + t * step, k_ok, EVEN_K) | (_load_rm(sp[3] + t * step, k_ok, EVEN_K) << 8)
         w = codes + (s01, s23)
@@ -428,13 +426,13 @@ def sums_tile(c, NB: tl.constexpr):
     if NB == 4:
         acc = tl.join(tl.join(_join8(c[0:8]), _join8(c[8:16])), tl.join(_join8(c[16:24]), _join8(c[24:32])))
         acc = tl.reshape(acc, (_WARPS, 8, 4, 2, 2, 2, 2, 2))  # (u, g, q, b, r, blk, h % 2, h // 2)
-        acc = tl.reshape(tl.permute(acc, (0, 5, 4, 1, 7, 6, 2, 3)), (_TILE_N, 32))
+        acc = tl.reshape(tl.permute(acc, (0, 5, 4, 1, 7, 6, 2, 3)), (TILED_N, 32))
     else:
         if NB == 1:
             c = c + (zero, zero, zero, zero, zero, zero, zero, zero)
         acc = tl.join(_join8(c[0:8]), _join8(c[8:16]))
         acc = tl.reshape(acc, (_WARPS, 8, 4, 2, 2, 2, 2))  # (u, g, q, b, r, blk, h)
-        acc = tl.reshape(tl.permute(acc, (0, 5, 4, 1, 6, 2, 3)), (_TILE_N, 16))
+        acc = tl.reshape(tl.permute(acc, (0, 5, 4, 1, 6, 2, 3)), (TILED_N, 16))
     return acc
 
 
@@ -475,14 +473,14 @@ def mma_mainloop(x_ptr, w_ptr, w_scale_ptr, M, K, stride_xm, pid_n, tile_begin, 
     g = lane // 4
     q = lane % 4
     row = (i // 32) * _WARP_ROWS + g  # the first of the lane's rows in the tile
-    tiles_k = tl.cdiv(K, _TILE_K)
+    tiles_k = tl.cdiv(K, TILED_K)
     xw_ptr = x_ptr.to(tl.pointer_type(tl.uint32))
     kq = lane_k(q, LAYOUT)
     if LAYOUT == LAYOUT_TILED:
         wp = w_ptr.to(tl.pointer_type(tl.uint32)) + row * _ROW_WORDS + 2 * q
         sp = w_scale_ptr.to(tl.pointer_type(tl.uint32)) + i  # word i: rows row + 8j, block q (tiled.py)
     else:
-        wp, sp = row_major_pointers(w_ptr, w_scale_ptr, pid_n * _TILE_N + row, q, N, K, scale_cols, LAYOUT)
+        wp, sp = row_major_pointers(w_ptr, w_scale_ptr, pid_n * TILED_N + row, q, N, K, scale_cols, LAYOUT)
     x_rows = lane_x_rows(g, kq, M, stride_xm, NB)
     zero = tl.zeros([32 * _WARPS], tl.float32)
     c = (zero, zero, zero, zero, zero, zero, zero, zero) * NB
