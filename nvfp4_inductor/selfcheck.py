@@ -32,7 +32,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from nvfp4_inductor import api, ops
+from nvfp4_inductor import api, checks, ops
 from nvfp4_inductor.config import Config
 from nvfp4_inductor.format import BLOCK_SIZE
 from nvfp4_inductor.kernels import plan
@@ -51,7 +51,6 @@ GEMM_TOLERANCE = {"cuda": 1e-3, "interpreter": 1e-2}
 MLP_TOLERANCE = 1e-2
 PLAN_MS = (1, 16, 32, 64, 128, 512, 4096)
 TIMING_MS = (1, 16, 128, 4096)
-ACTIVATIONS = {"bf16": "W4A16", "nvfp4": "W4A4"}
 
 
 class Mismatch(Exception):
@@ -502,7 +501,7 @@ def print_times(n: int, k: int, device: torch.device) -> None:
     for m in TIMING_MS:
         x = torch.randn(m, k, dtype=torch.bfloat16, device=device)
         bf16 = graph_us(lambda w: F.linear(x, w), w_bf16)
-        nvfp4 = [graph_us(lambda w: ops.linear_tiled(x, *w, None, n, activation), w_fp4) for activation in ACTIVATIONS]
+        nvfp4 = [graph_us(lambda w: ops.linear_tiled(x, *w, None, n, activation), w_fp4) for activation in checks.ACTIVATIONS]
         print(f"{m:>5} {bf16:9.1f} " + " ".join(f"{t:9.1f}" for t in nvfp4) + " "
               + " ".join(f"{bf16 / t:{w}.2f}" for t, w in zip(nvfp4, (8, 7))), flush=True)
     del w_bf16, w_fp4
