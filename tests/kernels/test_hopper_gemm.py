@@ -203,3 +203,17 @@ def test_rejects_tiled_weights_of_another_shape():
         hopper_linear(x, codes[:-16], scales, g, n=64, tiled=True)
     with pytest.raises(ValueError, match="splits must be 1 .. 1"):
         hopper_linear(x, codes, scales, g, n=64, tiled=True, splits=2)
+
+
+@pytest.mark.parametrize("tiles, steps, sms", [(32, 32, 132), (112, 32, 132), (224, 64, 132), (5, 9, 132),
+                                               (1, 3, 132), (40, 1000, 114)])
+def test_splits_fill_one_wave(tiles, steps, sms):
+    """K is split only while the output tiles are fewer than the SMs: the programs stay within one
+    wave, and every split keeps at least HOPPER_MIN_STEPS K-steps."""
+    splits = gemm_configs.hopper_splits(tiles, steps, sms)
+    assert splits >= 1
+    if tiles >= sms or steps < 2 * gemm_configs.HOPPER_MIN_STEPS:
+        assert splits == 1
+    else:
+        assert tiles * splits <= sms < tiles * (splits + 1) or steps // splits < 2 * gemm_configs.HOPPER_MIN_STEPS
+        assert steps // splits >= gemm_configs.HOPPER_MIN_STEPS
