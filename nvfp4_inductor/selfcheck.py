@@ -501,7 +501,8 @@ def print_times(n: int, k: int, device: torch.device) -> None:
     for m in TIMING_MS:
         x = torch.randn(m, k, dtype=torch.bfloat16, device=device)
         bf16 = graph_us(lambda w: F.linear(x, w), w_bf16)
-        nvfp4 = [graph_us(lambda w: ops.linear_tiled(x, *w, None, n, activation), w_fp4) for activation in checks.ACTIVATIONS]
+        nvfp4 = [graph_us(lambda w: ops.linear_tiled(x, *w, None, n, activation), w_fp4)
+                 for activation in checks.ACTIVATIONS]
         print(f"{m:>5} {bf16:9.1f} " + " ".join(f"{t:9.1f}" for t in nvfp4) + " "
               + " ".join(f"{bf16 / t:{w}.2f}" for t, w in zip(nvfp4, (8, 7))), flush=True)
     del w_bf16, w_fp4

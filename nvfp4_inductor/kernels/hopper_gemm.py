@@ -76,11 +76,12 @@ from triton.experimental.gluon.language.nvidia.hopper import (
 )
 from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
 
+from nvfp4_inductor import capability
 from nvfp4_inductor.kernels.device.common import TILED_K, TILED_N
 from nvfp4_inductor.kernels.gemm_configs import HopperConfig, hopper_config, hopper_splits
 from nvfp4_inductor.kernels.launch import split_counters
 from nvfp4_inductor.reference import hopper as layout
-from nvfp4_inductor.reference.tiled import TILE_K, TILE_N
+from nvfp4_inductor.reference.tiled import TILE_K, TILE_N, tiled_shapes
 
 # int32 masks, written signed (Gluon constants are int32)
 _PAIR_MASK = gl.constexpr(0x81C081C0 - (1 << 32))  # magnitudes at bits 6..8, 22..24; signs 15, 31
@@ -219,7 +220,8 @@ def _load_partition(x_desc, codes_desc, scales_desc, x_bufs, codes_bufs, scales_
         if TILED:  # (weight tile, K-tile * 64 + row, word), (weight tile, K-tile * 64 + scale word)
             tma.async_copy_global_to_shared(codes_desc, [n0 // TILED_N, step * BLOCK_K, 0], bar,
                                             codes_bufs.index(slot))
-            tma.async_copy_global_to_shared(scales_desc, [n0 // TILED_N, step * BLOCK_K], bar, scales_bufs.index(slot))
+            tma.async_copy_global_to_shared(scales_desc, [n0 // TILED_N, step * BLOCK_K], bar,
+                                            scales_bufs.index(slot))
         else:
             tma.async_copy_global_to_shared(codes_desc, [step * KC, 2 * n0, 0], bar, codes_bufs.index(slot))
             tma.async_copy_global_to_shared(scales_desc, [step * KC, 2 * n0], bar, scales_bufs.index(slot))
@@ -227,7 +229,8 @@ def _load_partition(x_desc, codes_desc, scales_desc, x_bufs, codes_bufs, scales_
 
 @gluon.jit
 def _decode_partition(codes_bufs, scales_bufs, a_bufs, load_ready, load_empty, a_ready, a_empty, steps,
-                      STAGES: gl.constexpr, A_STAGES: gl.constexpr, DECODE_WARPS: gl.constexpr, TILED: gl.constexpr):
+                      STAGES: gl.constexpr, A_STAGES: gl.constexpr, DECODE_WARPS: gl.constexpr,
+                      TILED: gl.constexpr):
     """Codes + scales of slot i % STAGES -> the bf16 W tile in A slot i % A_STAGES."""
     ROWS: gl.constexpr = a_bufs.type.shape[1]
     BLOCK_K: gl.constexpr = a_bufs.type.shape[2]
@@ -283,7 +286,8 @@ def hopper_w4a16_kernel(
     w_global_scale_ptr, bias_ptr, out_ptr,  # fp32 g (one, or one a row), bias (N,), out (M, N)
     partial_ptr, counter_ptr,  # SPLIT: fp32 (tiles, splits, ROWS, BLOCK_T) partial sums, int32 zeros a tile
     M, N, stride_om, splits, steps_per_split,
-    TILED: gl.constexpr, SPLIT: gl.constexpr, W_GLOBAL_SCALE_PER_ROW: gl.constexpr, HAS_BIAS: gl.constexpr, STAGES: gl.constexpr,
+    TILED: gl.constexpr, SPLIT: gl.constexpr, W_GLOBAL_SCALE_PER_ROW: gl.constexpr, HAS_BIAS: gl.constexpr,
+    STAGES: gl.constexpr,
     GROUP_N: gl.constexpr, num_warps: gl.constexpr,
     A_STAGES: gl.constexpr, DECODE_WARPS: gl.constexpr, LOAD_REGS: gl.constexpr, DECODE_REGS: gl.constexpr,
 ):
@@ -410,7 +414,7 @@ def _weight_tensors(w_codes, w_scales, n, k, tiled):
         k_pad = -(-k // TILE_K) * TILE_K
         rows = w_codes.numel() * 2 // k_pad if w_codes.dim() == 1 else 0
         if (w_codes.dtype != torch.uint8 or w_scales.dtype != torch.uint8 or w_codes.dim() != 1 or rows % TILE_N
-                or (rows * k_pad // 2,) != tuple(w_codes.shape) or (rows * k_pad // 16,) != tuple(w_scales.shape)):
+                or tiled_shapes(rows, k) != (tuple(w_codes.shape), tuple(w_scales.shape))):
             raise ValueError(f"w_codes, w_scales must be the tiled layout's 1-D uint8 tensors for K = {k} "
                              "(nvfp4::tile_weight)")
         if n is None or n > rows:
@@ -458,7 +462,7 @@ def hopper_linear(x, w_codes, w_scales, w_global_scale, bias=None, out_dtype=tor
     tiles = triton.cdiv(n, config.rows) * triton.cdiv(m, config.block_t)
     steps = triton.cdiv(k, config.block_k)
     if splits is None:
-        splits = hopper_splits(tiles, steps, torch.cuda.get_device_properties(x.device).multi_processor_count)
+        splits = hopper_splits(tiles, steps, capability.sm_count(x.device))
     if not 1 <= splits <= steps:
         raise ValueError(f"splits must be 1 .. {steps} (K-steps of {config.block_k}), got {splits}")
     per_split = triton.cdiv(steps, splits)

@@ -3,9 +3,9 @@ weight layout (reference.hopper's, reference.tiled's), shipped config and epilog
 split-K one among them).
 
 Run as a script (in a process without TRITON_INTERPRET): prints one JSON object per case,
-{"case", "config", "split", "ok", "error", "mma", "atomics", "wait_counts", "loops", "mma_loops", "mma_loop_wait_counts",
-"loop_releases", "arrives_after_bar_sync", "setmaxnreg", "ptxas_serialized", "ptxas_warnings",
-"spills", "sass_depbar_counts"}.
+{"case", "config", "split", "ok", "error", "mma", "atomics", "wait_counts", "loops", "mma_loops",
+"mma_loop_wait_counts", "loop_releases", "arrives_after_bar_sync", "setmaxnreg", "ptxas_serialized",
+"ptxas_warnings", "spills", "sass_depbar_counts"}.
     python tests/helpers/compile_hopper.py
 """
 

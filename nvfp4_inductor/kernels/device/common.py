@@ -232,7 +232,8 @@ def swizzled_scale_offset(row, col, cols_pad):
     """Row and column of the padded (rows_pad, cols_pad) scale matrix -> byte offset (the swizzled
     layout)."""
     tile = (row // SWIZZLE_ROWS) * (cols_pad // SWIZZLE_COLS) + col // SWIZZLE_COLS
-    inner = (row % ROW_GROUP) * (SWIZZLE_ROWS // ROW_GROUP * SWIZZLE_COLS) + (row % SWIZZLE_ROWS) // ROW_GROUP * SWIZZLE_COLS
+    inner = ((row % ROW_GROUP) * (SWIZZLE_ROWS // ROW_GROUP * SWIZZLE_COLS)
+             + (row % SWIZZLE_ROWS) // ROW_GROUP * SWIZZLE_COLS)
     return tile * SWIZZLE_BYTES + inner + col % SWIZZLE_COLS
 
 
