@@ -71,10 +71,11 @@ class NVFP4Layer(StaticLayer):
             raise TypeError(f"NVFP4Cache was allocated for {self.dtype} keys and values; got {key_states.dtype}")
         steps = key_states.shape[-2]
         if not torch.compiler.is_compiling():
+            if self.written + steps > self.max_cache_len:  # (checked before anything is written)
+                raise ValueError(f"NVFP4Cache is too short: {self.written + steps} tokens (prompt and new tokens) "
+                                 f"do not fit its {self.max_cache_len} slots (max_cache_len, rounded up to a multiple "
+                                 f"of {layout.SLOT_MULTIPLE}); allocate a larger one")
             self.written += steps
-            if self.written > self.max_cache_len:
-                raise ValueError(f"NVFP4Cache is too short: {self.written} tokens (prompt and new tokens) do not fit "
-                                 f"its max_cache_len of {self.max_cache_len}; allocate a larger one")
         positions = torch.arange(steps, device=self.device) + self.cumulative_length
         self.cumulative_length.add_(steps)
         ops.kv_write(key_states, value_states, self.keys, self.values, positions)
@@ -140,12 +141,17 @@ class NVFP4Cache(Cache):
         keys, values = super().update(key_states, value_states, layer_idx, *args, **kwargs)
         if self.config._attn_implementation == ATTN_IMPLEMENTATION:
             return keys, values
-        return self.layers[layer_idx].dequantized(key_states.shape[0])
+        keys, values = self.layers[layer_idx].dequantized(key_states.shape[0])
+        if not torch.compiler.is_compiling():  # (nvfp4_attention refuses them: the cache's config is not the model's)
+            keys._nvfp4_dequantized = values._nvfp4_dequantized = (self.config._attn_implementation, )
+        return keys, values
 
     def gather(self, layer: int, indices: Tensor, dtype: torch.dtype | None = None) -> tuple[Tensor, Tensor]:
         """Selected slots of one layer, dequantized: indices (B', H, n) or (n,) int slot numbers ->
         (keys, values), each (B', H, n, D) of dtype (the cache's), reading only those rows
         (`nvfp4::dequantize_rows`). Eager mode raises IndexError for a slot outside [0, T)."""
+        if isinstance(layer, bool) or not isinstance(layer, int) or not 0 <= layer < len(self.layers):
+            raise IndexError(f"layer must be an int in 0 .. {len(self.layers) - 1}; got {layer!r}")
         keys = self.layers[layer].keys
         batch, heads, slots, _ = keys.shape
         checks.check_tensor("indices", indices, (torch.int32, torch.int64))
@@ -177,6 +183,11 @@ def nvfp4_attention(module, query: Tensor, key: Tensor, value: Tensor, attention
     """transformers' attention-interface signature -> ((B, S, Hq, D) output, None). Keys and values
     from an NVFP4Cache (uint8) go to `nvfp4::kv_attention`; any others to transformers' SDPA."""
     if key.dtype != torch.uint8:
+        other = getattr(key, "_nvfp4_dequantized", None)
+        if other is not None:
+            raise ValueError(f"attn_implementation 'nvfp4' got keys an NVFP4Cache dequantized for {other[0]!r} "
+                             "attention: the cache reads the attention from the config it was built with, which "
+                             "is not this model's; build it with NVFP4Cache(model.config, ...)")
         return sdpa_attention_forward(module, query, key, value, attention_mask, scaling=scaling,
                                       dropout=dropout, **kwargs)
     if dropout:

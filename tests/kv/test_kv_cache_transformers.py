@@ -130,13 +130,20 @@ def test_gather_dequantizes_selected_slots():
     for bad in (torch.tensor([0, 48]), torch.tensor([-1])):
         with pytest.raises(IndexError, match="out of range"):
             cache.gather(0, bad)
+    for bad in (-1, 2, True, 1.0):
+        with pytest.raises(IndexError, match="layer must be an int in 0 .. 1"):
+            cache.gather(bad, picks)
 
 
 def test_errors():
     model = _model()
     ids = torch.randint(0, VOCAB, (1, 7), generator=torch.Generator().manual_seed(6))
-    with pytest.raises(ValueError, match="too short"):
-        model.generate(ids, **_cache_kw(model, _nvfp4_cache(model, 1, 16)), max_new_tokens=20, do_sample=False)
+    short = _nvfp4_cache(model, 1, 20)  # 32 slots
+    with pytest.raises(ValueError, match=r"too short: 33 tokens .* its 32 slots \(max_cache_len, rounded up"):
+        model.generate(ids, **_cache_kw(model, short), max_new_tokens=40, do_sample=False)
+    # nothing written for the token that did not fit, in any layer
+    assert [layer.written for layer in short.layers] == [32, 32]
+    assert [int(layer.cumulative_length) for layer in short.layers] == [32, 32]
     with pytest.raises(ValueError, match="allocated for 1"):
         model.generate(ids.expand(2, -1), **_cache_kw(model, _nvfp4_cache(model, 1, 32)), max_new_tokens=2,
                        do_sample=False)
@@ -148,6 +155,11 @@ def test_errors():
     with pytest.raises(TypeError, match="allocated for torch.float16"):
         model.generate(ids, **_cache_kw(model, nv.NVFP4Cache(model.config, 1, 32, dtype=torch.float16)),
                        max_new_tokens=2, do_sample=False)
+    # a cache built from a config other than the model's, which does not say "nvfp4": it hands the
+    # attention dequantized keys, which the "nvfp4" attention refuses instead of running SDPA on them
+    other = transformers.LlamaConfig(**SHAPES)
+    with pytest.raises(ValueError, match=r"NVFP4Cache dequantized for .* attention.*NVFP4Cache\(model.config"):
+        model.generate(ids, **_cache_kw(model, nv.NVFP4Cache(other, 1, 32)), max_new_tokens=2, do_sample=False)
     sliding = transformers.MistralConfig(**SHAPES, sliding_window=8)
     with pytest.raises(NotImplementedError, match="full-attention"):
         nv.NVFP4Cache(sliding, max_batch_size=1, max_cache_len=16)
