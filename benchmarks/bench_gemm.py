@@ -63,14 +63,16 @@ def hopper_candidates() -> list[gemm_configs.HopperConfig]:
 def hopper_sweep(ms: list[int], l2: int) -> None:
     """Each candidate tile of the warp-specialized kernel on the tiled weights (K split as
     gemm_configs.hopper_splits says), us; configs that do not compile or fit are skipped ("-"), and
-    one whose output is off the dequantized product (relative error over 1e-2) is not timed ("bad")."""
+    one whose output is off the dequantized product (relative error over 1e-2) is not timed ("bad");
+    tiled16: what nvfp4::linear_tiled dispatches today (plan.plan_gemm's kernel), in the same run."""
     candidates = hopper_candidates()
     print("hopT16 sweep: the warp-specialized Gluon kernel on tiled weights, us per config"
-          " (rows x tokens x K-step x slots); best: the fastest and its speed-up over bf16 cuBLAS")
+          " (rows x tokens x K-step x slots); best: the fastest and its speed-up over bf16 cuBLAS; tiled16:"
+          " nvfp4::linear_tiled as dispatched, and its speed-up")
     for i, c in enumerate(candidates):
         print(f"  c{i}: {c.rows}x{c.block_t}x{c.block_k}x{c.stages}")
     print(f"{'K':>6} {'N':>6} {'M':>5} {'bf16':>8} " + " ".join(f"{f'c{i}':>7}" for i in range(len(candidates)))
-          + f" {'best':>5} {'x':>5}")
+          + f" {'best':>5} {'x':>5} {'tiled16':>8} {'x':>5}")
     for k, n in SHAPES:
         w_bf16, w_fp4, w_tiled, _ = weight_copies(k, n, l2)
         w0 = nv.dequantize(w_fp4[0], torch.float32)
@@ -78,6 +80,7 @@ def hopper_sweep(ms: list[int], l2: int) -> None:
             x = torch.randn(m, k, dtype=torch.bfloat16, device="cuda")
             want = x.float() @ w0.T
             bf16 = stream_us(lambda w: x @ w.T, w_bf16)
+            shipped = stream_us(lambda w: torch.ops.nvfp4.linear_tiled(x, *w, None, n, "bf16"), w_tiled)
             times = []
             for c in candidates:
                 try:
@@ -93,7 +96,8 @@ def hopper_sweep(ms: list[int], l2: int) -> None:
             best = min(timed, key=times.__getitem__) if timed else None
             cells = [f"{t:7.1f}" if t < math.inf else f"{'-':>7}" if t == math.inf else f"{'bad':>7}" for t in times]
             print(f"{k:>6} {n:>6} {m:>5} {bf16:8.1f} " + " ".join(cells)
-                  + (f" {f'c{best}':>5} {bf16 / times[best]:5.2f}" if best is not None else ""), flush=True)
+                  + (f" {f'c{best}':>5} {bf16 / times[best]:5.2f}" if best is not None else f" {'-':>5} {'-':>5}")
+                  + f" {shipped:8.1f} {bf16 / shipped:5.2f}", flush=True)
         del w_bf16, w_fp4, w_tiled
 
 
