@@ -25,10 +25,11 @@ def on_streams(jobs, streams, repeats: int) -> list[list[torch.Tensor]]:
     return outs
 
 
-def on_threads(jobs, streams, repeats: int, warm_up: int = 0) -> list[list[torch.Tensor]]:
+def on_threads(jobs, streams, repeats: int, warm_up: int = 0, serial: list | None = None) -> list[list[torch.Tensor]]:
     """The same, each job called from a Python thread of its own (its stream that thread's current
-    one). First each thread calls its job warm_up times, one thread after the other (a compiled
-    graph under mode="reduce-overhead" records a CUDA graph per thread), then all at once."""
+    one). First each thread calls its job warm_up times, one thread after the other (a function
+    compiled with mode="reduce-overhead" and first called there records its CUDA graph in that
+    thread's tree), then all at once. serial: a list that gets each job's last warm-up output."""
     outs = [[] for _ in jobs]
     errors = []
     turns = [threading.Event() for _ in range(len(jobs) + 1)]
@@ -41,8 +42,10 @@ def on_threads(jobs, streams, repeats: int, warm_up: int = 0) -> list[list[torch
             try:
                 with torch.cuda.stream(streams[i]):
                     for _ in range(warm_up):
-                        jobs[i]()
+                        y = jobs[i]().clone()
                 streams[i].synchronize()
+                if serial is not None:
+                    serial.append((i, y))
             finally:
                 turns[i + 1].set()
             start.wait()
@@ -62,4 +65,6 @@ def on_threads(jobs, streams, repeats: int, warm_up: int = 0) -> list[list[torch
         thread.join()
     if errors:
         raise errors[0]
+    if serial is not None:
+        serial[:] = [y for _, y in sorted(serial, key=lambda item: item[0])]
     return outs

@@ -996,22 +996,63 @@ def test_compiled_graphs_on_two_streams_at_once(template_inductor):
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("mode", [None, "reduce-overhead"])
-def test_one_compiled_graph_from_two_threads_at_once(template_inductor, mode):
+def test_one_compiled_graph_from_two_threads_at_once(template_inductor):
     """One compiled graph of split-K templates called from two threads at once, each on its own
-    stream, many times (under reduce-overhead each thread replays its CUDA graph): bit for bit the
-    run alone, and no CUDA-graph skips (the counters are an intermediate of the graph)."""
-    from torch._dynamo.utils import counters as dynamo_counters
-
-    skips = dynamo_counters["inductor"]["cudagraph_skips"]
-    compiled, x, want = _decode_graph(4096, 4096, 2, mode)
+    stream, many times: bit for bit the run alone (each call fills tile counters of its own)."""
+    compiled, x, want = _decode_graph(4096, 4096, 2)
     other = torch.randn_like(x)
     want_other = compiled(other).clone()
     streams = [torch.cuda.Stream() for _ in range(2)]
-    outs = streams_helper.on_threads([lambda: compiled(x), lambda: compiled(other)], streams, 200,
-                                     warm_up=3)  # reduce-overhead: warm up, record, replay
+    outs = streams_helper.on_threads([lambda: compiled(x), lambda: compiled(other)], streams, 200)
     for got, mine, theirs in ((outs[0], want, want_other), (outs[1], want_other, want)):
         wrong = [i for i, y in enumerate(got) if not torch.equal(y, mine)]
         swapped = sum(torch.equal(got[i], theirs) for i in wrong)  # the other thread's output instead
         assert not wrong, f"{len(wrong)} of {len(got)} differ (first at {wrong[0]}), {swapped} the other thread's"
+
+
+@pytest.mark.gpu
+def test_compiled_graphs_from_two_threads_under_cuda_graphs(template_inductor):
+    """Two graphs of split-K templates compiled with mode="reduce-overhead", each called first
+    (compiled, warmed up, recorded) and then replayed from a thread of its own on its own stream,
+    the two replaying at once many times: bit for bit each one's serial output, no CUDA-graph
+    skips. (Torch's CUDA-graph trees are per thread: a compiled function records into the tree
+    of the thread that first calls it, and its replays reuse one set of output buffers, so one
+    such function is not for two threads at once, NVFP4 or not. The tile counters are an
+    intermediate of each graph, in its own tree's pool.)"""
+    from torch._dynamo.utils import counters as dynamo_counters
+
+    skips = dynamo_counters["inductor"]["cudagraph_skips"]
+    codes = []
+
+    def job(compiled, x):
+        """compiled(x), keeping the code Inductor generates on the first call (in the job's thread)."""
+        called = []
+
+        def call():
+            if called:
+                return compiled(x)
+            called.append(True)
+            y, code = run_and_get_code(compiled, x)
+            codes.append("\n".join(code))
+            return y
+
+        return call
+
+    jobs = []
+    for k, n, seed in ((4096, 4096, 3), (8192, 2048, 4)):
+        torch.manual_seed(seed)
+        model = nn.Sequential(nn.Linear(k, n), nn.ReLU(), nn.Linear(n, k)).to(device="cuda", dtype=torch.bfloat16)
+        compiled = nv.compile(model.eval(), nv.Config(activations="bf16"), mode="reduce-overhead")
+        jobs.append(job(compiled, torch.randn(1, k, device="cuda", dtype=torch.bfloat16)))
+    streams = [torch.cuda.Stream() for _ in jobs]
+    serial = []
+    outs = streams_helper.on_threads(jobs, streams, 200, warm_up=3, serial=serial)
+    for code in codes:  # K split in both templates, counters filled once a call
+        templates = [line for line in _launches(code) if "triton_tem_fused" in line]
+        assert len(templates) == 2 and all("workspace_" in line for line in templates), templates
+        assert len(_counter_fills(code)) == 1
+    assert len(codes) == 2
+    for got, want in zip(outs, serial):
+        wrong = sum(not torch.equal(y, want) for y in got)
+        assert not wrong, f"{wrong} of {len(got)} differ from the serial run"
     assert dynamo_counters["inductor"]["cudagraph_skips"] == skips
