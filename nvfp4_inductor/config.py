@@ -94,10 +94,12 @@ def check_activations(mode) -> None:
         raise ValueError(f"activations must be one of {ACTIVATION_MODES}; got {mode!r}")
 
 
-def resolve_activation(mode: str, x: torch.Tensor) -> str:
+def resolve_activation(mode: str, device: torch.device) -> str:
+    """The activation format Config's `mode` means on `device` ("auto": NVFP4 x where the hardware
+    multiplies it, sm_100+)."""
     if mode != "auto":
         return mode
-    if capability.block_scaled_mma(x.device):
+    if capability.block_scaled_mma(device):
         return "nvfp4"
     return "bf16"
 

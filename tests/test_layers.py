@@ -52,8 +52,9 @@ def _imports(module: str):
                    for node in ast.walk(f)}
     found = []
     for node in ast.walk(tree):
-        if isinstance(node, ast.ImportFrom) and node.module and node.module.split(".")[0] == "nvfp4_inductor":
+        if isinstance(node, ast.ImportFrom):
             assert node.level == 0, f"{module}:{node.lineno}: relative import (the package imports absolutely)"
+        if isinstance(node, ast.ImportFrom) and node.module and node.module.split(".")[0] == "nvfp4_inductor":
             found.append((node.module, [a.name for a in node.names], node.lineno, id(node) in in_function))
         elif isinstance(node, ast.Import):
             for alias in node.names:
@@ -157,13 +158,38 @@ def test_every_layer_holds_a_module(layer):
     assert any(LAYERS[_layer(m)][0] == layer for m in MODULES), f"no module in layer {layer!r}"
 
 
-def test_x_reaches_the_kernel_through_few_modules():
-    """The eager path of x on a GPU (NVFP4Linear.forward calls kernels/gemm.linear_tiled, which plans
-    once and launches): the package functions that receive x, or the operand made from it, lie in
-    kernels/gemm.py, kernels/plan.py and kernels/gemm_splitk.py, each entered once, in that order
-    (run here on the CPU, the kernel under the Triton interpreter)."""
+def _modules_holding(x, call) -> list[str]:
+    """call() traced: the package modules whose functions receive x (or a tensor on its storage), in
+    the order entered, a module entered again in a row counted once."""
     import sys
 
+    import torch
+
+    storage = x.untyped_storage().data_ptr()
+    visits = []
+
+    def profile(frame, event, arg):
+        module = frame.f_globals.get("__name__", "")
+        if event == "call" and module.startswith("nvfp4_inductor."):
+            holds_x = any(isinstance(v, torch.Tensor) and v.untyped_storage().data_ptr() == storage
+                          for v in frame.f_locals.values())
+            if holds_x and (not visits or visits[-1] != module):
+                visits.append(module)
+
+    sys.setprofile(profile)
+    try:
+        call()
+    finally:
+        sys.setprofile(None)
+    return visits
+
+
+def test_x_reaches_the_kernel_through_few_modules():
+    """The eager path of x below NVFP4Linear.forward (which calls kernels/gemm.linear_tiled, which
+    plans once and launches): the package functions that receive x, or the operand made from it,
+    lie in kernels/gemm.py, kernels/plan.py and kernels/gemm_splitk.py, each entered once, in that
+    order (run here on the CPU, the kernel under the Triton interpreter; from forward on a GPU:
+    the test below)."""
     import torch
 
     import nvfp4_inductor as nv
@@ -173,22 +199,30 @@ def test_x_reaches_the_kernel_through_few_modules():
     w = nv.quantize(torch.randn(64, 128))
     data, scale = tiled.tile(w.data, w.scale.view(torch.uint8))
     x = torch.randn(3, 128).to(torch.bfloat16)
-    visits = []
-
-    def profile(frame, event, arg):
-        module = frame.f_globals.get("__name__", "")
-        if event == "call" and module.startswith("nvfp4_inductor."):
-            storage = x.untyped_storage().data_ptr()
-            holds_x = any(isinstance(v, torch.Tensor) and v.untyped_storage().data_ptr() == storage
-                          for v in frame.f_locals.values())
-            if holds_x and (not visits or visits[-1] != module):
-                visits.append(module)
-
-    sys.setprofile(profile)
-    try:
-        y = gemm.linear_tiled(x, data, scale, w.global_scale, None, 64, "bf16")
-    finally:
-        sys.setprofile(None)
-    assert y.shape == (3, 64)
+    visits = _modules_holding(x, lambda: gemm.linear_tiled(x, data, scale, w.global_scale, None, 64, "bf16"))
     kernels = "nvfp4_inductor.kernels."
     assert visits == [kernels + "gemm", kernels + "plan", kernels + "gemm_splitk"], visits
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("rows", [1, 100, 1000])
+def test_x_reaches_the_kernel_from_forward_through_five_modules(rows):
+    """NVFP4Linear.forward on a GPU, W4A16, first call (nothing bound yet) and the next ones, at
+    decode, serving (no bound launch there) and prefill sizes: at most 5 package modules receive
+    x on its way to the kernel launch, none twice. (A first call at decode size binds a launch
+    for the next ones after its kernel ran: kernels/gemm entered again, after the launch.)"""
+    import torch
+
+    import nvfp4_inductor as nv
+
+    torch.manual_seed(rows)
+    model = torch.nn.Sequential(torch.nn.Linear(4096, 4096)).to(device="cuda", dtype=torch.bfloat16).eval()
+    nv.convert(model, nv.Config(activations="bf16", skip_output_head=False))
+    x = torch.randn(rows, 4096, device="cuda", dtype=torch.bfloat16)
+    for call in range(3):
+        with torch.no_grad():
+            visits = _modules_holding(x, lambda: model(x))
+        if call == 0 and visits.count("nvfp4_inductor.kernels.gemm") == 2:
+            visits = visits[:visits.index("nvfp4_inductor.kernels.gemm", 2)]  # (the bind)
+        assert visits[0] == "nvfp4_inductor.modules.linear", visits
+        assert len(visits) <= 5 and len(set(visits)) == len(visits), visits

@@ -120,7 +120,7 @@ def _compile_frozen(gm: torch.fx.GraphModule, example_inputs, config: Config, pa
     keep = {path: layer_skip_reason(config, path.removesuffix(".weight"), tuple(p.shape))
             for path, (_, p) in zip(names, constants) if p.dim() == 2}
     keep.update(experts_pass.experts_keep(config, names, constants))  # 3-D expert weights
-    rewrite = LinearToNVFP4(resolve_activation(config.activations, sample), names, keep,
+    rewrite = LinearToNVFP4(resolve_activation(config.activations, sample.device), names, keep,
                             config.weight_method, config.merge_linears, config.fuse_norms)
     from nvfp4_inductor.lowerings import (  # imports Inductor's lowering machinery: only when compiling
         linear as lowering,

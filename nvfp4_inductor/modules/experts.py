@@ -121,7 +121,7 @@ class NVFP4Experts(nn.Module):
         x = hidden_states[perm // k]
         experts = torch.arange(self.num_experts, dtype=ids_sorted.dtype, device=ids_sorted.device)
         offsets = torch.searchsorted(ids_sorted, experts, right=True, out_int32=True)
-        activation = resolve_activation(self.activations, hidden_states)
+        activation = resolve_activation(self.activations, hidden_states.device)
         gated = torch.ops.nvfp4.grouped_linear_tiled_silu_mul(x, offsets, *self._nvfp4("gate_up"), None,
                                                               2 * self.intermediate_dim, activation)
         y = torch.ops.nvfp4.grouped_linear_tiled(gated, offsets, *self._nvfp4("down"), None, self.hidden_dim,

@@ -197,7 +197,7 @@ class NVFP4Linear(nn.Module):
             # (the tiled weight's padding would take a K short of or past in_features by less than a tile)
             raise ValueError(f"x has {x.shape[-1]} features in its last dimension; this layer reads "
                              f"in_features = {self.in_features}")
-        activation = resolve_activation(self.activations, x)
+        activation = resolve_activation(self.activations, x.device)
         g = self.weight_scale_2
         if activation == "nvfp4" and self.input_scale is not None:
             # W4A4 with a static scale for x: x's quantized values multiplied as W4A16, the two
