@@ -165,4 +165,4 @@ def _check_loaded(model: nn.Module) -> None:
         codes = checked_bits(f"{name}.weight", layer.weight, (torch.uint8,), torch.uint8)
         scales = checked_bits(f"{name}.weight_scale", layer.weight_scale, (torch.float8_e4m3fn, torch.uint8),
                                torch.uint8)
-        layer._set_plain(codes, scales)
+        layer.set_plain(codes, scales)

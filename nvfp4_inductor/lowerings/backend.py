@@ -27,6 +27,7 @@ from nvfp4_inductor.config import Config, layer_skip_reason, resolve_activation
 from nvfp4_inductor.lowerings import compat as _compat
 from nvfp4_inductor.lowerings.passes import experts as experts_pass
 from nvfp4_inductor.lowerings.passes.linear import LinearToNVFP4
+from nvfp4_inductor.modules.linear import NVFP4_BUFFERS
 
 __all__ = ["nvfp4_backend", "compile"]
 
@@ -188,10 +189,6 @@ def module_path(placeholder: torch.fx.Node) -> str:
     return ".".join(parts) if parts else placeholder.name
 
 
-# The buffers of an NVFP4Linear (nv.convert): codes, block scales, global scale, static input scale.
-_NVFP4_BUFFERS = ("weight", "weight_scale", "weight_scale_2", "input_scale")
-
-
 def _weight_inputs(gm: torch.fx.GraphModule, example_inputs) -> dict[int, str]:
     """{input index: module path} of the inputs that are the module's weights, which the graph does
     not write (a KV cache is a buffer it writes: it stays an input): its parameters, its 2-D
@@ -207,7 +204,7 @@ def _weight_inputs(gm: torch.fx.GraphModule, example_inputs) -> dict[int, str]:
             continue
         path = module_path(node)
         weight = (isinstance(t, nn.Parameter) or (t.dim() == 2 and t.is_floating_point())
-                  or path.rpartition(".")[2] in _NVFP4_BUFFERS)
+                  or path.rpartition(".")[2] in NVFP4_BUFFERS)
         if weight and not _mutated(node):
             weights[i] = path
     return weights

@@ -23,6 +23,11 @@ from nvfp4_inductor.reference.tiled import tile, tiled_shapes, untile
 __all__ = ["NVFP4Linear"]
 
 
+# An NVFP4Linear's buffers: codes, block scales, global scale (ModelOpt's state-dict name, which
+# transformers' loading fills directly), static input scale.
+NVFP4_BUFFERS = ("weight", "weight_scale", "weight_scale_2", "input_scale")
+
+
 class NVFP4Linear(nn.Module):
     """y = x @ W^T + b with W held as NVFP4 (ModelOpt names: weight, weight_scale, weight_scale_2;
     input_scale, where set, the static global scale W4A4 quantizes x with: see
@@ -35,8 +40,6 @@ class NVFP4Linear(nn.Module):
     `weight` uint8 (N, K/2), `weight_scale` float8_e4m3fn (N, K/16) (tiled on load, untiled on
     save). Module casts (`.half()`, `.to(torch.bfloat16)`, ...) change the bias, never the NVFP4
     buffers (only their device)."""
-
-    _NVFP4_BUFFERS = ("weight", "weight_scale", "weight_scale_2", "input_scale")
 
     def __init__(self, weight: api.NVFP4, bias: torch.Tensor | None, activations: str = "auto",
                  input_scale: torch.Tensor | None = None):
@@ -55,7 +58,7 @@ class NVFP4Linear(nn.Module):
             scale = api.unswizzle_scales(scale, out_features, in_features // BLOCK_SIZE)
         self.register_buffer("weight", None)
         self.register_buffer("weight_scale", None)
-        self._set_plain(weight.data, scale.view(torch.uint8))
+        self.set_plain(weight.data, scale.view(torch.uint8))
         self.register_buffer("weight_scale_2", weight.global_scale)
         self.register_buffer("input_scale", None)
         if input_scale is not None:
@@ -63,7 +66,7 @@ class NVFP4Linear(nn.Module):
         # the bias trains as nn.Linear's would (W4A16 passes it a gradient); the weight is data
         self.bias = None if bias is None else nn.Parameter(bias.detach(), requires_grad=bias.requires_grad)
 
-    def _set_plain(self, data: torch.Tensor, scale_bits: torch.Tensor) -> None:
+    def set_plain(self, data: torch.Tensor, scale_bits: torch.Tensor) -> None:
         """uint8 (N, K/2) codes and (N, K/16) scale bits -> the module's tiled buffers (on a meta
         device: empty ones of the tiled shapes)."""
         if data.device.type == "meta":
@@ -83,7 +86,7 @@ class NVFP4Linear(nn.Module):
         """Module casts move the NVFP4 buffers to fn's device but keep their dtypes: `.half()`
         would otherwise round the fp32 global scale."""
         self._bound = {}
-        return apply_keeping_buffer_dtypes(self, super()._apply, fn, recurse, self._NVFP4_BUFFERS)
+        return apply_keeping_buffer_dtypes(self, super()._apply, fn, recurse, NVFP4_BUFFERS)
 
     def _save_to_state_dict(self, destination, prefix, keep_vars):
         super()._save_to_state_dict(destination, prefix, keep_vars)

@@ -159,7 +159,7 @@ def _shard_nvfp4(style, module: NVFP4Linear, mesh: DeviceMesh, dim: int) -> NVFP
             module.bias = None if bias is None else nn.Parameter(bias.clone(), module.bias.requires_grad)
         else:
             module.in_features = share
-        module._set_plain(data, scale)
+        module.set_plain(data, scale)
     row_bias = module.bias if dim == ROWWISE else None
     return install_plan_hooks(become_shard(module, mesh, dim, n, k, row_bias), style, mesh)
 
