@@ -170,6 +170,8 @@ class TemplateConfig(NamedTuple):
     block_k: int = TILE_K
     mainloop: str = "dot"  # plan.py's names: "dot", "mma", "wgmma" or "dot_scaled"
     reg_mma: int = 0  # 1, 2 or 4: the register-fed mainloop for x rows up to 8 * reg_mma (device/mma.py)
+    sum_rows: int = 0  # split > 1: the in-kernel split sum's tile (split_sum_tile; plan.plan_gemm sets them)
+    sum_splits: int = 0
 
 
 # Above the decode sizes, one program per (BLOCK_M, BLOCK_N) output tile: (BLOCK_M, warps, stages),

@@ -139,6 +139,9 @@ def plan_gemm(m: int, n: int, k: int, *, tiled: bool, activation: str, device: t
     if compiled:  # the template's configs; with dequantize + cuBLAS picked, those of "tile" join it
         template = ("tile", tile_mainloop(x_fmt)) if kernel == "dequant_cublas" else (kernel, mainloop)
         configs = gemm_configs.template_configs(m, n, k, capability.sm_count(device), *template)
+        configs = [c._replace(**dict(zip(("sum_rows", "sum_splits"),
+                                         gemm_configs.split_sum_tile(m, c.split, c.block_n, c.num_warps))))
+                   if c.split > 1 else c for c in configs]
         return GemmPlan(kernel, mainloop, x_fmt, None, tuple(configs))
     launch = None
     if kernel == "splitk":
@@ -146,6 +149,24 @@ def plan_gemm(m: int, n: int, k: int, *, tiled: bool, activation: str, device: t
                                mainloop=mainloop, mma_operands_fit=mma_operands_fit,
                                codes_fit=code_bytes < MMA_MAX_CODE_BYTES, scale_word_aligned=scale_word_aligned)
     return GemmPlan(kernel, mainloop, x_fmt, launch)
+
+
+# A deferred RMSNorm (lowerings/passes/norms.py): W4A16 linears of up to this many rows of h
+# (decode) take it into their template, which reads h's rows whole (gemm_configs.rms_in_template).
+DEFER_NORM_MAX_ROWS = 16
+
+
+def norm_deferred(rows: int, k: int) -> bool:
+    """Whether the linears reading a norm's output h (rows of k) take the norm into their GEMM."""
+    return rows <= DEFER_NORM_MAX_ROWS and gemm_configs.rms_in_template(rows, k)
+
+
+def norm_in_template(m: int, k: int, activation: str, configs=()) -> bool:
+    """Whether the template applies a deferred norm to M rows of h of K (W4A16, h's rows read whole:
+    by the last split of a tile, or with K not split by every program, its BLOCK_M rows), for
+    each of `configs` (plan_gemm's); otherwise the eager op does."""
+    return (activation != "nvfp4" and gemm_configs.rms_in_template(m, k)
+            and all(c.split > 1 or gemm_configs.rms_in_template(c.block_m, k) for c in configs))
 
 
 def tile_mainloop(x_format: str) -> str:

@@ -22,10 +22,10 @@ The fp32 operation order is the eager kernels': ((sum * 2^7) * g + bias), then o
 
 A deferred RMSNorm (norm_h, W4A16 at decode: passes/norms.py) is applied by the template, which
 reads h's rows whole (the last split of each tile, or each program when K is not split: the
-template's RMS); where rows (the program's BLOCK_M when K is not split) x K exceed
-gemm_configs.RMS_MAX_ELEMENTS the op runs eagerly.
+template's RMS); where plan.norm_in_template says it cannot (rows, the program's BLOCK_M when K
+is not split, times K above gemm_configs.RMS_MAX_ELEMENTS) the op runs eagerly.
 
-Choices: the template with the configs of gemm_configs.template_configs, and where the output is
+Choices: the template with the configs plan.plan_gemm returns, and where the output is
 (M, N) on CUDA an extern choice (dequantize + cuBLAS, the eager op's path for large M). Where the
 extern choice is the pick (not autotuned against the template, so it need not return the fp32
 products), it returns the linear's output itself: one cuBLASLt GEMM that reads the global scale
@@ -57,7 +57,7 @@ from torch._inductor.select_algorithm import (
 )
 
 from nvfp4_inductor import capability, templates
-from nvfp4_inductor.kernels import gemm_configs, plan
+from nvfp4_inductor.kernels import plan
 from nvfp4_inductor.kernels.device.mainloops import MAINLOOPS
 from nvfp4_inductor.lowerings import compat as _compat
 from nvfp4_inductor.reference import tiled
@@ -195,7 +195,7 @@ def lower_linear_tiled(x, w_data, w_scale, w_global_scale, bias, n, activation, 
     """silu_mul: nvfp4.linear_tiled_silu_mul (with its x_global_scale), n = 2 x its output width: the
     template's epilogue takes silu(gate) * up from each tile's 32 gate and 32 up rows and stores
     (M, n / 2) itself. norm_h: a deferred RMSNorm (the op's docstring), applied by the template
-    where it reads h's rows whole (gemm_configs.rms_in_template), else the eager op."""
+    where it reads h's rows whole (plan.norm_in_template), else the eager op."""
     op_args = (x, w_data, w_scale, w_global_scale, *((x_global_scale, n // 2) if silu_mul else (bias, n)),
                activation, norm_h, norm_eps)  # the op's own arguments, as called
 
@@ -208,7 +208,7 @@ def lower_linear_tiled(x, w_data, w_scale, w_global_scale, bias, n, activation, 
     *lead, k = (int(s) for s in x.get_size())
     m = math.prod(lead)
     # a deferred norm: W4A16, the template reading h's rows whole
-    if norm_h is not None and (activation == "nvfp4" or not gemm_configs.rms_in_template(m, k)):
+    if norm_h is not None and not plan.norm_in_template(m, k, activation):
         return eager_op()
     x2 = lowerings[aten.view.default](x, [m, k])
     device = x.get_device()
@@ -239,9 +239,8 @@ def lower_linear_tiled(x, w_data, w_scale, w_global_scale, bias, n, activation, 
     # (dequantize + cuBLAS as the pick: the template's configs still join under max-autotune)
     configs = list(chosen.configs)
     split = configs[0].split
-    if (norm_h is not None and split == 1
-            and not all(gemm_configs.rms_in_template(c.block_m, k) for c in configs)):
-        return eager_op()  # (unsplit, each program reads its BLOCK_M rows of h)
+    if norm_h is not None and not plan.norm_in_template(m, k, activation, configs):
+        return eager_op()
     # where dequantize + cuBLAS may win (M > 64); it does not apply a deferred norm
     extern = split == 1 and device.type == "cuda" and not silu_mul and norm_h is None
     if not _compat.max_autotune():  # the plan's pick alone
@@ -289,8 +288,7 @@ def lower_linear_tiled(x, w_data, w_scale, w_global_scale, bias, n, activation, 
     choices = []
     for c in configs:
         if split > 1:
-            extra["SUM_ROWS"], extra["SUM_SPLITS"] = gemm_configs.split_sum_tile(m, split, c.block_n,
-                                                                                 c.num_warps)
+            extra["SUM_ROWS"], extra["SUM_SPLITS"] = c.sum_rows, c.sum_splits
         tiled_gemm_template.maybe_append_choice(
             choices, input_nodes=inputs, layout=layout, num_stages=c.num_stages,
             num_warps=c.num_warps, call_sizes=[m, n], HALF_N=c.block_n // 2,

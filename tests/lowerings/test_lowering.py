@@ -502,7 +502,7 @@ _NORM_TOL = {"cpu": 2**-6, "cuda": 2**-7}
 
 
 @pytest.mark.parametrize("norm", list(NORMS))
-@pytest.mark.parametrize("m, k, scale", [(1, 256, 3.0), (5, 256, 3.0), (norm_fusion.DEFER_MAX_ROWS, 256, 3.0),
+@pytest.mark.parametrize("m, k, scale", [(1, 256, 3.0), (5, 256, 3.0), (plan.DEFER_NORM_MAX_ROWS, 256, 3.0),
                                          (1, 192, 3.0), (5, 192, 2.0**-9)])
 def test_w4a16_gemm_applies_the_rms_norm(template_inductor, norm, m, k, scale):
     """RMSNorm -> W4A16 linear at decode: x = h * weight (a pointwise kernel, none without a weight)
@@ -637,11 +637,11 @@ def _deferred_norms(monkeypatch, model, config, *inputs) -> tuple[int, torch.Ten
 @pytest.mark.parametrize("m, k, also_return, fuse, dtype, deferred", [
     (1, 256, False, True, torch.bfloat16, 1), (1, 4096, False, True, torch.bfloat16, 1),
     (1, 4096, False, True, torch.float16, 0),
-    (norm_fusion.DEFER_MAX_ROWS + 1, 16, False, True, torch.bfloat16, 0),
+    (plan.DEFER_NORM_MAX_ROWS + 1, 16, False, True, torch.bfloat16, 0),
     (2, 4096, False, True, torch.bfloat16, 0),
     (1, 256, True, True, torch.bfloat16, 0), (1, 256, False, False, torch.bfloat16, 0)])
 def test_w4a16_rms_norm_is_deferred_only_where_it_fits(monkeypatch, m, k, also_return, fuse, dtype, deferred):
-    """Decode rows (at most DEFER_MAX_ROWS) whose h the template reads whole (1 x 4096, not
+    """Decode rows (at most plan.DEFER_NORM_MAX_ROWS) whose h the template reads whole (1 x 4096, not
     2 x 4096), only W4A16 linears reading the norm (not a graph output too), Config.fuse_norms
     on; bf16 only (fp16's h * w can overflow: test_fp16_norm_is_not_deferred). Numerics of each
     against the norm then the linear (CPU: the eager op's deferred norm)."""

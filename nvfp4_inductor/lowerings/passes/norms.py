@@ -42,10 +42,11 @@ the template's tiles reads h whole, its loads in flight with the partial sums'
 multiplies fp32 products instead of h before its rounding to bf16 (the same error against float64
 as the norm then the linear: docs/backend.md).
 For static bf16 h (in fp16, h * w rounded before the norm's factor can overflow where the normalized
-output does not) of at most DEFER_MAX_ROWS rows and at most gemm_configs.RMS_MAX_ELEMENTS elements
-(rows and K rounded up to powers of two: 1 row of 4096), on a device the template runs on, where
-every use of the norm's output is the x of a W4A16 linear. (Sums of squares split like the products,
-for any size, cost more than the norm's kernel at 16 rows: docs/decisions.md.)
+output does not) where plan.norm_deferred says so (at most DEFER_NORM_MAX_ROWS rows and
+RMS_MAX_ELEMENTS elements, rows and K rounded up to powers of two: 1 row of 4096), on a device the
+template runs on, where every use of the norm's output is the x of a W4A16 linear. (Sums of squares
+split like the products, for any size, cost more than the norm's kernel at 16 rows:
+docs/decisions.md.)
 """
 
 import operator
@@ -55,7 +56,7 @@ from torch import fx
 
 from nvfp4_inductor.capability import template_device
 from nvfp4_inductor.kernels import plan
-from nvfp4_inductor.kernels.gemm_configs import rms_in_template
+from nvfp4_inductor.kernels.plan import norm_deferred
 from nvfp4_inductor.lowerings.passes.fx import CONVERT as _CONVERT
 from nvfp4_inductor.lowerings.passes.fx import (
     call as _call, LINEAR, pairs as _pairs, tensor_val as _tensor_val, VIEWS as _VIEWS,
@@ -68,7 +69,6 @@ LINEARS = (LINEAR, torch.ops.nvfp4.linear_tiled_silu_mul.default)
 FUSED = torch.ops.nvfp4.rms_norm_quantize_values.default
 _HALF = (torch.bfloat16, torch.float16)
 MAX_ROWS = 2  # rows of h up to which the fused kernel measured faster (module docstring)
-DEFER_MAX_ROWS = 16  # rows of h (decode) up to which W4A16 linears may take a deferred norm
 
 
 def _rms(n: fx.Node):
@@ -223,7 +223,7 @@ def _defer_fits(h_val) -> bool:
     if not all(isinstance(d, int) for d in shape) or shape.numel() == 0:
         return False
     rows = shape.numel() // shape[-1]
-    return rows <= DEFER_MAX_ROWS and rms_in_template(rows, shape[-1]) and template_device(h_val.device)
+    return norm_deferred(rows, shape[-1]) and template_device(h_val.device)
 
 
 def _insert(graph: fx.Graph, after: fx.Node, target, args) -> fx.Node:
