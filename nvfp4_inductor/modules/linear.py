@@ -14,7 +14,7 @@ from torch import nn
 from nvfp4_inductor import api, checks
 from nvfp4_inductor.config import check_activations, resolve_activation
 from nvfp4_inductor.format import BLOCK_SIZE
-from nvfp4_inductor.kernels import gemm, plan  # (no Triton import: gemm.py imports its kernels when they launch)
+from nvfp4_inductor.kernels import gemm  # (no Triton import: gemm.py imports its kernels when they launch)
 from nvfp4_inductor.modules.common import (
     apply_keeping_buffer_dtypes, checked_bits, checked_global_scale, checked_input_scale,
 )
@@ -213,7 +213,7 @@ class NVFP4Linear(nn.Module):
             # per-call checks (this module's tensors are checked when set; x just now)
             with torch.cuda.device(x.device):
                 y = gemm.linear_tiled(x, self.weight, self.weight_scale, g, self.bias, self.out_features, activation)
-                if key not in self._bound and x.numel() <= plan.SPLITK_MAX_M_TILED * x.shape[-1]:
+                if key not in self._bound:  # (None where the plan takes no direct split-K launch: not retried)
                     if len(self._bound) >= 64:  # (a bound on the forms of x kept)
                         self._bound.clear()
                     self._bound[key] = gemm.bind_linear_tiled(x, self.weight, self.weight_scale, g, self.bias,
