@@ -68,7 +68,6 @@ wave covers few weight tiles many times, so at large M each weight tile comes fr
 """
 
 import torch
-import triton
 from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
 from triton.experimental.gluon.language.nvidia.hopper import (
@@ -76,9 +75,9 @@ from triton.experimental.gluon.language.nvidia.hopper import (
 )
 from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
 
-from nvfp4_inductor import capability
 from nvfp4_inductor.kernels.device.common import TILED_K, TILED_N
-from nvfp4_inductor.kernels.gemm_configs import HopperConfig, hopper_config, hopper_splits
+from nvfp4_inductor.kernels import plan
+from nvfp4_inductor.kernels.gemm_configs import HopperConfig
 from nvfp4_inductor.kernels.launch import split_counters
 from nvfp4_inductor.reference import hopper as layout
 from nvfp4_inductor.reference.tiled import TILE_K, TILE_N, tiled_shapes
@@ -434,8 +433,9 @@ def hopper_linear(x, w_codes, w_scales, w_global_scale, bias=None, out_dtype=tor
                   splits: int | None = None):
     """x (M, K) bf16, W of N rows as reference.hopper.pack's (codes, scales), or (tiled) as
     reference.tiled's 1-D (codes, scale bits) with n given, g fp32 () or (N,), bias (N,) or None
-    -> (M, N) out_dtype: x @ W^T * g + bias. K is split `splits` ways (default
-    gemm_configs.hopper_splits) when the output tiles are too few to fill the GPU."""
+    -> (M, N) out_dtype: x @ W^T * g + bias. The tiles and the split of K are plan.hopper_launch's
+    (config, splits: a caller's own, checked there): K is split when the output tiles are too few
+    to fill the GPU."""
     if x.dim() != 2 or x.dtype != torch.bfloat16:
         raise ValueError(f"x must be a 2-D bf16 tensor, got {tuple(x.shape)} {x.dtype}")
     m, k = x.shape
@@ -446,9 +446,8 @@ def hopper_linear(x, w_codes, w_scales, w_global_scale, bias=None, out_dtype=tor
     per_row = w_global_scale.dim() == 1
     if per_row and w_global_scale.shape != (n,):
         raise ValueError(f"a per-row global scale must have shape ({n},)")
-    config = config or hopper_config(m)
-    if config.rows % 64 or config.num_warps * 16 != config.rows or config.block_k % layout.CHUNK_K:
-        raise ValueError(f"{config}: rows a multiple of 64, num_warps = rows / 16, block_k a multiple of 64")
+    launch = plan.hopper_launch(m, n, k, x.device, config, splits)
+    config, splits, tiles = launch.config, launch.splits, launch.tiles
     if x.stride(1) != 1 or x.stride(0) % 8 or x.data_ptr() % 16:
         x = x.contiguous()
     out = torch.empty((m, n), dtype=out_dtype, device=x.device)
@@ -459,22 +458,14 @@ def hopper_linear(x, w_codes, w_scales, w_global_scale, bias=None, out_dtype=tor
     codes_desc = TensorDescriptor.from_tensor(w_codes, codes_box, codes_layout)
     scales_desc = TensorDescriptor.from_tensor(w_scales, scales_box, scales_layout)
     g = w_global_scale.to(torch.float32).contiguous()
-    tiles = triton.cdiv(n, config.rows) * triton.cdiv(m, config.block_t)
-    steps = triton.cdiv(k, config.block_k)
-    if splits is None:
-        splits = hopper_splits(tiles, steps, capability.sm_count(x.device))
-    if not 1 <= splits <= steps:
-        raise ValueError(f"splits must be 1 .. {steps} (K-steps of {config.block_k}), got {splits}")
-    per_split = triton.cdiv(steps, splits)
-    splits = triton.cdiv(steps, per_split)  # no split without a K-step
     if splits > 1:
         partials = torch.empty(tiles * splits * config.rows * config.block_t, dtype=torch.float32, device=x.device)
         counters = split_counters(x.device, tiles)
     else:
         partials = counters = g
-    hopper_w4a16_kernel[(tiles * splits, )](
+    hopper_w4a16_kernel[launch.grid](
         x_desc, codes_desc, scales_desc, g, bias if bias is not None else g, out, partials, counters,
-        m, n, out.stride(0), splits, per_split,
+        m, n, out.stride(0), splits, launch.steps_per_split,
         TILED=tiled, SPLIT=splits > 1, W_GLOBAL_SCALE_PER_ROW=per_row, HAS_BIAS=bias is not None,
         **kernel_constexprs(config))
     return out

@@ -301,6 +301,33 @@ def splitk_launch_for(x, w_data, w_scale, *, swizzled: bool, tiled_n: int | None
 
 
 
+class HopperLaunch(NamedTuple):
+    """One launch of the warp-specialized Hopper GEMM (kernels/hopper_gemm.py)."""
+    config: gemm_configs.HopperConfig
+    splits: int  # K ranges (1: not split)
+    steps_per_split: int  # K-steps of config.block_k a range
+    tiles: int  # output tiles (weight rows x tokens): the split sum's counters
+    grid: tuple[int]
+
+
+def hopper_launch(m: int, n: int, k: int, device: torch.device, config: gemm_configs.HopperConfig | None = None,
+                  splits: int | None = None) -> HopperLaunch:
+    """The Hopper GEMM's launch for (M, K) x @ (N, K) W^T: its tiles (gemm_configs.hopper_config
+    for M where not given) and the split of K (gemm_configs.hopper_splits where not given; a given
+    one is checked), not yet one of plan_gemm's kernels (docs/gemm.md)."""
+    config = config or gemm_configs.hopper_config(m)
+    if config.rows % 64 or config.num_warps * 16 != config.rows or config.block_k % 64:
+        raise ValueError(f"{config}: rows a multiple of 64, num_warps = rows / 16, block_k a multiple of 64")
+    tiles = -(-n // config.rows) * -(-m // config.block_t)
+    steps = -(-k // config.block_k)
+    if splits is None:
+        splits = gemm_configs.hopper_splits(tiles, steps, capability.sm_count(device))
+    if not 1 <= splits <= steps:
+        raise ValueError(f"splits must be 1 .. {steps} (K-steps of {config.block_k}), got {splits}")
+    splits, per_split = gemm_configs.split_ranges(k, config.block_k, splits)  # no split without a K-step
+    return HopperLaunch(config, splits, per_split, tiles, (tiles * splits, ))
+
+
 # The grouped GEMM (kernels/grouped.py). Prefill: from this many rows an expert on average (T / E),
 # decoding each expert's weights once into bf16 and one torch._grouped_mm is about even with the
 # tl.dot kernel, which decodes them again in every row tile, and ahead above; on sm_90 the wgmma

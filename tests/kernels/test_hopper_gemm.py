@@ -217,3 +217,24 @@ def test_splits_fill_one_wave(tiles, steps, sms):
     else:
         assert tiles * splits <= sms < tiles * (splits + 1) or steps // splits < 2 * gemm_configs.HOPPER_MIN_STEPS
         assert steps // splits >= gemm_configs.HOPPER_MIN_STEPS
+
+
+@pytest.mark.parametrize("m, n, k", [(128, 4096, 4096), (512, 14336, 4096), (33, 200, 1040)])
+def test_the_planner_gives_the_launch(m, n, k):
+    """plan.hopper_launch: the config for M, K split as hopper_splits says over whole K-steps, one
+    program per tile and split; a config or split given is kept, and checked."""
+    from nvfp4_inductor.kernels import plan
+
+    device = torch.device("cpu")
+    launch = plan.hopper_launch(m, n, k, device)
+    config = gemm_configs.hopper_config(m)
+    tiles = -(-n // config.rows) * -(-m // config.block_t)
+    steps = -(-k // config.block_k)
+    splits = gemm_configs.hopper_splits(tiles, steps, 8)
+    assert launch.config == config and launch.tiles == tiles
+    assert launch.steps_per_split == -(-steps // splits)
+    assert launch.splits == -(-steps // launch.steps_per_split) and launch.grid == (tiles * launch.splits, )
+    other = gemm_configs.HopperConfig(rows=64, block_t=64, block_k=64, stages=4, num_warps=4)
+    assert plan.hopper_launch(m, n, k, device, other, 1)[:2] == (other, 1)
+    with pytest.raises(ValueError, match="splits must be"):
+        plan.hopper_launch(m, n, k, device, other, -(-k // 64) + 1)
