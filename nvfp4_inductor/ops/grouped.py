@@ -28,8 +28,9 @@ checks the offsets' values.
 import torch
 from torch import Tensor
 
-from nvfp4_inductor import capability, checks, reference
+from nvfp4_inductor import checks, reference
 from nvfp4_inductor.format import BLOCK_SIZE
+from nvfp4_inductor.kernels import plan
 from nvfp4_inductor.ops import dense
 from nvfp4_inductor.reference import tiled
 
@@ -142,7 +143,7 @@ def grouped_cuda(x, offsets, w_data, w_scale, w_global_scale, bias, n, activatio
     x_global_scale = x_scale = None
     out_dtype = x.dtype
     if activation == "nvfp4" and x.shape[0]:
-        if capability.block_scaled_mma(x.device):  # sm_100: x's codes to the block-scaled MMA
+        if plan.x_format(activation, x.device) == "nvfp4":  # sm_100: x's codes to the block-scaled MMA
             x, x_scale, x_global_scale = group_quantize(x, offsets)
         else:
             x, x_global_scale = group_quantized_values(x, offsets)
