@@ -35,10 +35,10 @@ from torch import Tensor, nn
 from nvfp4_inductor import api, checks, ops
 from nvfp4_inductor.config import Config
 from nvfp4_inductor.format import BLOCK_SIZE
-from nvfp4_inductor.kernels import plan
+from nvfp4_inductor.kernels import gemm, plan
 from nvfp4_inductor.modules.convert import convert
 from nvfp4_inductor.ops import grouped as grouped_ops
-from nvfp4_inductor.reference import tiled
+from nvfp4_inductor.reference import scale_search, tiled
 
 __all__ = ["add_arguments", "main"]
 
@@ -214,7 +214,6 @@ def check_dequantize_rows(device, gen, quick) -> str:
 
 def check_scale_search(device, gen, quick) -> str:
     """The pruned scale-search kernel against the reference's search over every candidate."""
-    from nvfp4_inductor.reference import scale_search
     from nvfp4_inductor.kernels import scale_search as search_kernels
 
     done = []
@@ -243,8 +242,6 @@ def runnable(m: int, n: int, k: int, tiled: bool, activation: str, device: torch
 def check_linear(activation: str) -> Callable:
     """nvfp4::linear's CUDA implementation (row-major weights, plain or swizzled scales) at linear_ms."""
     def run(device, gen, quick):
-        from nvfp4_inductor.kernels import gemm
-
         n, k = (48, 96) if quick else (80, 1056)
         done, skipped, worst = [], [], 0.0
         for i, m in enumerate(linear_ms(quick)):
@@ -270,8 +267,6 @@ def check_nvfp4_linear(activation: str) -> Callable:
     """An nn.Linear converted by nv.convert (tiled weights): its eager path on CUDA, else
     nvfp4::linear_tiled's CUDA implementation, at linear_ms."""
     def run(device, gen, quick):
-        from nvfp4_inductor.kernels import gemm
-
         n, k = (48, 96) if quick else (1056, 1040)  # K padded to whole 64-wide tiles
         linear = nn.Linear(k, n).to(torch.bfloat16)
         with torch.no_grad():

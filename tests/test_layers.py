@@ -115,6 +115,31 @@ def test_the_import_graph_has_no_cycle():
     assert not cycle, " -> ".join(cycle[0])
 
 
+# what an import inside a function may defer: a module that imports one of these when it loads
+HEAVY = ("triton", "transformers", "torch._inductor", "torch.distributed")
+
+
+def _imports_heavy(module: str) -> bool:
+    for node in ast.parse(MODULES[module].read_text()).body:
+        names = [a.name for a in node.names] if isinstance(node, ast.Import) else \
+            [node.module] if isinstance(node, ast.ImportFrom) and node.module else []
+        if any(n == h or n.startswith(h + ".") for n in names for h in HEAVY):
+            return True
+    return False
+
+
+def test_imports_inside_functions_only_defer_heavy_ones():
+    """An import of the package written inside a function defers a module that loads Triton,
+    transformers, Inductor or torch.distributed; any other belongs at the top of the module."""
+    found = []
+    for module in MODULES:
+        for target, names, line, in_function in _imports(module):
+            if in_function:
+                targets = [f"{target}.{n}" for n in names if f"{target}.{n}" in MODULES] or [target]
+                found += [f"{module}:{line}: {t}" for t in targets if not _imports_heavy(t)]
+    assert not found, "\n".join(found)
+
+
 def test_no_private_name_crosses_a_module():
     """`from m import _x` and `m._x` on an imported package module are refused (a private name used
     elsewhere belongs in the module's public API, or the code in another layer)."""

@@ -14,6 +14,8 @@ block-scaled MMA, else to its values (e2m1 * block scale, exact in bf16) multipl
 import torch
 
 from nvfp4_inductor.kernels import plan
+from nvfp4_inductor.kernels.cublaslt import scaled_mm
+from nvfp4_inductor.reference import rms_scale
 
 
 def _rows(x):
@@ -51,7 +53,6 @@ def _linear(x2, w_data, w_scale, w_global_scale, bias, n, activation, w_swizzled
     """x (M, K) with unit K stride -> (M, N) out_dtype: plan.plan_gemm's kernel, planned once with
     the operand it multiplies (x as bf16, W4A4 its quantized values; on sm_100 with tiled W x's
     codes and scales, for the block-scaled MMA)."""
-    from nvfp4_inductor.kernels.cublaslt import scaled_mm
     from nvfp4_inductor.kernels.dequantize import dequantize
     from nvfp4_inductor.kernels.gemm_splitk import gemm_splitk
     from nvfp4_inductor.kernels.quantize import quantize
@@ -91,8 +92,6 @@ def linear_tiled(x, w_data, w_scale, w_global_scale, bias, n: int, activation: s
     lead, k = x.shape[:-1], x.shape[-1]
     x2 = _rows(x)
     if norm_h is not None:
-        from nvfp4_inductor.reference import rms_scale
-
         a, x_global_scale = _activation_operand(x2, activation)
         y = mm_tiled_f32(a, w_data, w_scale, n) * rms_scale(norm_h.reshape(-1, k), norm_eps)
         y = y * _product(w_global_scale.contiguous(), x_global_scale)
@@ -133,7 +132,6 @@ def scaled_mm_tiled(x2, w_data, w_scale, g, bias, n: int, out_dtype):
     (N,) on the device (W4A4: both global scales) -> (M, N) out_dtype = g * (x @ (e2m1 * block
     scale)^T) + bias: W dequantized, one cuBLASLt GEMM (the template's extern choice where it
     is the only one: no fp32 product for an epilogue kernel to read)."""
-    from nvfp4_inductor.kernels.cublaslt import scaled_mm
     from nvfp4_inductor.kernels.dequantize import dequantize
 
     w = dequantize(w_data, w_scale, None, False, torch.bfloat16, tiled_nk=(n, x2.shape[1]))

@@ -61,7 +61,7 @@ from nvfp4_inductor.kernels.device.common import (
     swizzled_scale_offset,
 )
 from nvfp4_inductor.kernels.device.mainloops import decode_tile
-from nvfp4_inductor.reference import swizzled_shape
+from nvfp4_inductor.reference import rms_norm, swizzled_shape
 
 G_STATIC: tl.constexpr = tl.constexpr(0)
 G_STATIC_ROW: tl.constexpr = tl.constexpr(1)
@@ -406,8 +406,6 @@ def rms_norm_quantize_values(h: torch.Tensor, weight: torch.Tensor | None, eps: 
     rms_norm_quantize_values). Decode-sized h (the fused-amax bound) in one launch; larger h,
     where every program normalizing all of h would cost more than it saves, as the norm in torch
     ops and quantize_values' kernels."""
-    from nvfp4_inductor.reference import rms_norm
-
     k = h.shape[-1]
     if not fits_fused_amax(h.numel() // k, k):
         values, _, g = quantize(rms_norm(h, weight, eps, weight_after_cast), None, False, False,

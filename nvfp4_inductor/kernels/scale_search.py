@@ -57,6 +57,8 @@ import triton.language as tl
 from nvfp4_inductor.format import BLOCK_SIZE
 from nvfp4_inductor.kernels.device.common import block_scale_bits, e2m1_index_bits, e4m3_bits_to_f32, reciprocal_operands
 from nvfp4_inductor.kernels.quantize import amax_partials_kernel, AMAX_TILE, MAX_PARTIALS
+from nvfp4_inductor.reference import global_scale_from_amax
+from nvfp4_inductor.reference.scale_search import hessian_operand
 
 # One warp per program: the "any thread still searching" tests are warp shuffles (no barrier), and a
 # direction's sweep lasts as long as its slowest of 32 blocks, not of more.
@@ -321,8 +323,6 @@ def hessian_bounds(u: torch.Tensor) -> torch.Tensor:
 
 def _dynamic_global_scale(x2: torch.Tensor) -> torch.Tensor:
     """Per-tensor g = amax / 2688 of the finite elements, on the device (no host sync)."""
-    from nvfp4_inductor.reference import global_scale_from_amax
-
     m, k = x2.shape
     amax_m, amax_k = AMAX_TILE
     num = max(1, min(triton.cdiv(m, amax_m) * triton.cdiv(k, amax_k), MAX_PARTIALS))
@@ -336,8 +336,6 @@ def _dynamic_global_scale(x2: torch.Tensor) -> torch.Tensor:
 def hessian_operands(hessian: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """H (K/16, 16, 16) -> (U, lambda) as the kernel reads them. The eigenvalues sync with the
     host (cuSOLVER), so a caller timing or graph-capturing search() prepares these once."""
-    from nvfp4_inductor.reference.scale_search import hessian_operand
-
     u = hessian_operand(hessian).contiguous()
     return u, hessian_bounds(u)
 

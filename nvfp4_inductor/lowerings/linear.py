@@ -57,7 +57,7 @@ from torch._inductor.select_algorithm import (
 )
 
 from nvfp4_inductor import capability, templates
-from nvfp4_inductor.kernels import plan
+from nvfp4_inductor.kernels import gemm as eager_gemm, plan
 from nvfp4_inductor.kernels.device.mainloops import MAINLOOPS
 from nvfp4_inductor.lowerings import compat as _compat
 from nvfp4_inductor.reference import tiled
@@ -86,25 +86,20 @@ tiled_gemm_template = TritonTemplate(name="nvfp4_tiled_gemm", grid=_grid,
 
 def mm_tiled_f32(x, w_data, w_scale, n):
     """The extern choice: x (M, K) @ (e2m1 * block scale)^T in fp32, W tiled (dequantize + cuBLAS)."""
-    from nvfp4_inductor.kernels.gemm import mm_tiled_f32 as run
-
-    return run(x, w_data, w_scale, n)
+    return eager_gemm.mm_tiled_f32(x, w_data, w_scale, n)
 
 
 def mm_tiled_f32_x4(x_data, x_scale, w_data, w_scale, n):
     """The same for W4A4: x as NVFP4 codes + plain scale bits, decoded without its global scale."""
     from nvfp4_inductor.kernels.dequantize import dequantize
-    from nvfp4_inductor.kernels.gemm import mm_tiled_f32 as run
 
-    return run(dequantize(x_data, x_scale, None, False, torch.bfloat16), w_data, w_scale, n)
+    return eager_gemm.mm_tiled_f32(dequantize(x_data, x_scale, None, False, torch.bfloat16), w_data, w_scale, n)
 
 
 def scaled_mm_tiled(x, w_data, w_scale, w_global_scale, bias=None, *, n, out_dtype):
     """The extern choice where it is the only one: (M, N) out_dtype = g * (x @ (e2m1 * block
     scale)^T) + bias, the global scale g read on the device by one cuBLASLt GEMM (kernels/gemm.py)."""
-    from nvfp4_inductor.kernels.gemm import scaled_mm_tiled as run
-
-    return run(x, w_data, w_scale, w_global_scale, bias, n, out_dtype)
+    return eager_gemm.scaled_mm_tiled(x, w_data, w_scale, w_global_scale, bias, n, out_dtype)
 
 
 extern_mm_tiled_f32 = ExternKernelChoice(mm_tiled_f32, name="nvfp4_mm_tiled_f32", has_out_variant=False)

@@ -15,6 +15,7 @@ from torch import Tensor
 
 from nvfp4_inductor import checks, reference
 from nvfp4_inductor.format import BLOCK_SIZE
+from nvfp4_inductor.kernels import gemm as eager_gemm  # (no Triton import: gemm.py imports its kernels when they launch)
 from nvfp4_inductor.reference import scale_search, tiled
 
 __all__ = [
@@ -297,11 +298,9 @@ def linear(
 @linear.register_kernel("cuda")
 @on_input_device
 def _(x, w_data, w_scale, w_global_scale, bias, w_swizzled, activation):
-    from nvfp4_inductor.kernels.gemm import linear as linear_triton
-
     checks.check_linear_args(x, w_data, w_scale, w_global_scale, bias, w_swizzled, activation)
     with reference.no_autocast(x):  # its dequantize + cuBLAS path multiplies through torch.mm
-        return linear_triton(x, w_data, w_scale, w_global_scale, bias, w_swizzled, activation)
+        return eager_gemm.linear(x, w_data, w_scale, w_global_scale, bias, w_swizzled, activation)
 
 
 @linear.register_fake
@@ -452,12 +451,10 @@ def linear_tiled(
 @linear_tiled.register_kernel("cuda")
 @on_input_device
 def _(x, w_data, w_scale, w_global_scale, bias, n, activation, norm_h=None, norm_eps=0.0):
-    from nvfp4_inductor.kernels.gemm import linear_tiled as linear_tiled_triton
-
     checks.check_linear_tiled_args(x, w_data, w_scale, w_global_scale, bias, n, activation)
     checks.check_norm_input(norm_h, norm_eps, x)
     with reference.no_autocast(x):  # its dequantize + cuBLAS path multiplies through torch.mm
-        return linear_tiled_triton(x, w_data, w_scale, w_global_scale, bias, n, activation, norm_h, norm_eps)
+        return eager_gemm.linear_tiled(x, w_data, w_scale, w_global_scale, bias, n, activation, norm_h, norm_eps)
 
 
 @linear_tiled.register_fake
