@@ -62,7 +62,7 @@ def hopper_candidates() -> list[gemm_configs.HopperConfig]:
 
 def hopper_sweep(ms: list[int], l2: int) -> None:
     """Each candidate tile of the warp-specialized kernel on the tiled weights (K split as
-    gemm_configs.hopper_splits says), us; configs that do not compile or fit are skipped ("-"), and
+    plan.hopper_launch splits it), us; configs that do not compile or fit are skipped ("-"), and
     one whose output is off the dequantized product (relative error over 1e-2) is not timed ("bad");
     tiled16: what nvfp4::linear_tiled dispatches today (plan.plan_gemm's kernel), in the same run."""
     candidates = hopper_candidates()
