@@ -183,7 +183,7 @@ def nvfp4_attention(module, query: Tensor, key: Tensor, value: Tensor, attention
     """transformers' attention-interface signature -> ((B, S, Hq, D) output, None). Keys and values
     from an NVFP4Cache (uint8) go to `nvfp4::kv_attention`; any others to transformers' SDPA."""
     if key.dtype != torch.uint8:
-        other = getattr(key, "_nvfp4_dequantized", None)
+        other = None if torch.compiler.is_compiling() else getattr(key, "_nvfp4_dequantized", None)
         if other is not None:
             raise ValueError(f"attn_implementation 'nvfp4' got keys an NVFP4Cache dequantized for {other[0]!r} "
                              "attention: the cache reads the attention from the config it was built with, which "

@@ -233,3 +233,17 @@ def test_gpu_compiled_generate_with_the_nvfp4_cache():
     sequences, logits = _generate(converted, ids, cache(), compile_config=config)
     assert counters["inductor"]["cudagraph_skips"] == skips
     assert _min_cosine(logits, _teacher_forced(converted, sequences, 11, cache())) > 0.999
+
+
+def test_nvfp4_attention_over_another_cache_traces_whole():
+    """attn_implementation "nvfp4" with transformers' bf16 StaticCache (SDPA on its keys) under
+    torch.compile(fullgraph=True): no graph break, the same logits as eager."""
+    model = _model()
+    ids = torch.randint(0, VOCAB, (1, 5), generator=torch.Generator().manual_seed(8))
+    outs = []
+    for forward in (model.forward, torch.compile(model.forward, backend="eager", fullgraph=True)):
+        cache = transformers.StaticCache(config=model.config, max_cache_len=32)
+        with torch.no_grad():
+            outs.append(forward(input_ids=ids, **_cache_kw(model, cache), use_cache=True,
+                                cache_position=torch.arange(5)).logits)
+    assert torch.equal(outs[0], outs[1])
