@@ -50,7 +50,6 @@ import torch
 import triton
 import triton.language as tl
 
-from nvfp4_inductor import capability
 from nvfp4_inductor.kernels import launch as launches
 from nvfp4_inductor.kernels import plan
 from nvfp4_inductor.kernels.device.common import BLOCK, LAYOUT_TILED, TILED_K, TILED_N, round_to
@@ -279,7 +278,6 @@ def grouped_linear(x: torch.Tensor, offsets: torch.Tensor, w_data: torch.Tensor,
         counters = launches.split_counters(x.device, launch.m_tiles * launch.n_tiles)
     else:
         partial = counters = out  # (unused)
-    use_asm = capability.sm90_or_later(x.device)
     extra = {} if launch.num_stages is None else {"num_stages": launch.num_stages}
     grouped_linear_kernel[(launch.m_tiles * launch.n_tiles, launch.splits)](
         x, offsets, w_data, w_scale, w_global_scale,
@@ -288,8 +286,8 @@ def grouped_linear(x: torch.Tensor, offsets: torch.Tensor, w_data: torch.Tensor,
         out, partial, counters, x_scale if x_scale is not None else w_scale,  # unused but for dot_scaled
         t, np_, k, e, n_out, launch.m_tiles, launch.steps_per_split, x.stride(0), out.stride(0),
         MAINLOOP=MAINLOOPS[launch.mainloop], HAS_BIAS=bias is not None, X_SCALED=x_global_scale is not None,
-        GATED=gated, USE_ASM=use_asm, OPERAND=tl.bfloat16 if x.is_cuda else tl.float32, SPLIT=launch.splits > 1,
-        EVEN=k % launch.block_k == 0, E_POW2=triton.next_power_of_2(e), BLOCK_M=launch.block_m,
+        GATED=gated, USE_ASM=launch.use_asm, OPERAND=tl.bfloat16 if x.is_cuda else tl.float32, SPLIT=launch.splits > 1,
+        EVEN=launch.even, E_POW2=triton.next_power_of_2(e), BLOCK_M=launch.block_m,
         BLOCK_N=launch.block_n, BLOCK_K=launch.block_k, REG_MMA=launch.reg_mma, ACC_M=launch.acc_m,
         num_warps=launch.num_warps, **extra,
     )

@@ -350,6 +350,8 @@ class GroupedLaunch(NamedTuple):
     n_tiles: int
     reg_mma: int  # blocks of 8 x rows of the register-fed mainloop (0: another mainloop)
     acc_m: int  # the mainloop's columns (the register-fed one: 8 * max(reg_mma, 2))
+    use_asm: bool = False  # the decode's inline PTX (sm_90+)
+    even: bool = False  # no masks along K
 
 
 def grouped_row_tiles(t: int, e: int, block_m: int) -> int:
@@ -414,7 +416,7 @@ def plan_grouped(t: int, e: int, n_pad: int, k: int, *, device: torch.device, x_
                                                                          min_steps)
     splits, per_split = gemm_configs.split_ranges(k, block_k, max(1, min(splits, steps)))
     return GroupedLaunch(mainloop, block_m, block_n, block_k, splits, per_split, warps, stages, m_tiles, n_tiles,
-                         nb, acc_m)
+                         nb, acc_m, use_asm=cuda and capability.sm90_or_later(device), even=k % block_k == 0)
 
 
 def grouped_dequant_runs(t: int, e: int, k: int, device: torch.device) -> bool:
