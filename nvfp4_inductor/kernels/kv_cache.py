@@ -239,8 +239,8 @@ def _combine_kernel(part_ptr, out_ptr, HQ, stride_ob, stride_oh, SPLITS: tl.cons
 
 def default_splits(programs: int, slots: int, device: torch.device) -> int:
     """Splits of the slots per (sequence, kv head) so that about PROGRAMS_PER_SM programs run per SM."""
-    sms = torch.cuda.get_device_properties(device).multi_processor_count if device.type == "cuda" else 8
-    return max(1, min(triton.cdiv(sms * PROGRAMS_PER_SM, programs), triton.cdiv(slots, BLOCK_N)))
+    wanted = triton.cdiv(capability.sm_count(device) * PROGRAMS_PER_SM, programs)
+    return max(1, min(wanted, triton.cdiv(slots, BLOCK_N)))
 
 
 def decode_attention(query, k_planes, v_planes, mask, scale: float, splits: int | None = None):
