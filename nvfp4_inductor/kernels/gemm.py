@@ -13,8 +13,7 @@ block-scaled MMA, else to its values (e2m1 * block scale, exact in bf16) multipl
 
 import torch
 
-from nvfp4_inductor.kernels import plan
-from nvfp4_inductor.kernels.cublaslt import scaled_mm
+from nvfp4_inductor.kernels import cublaslt, plan
 from nvfp4_inductor.reference import rms_scale
 
 
@@ -79,7 +78,7 @@ def _linear(x2, w_data, w_scale, w_global_scale, bias, n, activation, w_swizzled
     # relative error when folded in), then one cuBLASLt GEMM that reads the global scales from the
     # device as alpha, adds the bias and rounds once to out_dtype (kernels/cublaslt.py)
     w = dequantize(w_data, w_scale, None, w_swizzled, torch.bfloat16, tiled_nk=None if tiled_n is None else (n, k))
-    return scaled_mm(a, w, _product(w_global_scale, x_global_scale), bias, out_dtype)
+    return cublaslt.scaled_mm(a, w, _product(w_global_scale, x_global_scale), bias, out_dtype)
 
 
 def linear_tiled(x, w_data, w_scale, w_global_scale, bias, n: int, activation: str, norm_h=None,
@@ -135,5 +134,5 @@ def scaled_mm_tiled(x2, w_data, w_scale, g, bias, n: int, out_dtype):
     from nvfp4_inductor.kernels.dequantize import dequantize
 
     w = dequantize(w_data, w_scale, None, False, torch.bfloat16, tiled_nk=(n, x2.shape[1]))
-    return scaled_mm(x2.to(torch.bfloat16), w, g, bias, out_dtype)
+    return cublaslt.scaled_mm(x2.to(torch.bfloat16), w, g, bias, out_dtype)
 
