@@ -139,10 +139,7 @@ def plan_gemm(m: int, n: int, k: int, *, tiled: bool, activation: str, device: t
     if compiled:  # the template's configs; with dequantize + cuBLAS picked, those of "tile" join it
         template = ("tile", tile_mainloop(x_fmt)) if kernel == "dequant_cublas" else (kernel, mainloop)
         configs = gemm_configs.template_configs(m, n, k, capability.sm_count(device), *template)
-        configs = [c._replace(**dict(zip(("sum_rows", "sum_splits"),
-                                         gemm_configs.split_sum_tile(m, c.split, c.block_n, c.num_warps))))
-                   if c.split > 1 else c for c in configs]
-        return GemmPlan(kernel, mainloop, x_fmt, None, tuple(configs))
+        return GemmPlan(kernel, mainloop, x_fmt, None, tuple(_with_split_sum(c, m) for c in configs))
     launch = None
     if kernel == "splitk":
         launch = splitk_launch(m, n, k, tiled=tiled, swizzled=swizzled, x_format=x_fmt, device=device,
@@ -167,6 +164,14 @@ def norm_in_template(m: int, k: int, activation: str, configs=()) -> bool:
     each of `configs` (plan_gemm's); otherwise the eager op does."""
     return (activation != "nvfp4" and gemm_configs.rms_in_template(m, k)
             and all(c.split > 1 or gemm_configs.rms_in_template(c.block_m, k) for c in configs))
+
+
+def _with_split_sum(config: gemm_configs.TemplateConfig, m: int) -> gemm_configs.TemplateConfig:
+    """A template config that splits K, with its in-kernel split sum's tile for M rows."""
+    if config.split == 1:
+        return config
+    rows, splits = gemm_configs.split_sum_tile(m, config.split, config.block_n, config.num_warps)
+    return config._replace(sum_rows=rows, sum_splits=splits)
 
 
 def tile_mainloop(x_format: str) -> str:
