@@ -45,7 +45,7 @@ def on_threads(jobs, streams, repeats: int, warm_up: int = 0, serial: list | Non
                         y = jobs[i]().clone()
                 streams[i].synchronize()
                 if serial is not None:
-                    serial.append((i, y))
+                    serial.append(y)  # (the threads warm up in turn: in job order)
             finally:
                 turns[i + 1].set()
             start.wait()
@@ -65,6 +65,4 @@ def on_threads(jobs, streams, repeats: int, warm_up: int = 0, serial: list | Non
         thread.join()
     if errors:
         raise errors[0]
-    if serial is not None:
-        serial[:] = [y for _, y in sorted(serial, key=lambda item: item[0])]
     return outs
