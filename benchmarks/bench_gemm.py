@@ -53,7 +53,9 @@ def hopper_candidates() -> list[gemm_configs.HopperConfig]:
     of shared memory a program may have (x and code slots, two decoded tiles)."""
     shipped = [config for _, config in gemm_configs.HOPPER_CONFIGS]
     grid = [gemm_configs.HopperConfig(rows=rows, block_t=block_t, block_k=block_k, stages=stages,
-                                      num_warps=rows // 16, decode_regs=96 if rows == 128 else 152)
+                                      num_warps=rows // 16, decode_regs=96 if rows == 128 else 152,
+                                      register_a=register_a)
+            for register_a in (False, True)
             for rows in (64, 128) for block_t in (32, 64, 128, 256) for block_k, stages in ((64, 4), (128, 3))
             if not (rows == 128 and block_t == 256)  # 128 x 256 fp32 sums: more registers than a warpgroup has
             and stages * block_t * block_k * 2 + 2 * rows * block_k * 2 + stages * rows * block_k // 2 <= 227 * 1024]
@@ -70,7 +72,7 @@ def hopper_sweep(ms: list[int], l2: int) -> None:
           " (rows x tokens x K-step x slots); best: the fastest and its speed-up over bf16 cuBLAS; tiled16:"
           " nvfp4::linear_tiled as dispatched, and its speed-up")
     for i, c in enumerate(candidates):
-        print(f"  c{i}: {c.rows}x{c.block_t}x{c.block_k}x{c.stages}")
+        print(f"  c{i}: {c.rows}x{c.block_t}x{c.block_k}x{c.stages}{' register A' if c.register_a else ''}")
     print(f"{'K':>6} {'N':>6} {'M':>5} {'bf16':>8} " + " ".join(f"{f'c{i}':>7}" for i in range(len(candidates)))
           + f" {'best':>5} {'x':>5} {'tiled16':>8} {'x':>5}")
     for k, n in SHAPES:

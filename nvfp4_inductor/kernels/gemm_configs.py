@@ -257,6 +257,7 @@ class HopperConfig(NamedTuple):
     a_stages: int = 2
     load_regs: int = 24
     decode_regs: int = 152
+    register_a: bool = False  # the mma warps decode into wgmma's A registers (tiled weights only)
 
     @property
     def decode_warps(self) -> int:

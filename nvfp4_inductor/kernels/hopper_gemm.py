@@ -30,9 +30,14 @@ words; the decoder reads a 16-k block (two words, one scale) a thread, decodes c
 a word into one bf16x2 at a time (e2m1 * 2^-126 by shift and mask, times the scale's bf16x2
 s * 2^119: device/mma.py's values), and stores its 16 values of a row, in order, to the A tile;
 the epilogue undoes 2^-7 instead of 2^-20.
-A is staged in shared memory on purpose: the single-partition form with A decoded into wgmma's
-registers gave wrong results on an H100 at most tiles (likely the next step's decode overwriting
-an in-flight wgmma's A registers).
+REGISTER_A (tiled weights only): no decode partition and no A ring. The mma partition's warps
+read the code and scale bytes each thread multiplies straight into wgmma's A-fragment layout (byte
+q of each word of its two rows: a byte's two codes are k and k + 1 of the fragment's pair), decode
+step i into registers while step i - 1's wgmma runs, and issue wgmma with A from registers. A
+step's A registers are a dependency of the next wait (warpgroup_mma_wait's deps), so they stay
+live until that wgmma has retired: without it, the next step's decode may reuse them under an
+in-flight wgmma (an earlier register-A form, without the dependency, gave wrong results). The
+loader releases a slot after mma's wgmma of that step retired (load_empty count 1).
 
 mbarrier protocol (phases alternate; a waiter of round r = i // ring-size waits for parity r & 1,
 a producer for the slot's previous round, parity (r & 1) ^ 1, which a fresh barrier passes):
@@ -187,6 +192,65 @@ def _decode_tiled_step(codes_smem, scales_smem, ROWS: gl.constexpr, BLOCK_K: gl.
     return gl.reshape(gl.permute(v, [0, 2, 1, 3]), [ROWS, BLOCK_K])
 
 
+@gluon.constexpr_function
+def _regs_layout(R64, KT, WARPS):
+    """(weight tile, K-tile, row, 16-k block c, word h of the block, byte q of the word) -> the
+    threads of wgmma's A fragment over WARPS = ROWS / 16 warps: lane 4 g + q holds rows g and
+    g + 8 of its warp's 16 at k = 16 c + 8 h + 2 q (+ 1, the byte's two codes), registers in the
+    fragment's order (row + 8, k + 8, the next 16-k blocks, the next K-tile)."""
+    def basis(dim, value):
+        b = [0] * 6
+        b[dim] = value
+        return b
+    regs = [basis(2, 8), basis(4, 1), basis(3, 1), basis(3, 2)] + ([basis(1, 1)] if KT == 2 else [])
+    lanes = [basis(5, 1), basis(5, 2), basis(2, 1), basis(2, 2), basis(2, 4)]
+    warps = [basis(2, 16), basis(2, 32)] + ([basis(0, 1)] if R64 == 2 else [])
+    return gl.DistributedLinearLayout(regs, lanes, warps, [], [R64, KT, TILED_N, 4, 2, 4])
+
+
+@gluon.constexpr_function
+def _regs_scale_layout(R64, KT, WARPS):
+    """The tiled layout's scale bytes viewed as (weight tile, K-tile, a, j, g, c) (row 32 a + 8 j +
+    g, block c: reference/tiled.scale_index) -> the threads of _regs_layout that multiply them."""
+    def basis(dim, value):
+        b = [0] * 6
+        b[dim] = value
+        return b
+    regs = [basis(3, 1), basis(5, 1), basis(5, 2)] + ([basis(1, 1)] if KT == 2 else [])
+    lanes = [[0] * 6, [0] * 6, basis(4, 1), basis(4, 2), basis(4, 4)]
+    warps = [basis(3, 2), basis(2, 1)] + ([basis(0, 1)] if R64 == 2 else [])
+    return gl.DistributedLinearLayout(regs, lanes, warps, [], [R64, KT, 2, 4, 8, 4])
+
+
+@gluon.jit
+def _decode_tiled_regs(codes_smem, scales_smem, a_layout: gl.constexpr, ROWS: gl.constexpr,
+                       BLOCK_K: gl.constexpr, WARPS: gl.constexpr):
+    """A slot of the tiled layout (as _decode_tiled_step reads it) -> bf16 (ROWS, BLOCK_K) in
+    a_layout, wgmma's A-fragment registers, e2m1 * s * 2^-7: each thread loads the code bytes and
+    scale bytes it multiplies (byte q of each word of its two rows) and decodes a byte's two codes
+    (k and k + 1) into one bf16x2."""
+    R64: gl.constexpr = ROWS // TILED_N
+    KT: gl.constexpr = BLOCK_K // TILED_K
+    layout: gl.constexpr = _regs_layout(R64, KT, WARPS)
+    flat: gl.constexpr = gl.SwizzledSharedLayout(1, 1, 1, [5, 4, 3, 2, 1, 0])
+    b = codes_smem._reinterpret(gl.uint8, [R64, KT, TILED_N, 4, 2, 4], flat).load(layout).to(gl.int32)
+    sb = scales_smem._reinterpret(gl.uint8, [R64, KT, 2, 8, 4, 4], flat).permute((0, 1, 2, 5, 3, 4))
+    sb = sb.load(_regs_scale_layout(R64, KT, WARPS))
+    sb = gl.reshape(sb, [R64, KT, TILED_N, 4])
+    sb = gl.convert_layout(sb, gl.SliceLayout(4, gl.SliceLayout(5, layout)), assert_trivial=True)
+    s = (sb.to(gl.float8e4nv, bitcast=True).to(gl.float32) * _TILED_SCALE_UP).to(gl.bfloat16)
+    s = s.to(gl.int16, bitcast=True).to(gl.int32) & 0xFFFF
+    mult = gl.expand_dims(gl.expand_dims(s | (s << 16), 4), 5)
+    mult, _ = gl.broadcast(mult, b)
+    # the byte's low code to bits 0..3, its high one to 16..19; magnitudes to bf16 bits 6..8 and
+    # 22..24, signs to 15 and 31: e2m1 * 2^-126 each
+    d = b | (b << 12)
+    p = _mul_bf16x2(((d << 6) & _MAG_MASK) | ((d << 12) & _SIGN_MASK), mult)
+    v = _bf16_pair(p)  # (weight tile, K-tile, row, c, h, q, e): k = 64 K-tile + 16 c + 8 h + 2 q + e
+    v = gl.reshape(gl.permute(v, [0, 2, 1, 3, 4, 5, 6]), [ROWS, BLOCK_K])
+    return gl.convert_layout(v, a_layout, assert_trivial=True)
+
+
 @gluon.jit
 def _tile_ids(M, N, ROWS: gl.constexpr, BLOCK_T: gl.constexpr, GROUP_N: gl.constexpr, splits):
     """Program id -> (weight tile, token tile): groups of GROUP_N weight tiles, tokens inside, each
@@ -280,6 +344,35 @@ def _mma_partition(x_bufs, a_bufs, load_ready, load_empty, a_ready, a_empty, ste
 
 
 @gluon.jit
+def _mma_decode_partition(x_bufs, codes_bufs, scales_bufs, load_ready, load_empty, steps, STAGES: gl.constexpr,
+                          acc_layout: gl.constexpr):
+    """Register A (tiled layout): the warps that issue wgmma decode step i into A registers while
+    step i - 1's wgmma runs; acc = sum over K-steps of wgmma(A, x slot^T), one group in flight.
+    A step's registers stay live (a dependency of the next wait) until its wgmma has retired."""
+    ROWS: gl.constexpr = codes_bufs.type.shape[1] * TILED_N
+    BLOCK_T: gl.constexpr = x_bufs.type.shape[1]
+    BLOCK_K: gl.constexpr = x_bufs.type.shape[2]
+    WARPS: gl.constexpr = ROWS // 16
+    a_layout: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=acc_layout, k_width=2)
+    acc = gl.zeros([ROWS, BLOCK_T], gl.float32, acc_layout)
+    mbarrier.wait(load_ready.index(0), 0)
+    a_prev = _decode_tiled_regs(codes_bufs.index(0), scales_bufs.index(0), a_layout, ROWS, BLOCK_K, WARPS)
+    acc = warpgroup_mma(a_prev, x_bufs.index(0).permute((1, 0)), acc, use_acc=False, is_async=True)
+    acc, a_prev = warpgroup_mma_wait(num_outstanding=1, deps=(acc, a_prev))  # (the accumulator as a tensor)
+    for i in range(1, steps):
+        slot = i % STAGES
+        mbarrier.wait(load_ready.index(slot), (i // STAGES) & 1)
+        a = _decode_tiled_regs(codes_bufs.index(slot), scales_bufs.index(slot), a_layout, ROWS, BLOCK_K, WARPS)
+        acc = warpgroup_mma(a, x_bufs.index(slot).permute((1, 0)), acc, is_async=True)
+        acc, a_prev = warpgroup_mma_wait(num_outstanding=1, deps=(acc, a_prev))
+        # step i - 1's wgmma has retired: its slot (x, codes, scales) is free
+        mbarrier.arrive(load_empty.index((i - 1) % STAGES), count=1)
+        a_prev = a
+    acc, a_prev = warpgroup_mma_wait(num_outstanding=0, deps=(acc, a_prev))
+    return (acc, )
+
+
+@gluon.jit
 def hopper_w4a16_kernel(
     x_desc, codes_desc, scales_desc,  # TMA descriptors: x (M, K) bf16, the layout's codes and scales
     w_global_scale_ptr, bias_ptr, out_ptr,  # fp32 g (one, or one a row), bias (N,), out (M, N)
@@ -289,6 +382,7 @@ def hopper_w4a16_kernel(
     STAGES: gl.constexpr,
     GROUP_N: gl.constexpr, num_warps: gl.constexpr,
     A_STAGES: gl.constexpr, DECODE_WARPS: gl.constexpr, LOAD_REGS: gl.constexpr, DECODE_REGS: gl.constexpr,
+    REGISTER_A: gl.constexpr,
 ):
     BLOCK_T: gl.constexpr = x_desc.block_type.shape[0]
     BLOCK_K: gl.constexpr = x_desc.block_type.shape[1]
@@ -307,18 +401,19 @@ def hopper_w4a16_kernel(
                                            codes_desc.layout)
     scales_bufs = gl.allocate_shared_memory(scales_desc.dtype, [STAGES] + scales_desc.block_type.shape,
                                             scales_desc.layout)
-    a_smem_layout: gl.constexpr = gl.NVMMASharedLayout.get_default_for([ROWS, BLOCK_K], gl.bfloat16)
-    a_bufs = gl.allocate_shared_memory(gl.bfloat16, [A_STAGES, ROWS, BLOCK_K], a_smem_layout)
     load_ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
     load_empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
-    a_ready = gl.allocate_shared_memory(gl.int64, [A_STAGES, 1], mbarrier.MBarrierLayout())
-    a_empty = gl.allocate_shared_memory(gl.int64, [A_STAGES, 1], mbarrier.MBarrierLayout())
     for i in gl.static_range(STAGES):
         mbarrier.init(load_ready.index(i), count=1)
-        mbarrier.init(load_empty.index(i), count=2)  # decode and mma
-    for i in gl.static_range(A_STAGES):
-        mbarrier.init(a_ready.index(i), count=1)
-        mbarrier.init(a_empty.index(i), count=1)
+        mbarrier.init(load_empty.index(i), count=1 if REGISTER_A else 2)  # (decode and) mma
+    if not REGISTER_A:
+        a_smem_layout: gl.constexpr = gl.NVMMASharedLayout.get_default_for([ROWS, BLOCK_K], gl.bfloat16)
+        a_bufs = gl.allocate_shared_memory(gl.bfloat16, [A_STAGES, ROWS, BLOCK_K], a_smem_layout)
+        a_ready = gl.allocate_shared_memory(gl.int64, [A_STAGES, 1], mbarrier.MBarrierLayout())
+        a_empty = gl.allocate_shared_memory(gl.int64, [A_STAGES, 1], mbarrier.MBarrierLayout())
+        for i in gl.static_range(A_STAGES):
+            mbarrier.init(a_ready.index(i), count=1)
+            mbarrier.init(a_empty.index(i), count=1)
     fence_async_shared()
 
     acc_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[num_warps, 1],
@@ -327,14 +422,22 @@ def hopper_w4a16_kernel(
     # outside wgmma, and ptxas serializes every wgmma (C7515)
     first = pid_s * steps_per_split
     steps = gl.maximum(gl.minimum(steps_per_split, gl.cdiv(K, BLOCK_K) - first), 1)
-    results = gl.warp_specialize([
-        (_mma_partition, (x_bufs, a_bufs, load_ready, load_empty, a_ready, a_empty, steps, STAGES, A_STAGES,
-                          acc_layout)),
-        (_load_partition, (x_desc, codes_desc, scales_desc, x_bufs, codes_bufs, scales_bufs, load_ready,
-                           load_empty, t0, n0, first, steps, STAGES, TILED)),
-        (_decode_partition, (codes_bufs, scales_bufs, a_bufs, load_ready, load_empty, a_ready, a_empty, steps,
-                             STAGES, A_STAGES, DECODE_WARPS, TILED)),
-    ], [1, DECODE_WARPS], [LOAD_REGS, DECODE_REGS])
+    if REGISTER_A:
+        results = gl.warp_specialize([
+            (_mma_decode_partition, (x_bufs, codes_bufs, scales_bufs, load_ready, load_empty, steps, STAGES,
+                                     acc_layout)),
+            (_load_partition, (x_desc, codes_desc, scales_desc, x_bufs, codes_bufs, scales_bufs, load_ready,
+                               load_empty, t0, n0, first, steps, STAGES, TILED)),
+        ], [1], [LOAD_REGS])
+    else:
+        results = gl.warp_specialize([
+            (_mma_partition, (x_bufs, a_bufs, load_ready, load_empty, a_ready, a_empty, steps, STAGES, A_STAGES,
+                              acc_layout)),
+            (_load_partition, (x_desc, codes_desc, scales_desc, x_bufs, codes_bufs, scales_bufs, load_ready,
+                               load_empty, t0, n0, first, steps, STAGES, TILED)),
+            (_decode_partition, (codes_bufs, scales_bufs, a_bufs, load_ready, load_empty, a_ready, a_empty, steps,
+                                 STAGES, A_STAGES, DECODE_WARPS, TILED)),
+        ], [1, DECODE_WARPS], [LOAD_REGS, DECODE_REGS])
     acc = results[0]
 
     # epilogue (the mma partition's warps): each thread 8 consecutive output columns (16-byte stores)
@@ -404,7 +507,7 @@ def kernel_constexprs(config: HopperConfig) -> dict:
     """The kernel's tile constexprs of a config (the TMA boxes carry the tile sizes)."""
     return {"STAGES": config.stages, "GROUP_N": config.group_n, "num_warps": config.num_warps,
             "A_STAGES": config.a_stages, "DECODE_WARPS": config.decode_warps, "LOAD_REGS": config.load_regs,
-            "DECODE_REGS": config.decode_regs}
+            "DECODE_REGS": config.decode_regs, "REGISTER_A": config.register_a}
 
 
 def _weight_tensors(w_codes, w_scales, n, k, tiled):
@@ -441,6 +544,8 @@ def hopper_linear(x, w_codes, w_scales, w_global_scale, bias=None, out_dtype=tor
     m, k = x.shape
     if k % 16:
         raise ValueError(f"x's K = {k} is not a multiple of 16")
+    if config is not None and config.register_a and not tiled:
+        raise ValueError("register_a decodes the tiled layout only: pass tiled weights")
     w_codes, w_scales, rows = _weight_tensors(w_codes, w_scales, n, k, tiled)
     n = rows if n is None else n
     per_row = w_global_scale.dim() == 1

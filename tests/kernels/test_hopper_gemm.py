@@ -2,8 +2,9 @@
 shipped config compiles for sm_90 into load, decode and mma partitions, and the mma partition's
 K loop keeps one wgmma group in flight (PTX `wgmma.wait_group 1` in the loop, SASS
 `WARPGROUP.DEPBAR.LE gsb0, 0x1`, no ptxas serialization warning, no spills), for both weight
-layouts, and the split-K epilogue's handshake is there. On a GPU: the kernel
-against the reference linear on fresh random inputs, odd shapes and every shipped config."""
+layouts (and the register-A form on the tiled one), and the split-K epilogue's handshake is
+there. On a GPU: the kernel against the reference linear on fresh random inputs, odd shapes and
+every shipped config and register-A form."""
 
 import json
 import os
@@ -22,6 +23,13 @@ pytest.importorskip("triton.experimental.gluon")
 
 SCRIPT = Path(__file__).parents[1] / "helpers" / "compile_hopper.py"
 CONFIGS = sorted({config for _, config in gemm_configs.HOPPER_CONFIGS})
+REGISTER_A = [
+    gemm_configs.HopperConfig(rows=64, block_t=128, block_k=64, stages=4, num_warps=4, register_a=True),
+    gemm_configs.HopperConfig(rows=128, block_t=128, block_k=128, stages=3, num_warps=8, register_a=True),
+]
+# (config, tiled weights): the warp-specialized decode reads both layouts, register A the tiled one
+FORMS = [(c, tiled) for c in CONFIGS for tiled in (False, True)] + [(c, True) for c in REGISTER_A if c not in CONFIGS]
+FORM_IDS = [f"{'x'.join(map(str, c))}-{'tiled' if tiled else 'hopper'}" for c, tiled in FORMS]
 
 
 @pytest.fixture(scope="module")
@@ -34,7 +42,7 @@ def compiled() -> list[dict]:
 
 
 def test_every_config_compiles_for_sm90(compiled):
-    assert len(compiled) == 4 * len(CONFIGS)  # 2 weight layouts x 2 epilogues
+    assert len(compiled) == 2 * len(FORMS)  # 2 epilogues
     failed = {r["case"]: r["error"] for r in compiled if not r["ok"]}
     assert not failed, failed
 
@@ -42,7 +50,8 @@ def test_every_config_compiles_for_sm90(compiled):
 def test_wgmma_stays_in_flight_through_the_k_loop(compiled):
     for r in compiled:
         assert r["mma"] and all(".bf16.bf16" in mma for mma in r["mma"]), r
-        assert r["loops"] == 3 + r["split"], r  # one K loop a partition (and the sum of the splits)
+        register_a = gemm_configs.HopperConfig(*r["config"]).register_a
+        assert r["loops"] == 3 - register_a + r["split"], r  # one K loop a partition (and the split sum)
         assert r["mma_loops"] == 1, r
         assert r["mma_loop_wait_counts"] == [1], r  # the mma loop never drains the wgmma groups
         assert not r["ptxas_serialized"], r  # ptxas did not serialize the wgmmas (C7515)
@@ -64,8 +73,11 @@ def test_partitions_and_handover(compiled):
     A tile stored; mma: step i - 1's wgmma retired) follows a partition-wide bar.sync."""
     for r in compiled:
         config = gemm_configs.HopperConfig(*r["config"])
-        assert {config.load_regs, config.decode_regs} <= set(r["setmaxnreg"]), r
-        assert r["loop_releases"] == 4, r  # decode: load_empty, a_ready; mma: load_empty, a_empty
+        if config.register_a:  # mma: load_empty only
+            assert config.load_regs in r["setmaxnreg"] and r["loop_releases"] == 1, r
+        else:  # decode: load_empty, a_ready; mma: load_empty, a_empty
+            assert {config.load_regs, config.decode_regs} <= set(r["setmaxnreg"]), r
+            assert r["loop_releases"] == 4, r
         assert r["arrives_after_bar_sync"], r
 
 
@@ -120,8 +132,7 @@ def test_against_the_reference_linear(m, n, k, tiled):
 
 
 @pytest.mark.gpu
-@LAYOUTS
-@pytest.mark.parametrize("config", CONFIGS, ids=lambda c: "x".join(map(str, c)))
+@pytest.mark.parametrize("config, tiled", FORMS, ids=FORM_IDS)
 @pytest.mark.parametrize("m", [17, 200, 600])
 @pytest.mark.parametrize("per_row, bias", [(False, True), (True, False), (True, True)])
 def test_every_shipped_config(config, m, per_row, bias, tiled):
@@ -136,8 +147,7 @@ def test_every_shipped_config(config, m, per_row, bias, tiled):
 
 
 @pytest.mark.gpu
-@LAYOUTS
-@pytest.mark.parametrize("config", CONFIGS, ids=lambda c: "x".join(map(str, c)))
+@pytest.mark.parametrize("config, tiled", FORMS, ids=FORM_IDS)
 @pytest.mark.parametrize("m, n, k, splits", [(33, 200, 1040, 2), (128, 328, 4112, 5), (600, 96, 2048, 3)])
 def test_split_k(config, m, n, k, splits, tiled):
     """K split across programs (the last to arrive sums the partials in split order): the
@@ -153,8 +163,7 @@ def test_split_k(config, m, n, k, splits, tiled):
 
 
 @pytest.mark.gpu
-@LAYOUTS
-@pytest.mark.parametrize("config", CONFIGS, ids=lambda c: "x".join(map(str, c)))
+@pytest.mark.parametrize("config, tiled", FORMS, ids=FORM_IDS)
 def test_special_blocks(config, tiled):
     """A NaN block poisons its row's outputs only; an all-zero row gives zeros."""
     from nvfp4_inductor.kernels.hopper_gemm import hopper_linear
