@@ -5,8 +5,9 @@
                    backend="nvfp4" compiles; this is its eager form and its Inductor extern choice)
 
 Which kernel runs is plan.plan_gemm's choice: the split-K GEMM (gemm_splitk.py) at decode sizes,
-else W dequantized to bf16 (e2m1 * block scale: exact) and one cuBLASLt GEMM that reads the
-global scale on the device (cublaslt.py). plan.plan_gemm also returns the split-K launch, which
+on sm_90 with tiled W the Hopper GEMM (hopper_gemm.py) where it is planned, else W dequantized to
+bf16 (e2m1 * block scale: exact) and one cuBLASLt GEMM that reads the global scale on the device
+(cublaslt.py). plan.plan_gemm also returns the split-K launch, which
 gemm_splitk carries out. W4A4 quantizes x first: to its codes for sm_100's
 block-scaled MMA, else to its values (e2m1 * block scale, exact in bf16) multiplied as W4A16.
 """
@@ -74,6 +75,11 @@ def _linear(x2, w_data, w_scale, w_global_scale, bias, n, activation, w_swizzled
                            w_swizzled, tiled_n=tiled_n, x_scale=a_scale, launch=chosen.launch)
     if a is None:
         a, x_global_scale = _activation_operand(x2, activation)
+    if chosen.kernel == "hopper":  # (sm_90, tiled W)
+        from nvfp4_inductor.kernels.hopper_gemm import hopper_linear
+
+        return hopper_linear(a, w_data, w_scale, _product(w_global_scale, x_global_scale), bias, out_dtype,
+                             config=chosen.launch.config, n=n, tiled=True, splits=chosen.launch.splits)
     # W as bf16 e2m1 * block scale (exact in bf16; the global scale would not be: measured 3e-3
     # relative error when folded in), then one cuBLASLt GEMM that reads the global scales from the
     # device as alpha, adds the bias and rounds once to out_dtype (kernels/cublaslt.py)

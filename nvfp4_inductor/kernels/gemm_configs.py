@@ -281,6 +281,17 @@ def hopper_config(m: int) -> HopperConfig:
     return next(config for limit, config in HOPPER_CONFIGS if limit is None or m <= limit)
 
 
+# Where plan_gemm takes the Hopper GEMM (sm_90, tiled weights, a bf16 operand): (first M, last M,
+# least N) ranges in which bench_gemm's --hopper-sweep measured it faster than the path planned
+# without it on every benchmark shape of that N or more (docs/gemm.md).
+HOPPER_GEMM_RANGES: tuple[tuple[int, int, int], ...] = ()
+
+
+def hopper_gemm_planned(m: int, n: int) -> bool:
+    """Whether the Hopper GEMM serves M rows of x against N weight rows (HOPPER_GEMM_RANGES)."""
+    return any(first <= m <= last and n >= least_n for first, last, least_n in HOPPER_GEMM_RANGES)
+
+
 HOPPER_MIN_STEPS = 4  # K-steps a split at least: a ring of 3-4 slots filled before it drains
 
 

@@ -10,6 +10,9 @@ kernel      "splitk"          the split-K GEMM for decode sizes: K split so that
                               sm_90 with tiled W also serving batch sizes (mainloop "wgmma")
             "tile"            compiled only, above the decode sizes: the template with one program
                               per output tile, K not split
+            "hopper"          sm_90, tiled W, a bf16 operand x, the (M, N) ranges where it measured
+                              fastest: the Gluon GEMM of kernels/hopper_gemm.py (hopper_launch),
+                              eager and compiled alike (the lowering calls the op)
             "dequant_cublas"  W decoded to bf16 (e2m1 * block scale: exact), then one cuBLASLt GEMM
                               that reads the global scale on the device as alpha and adds the bias
 mainloop    "mma"             the register-fed mainloop (device/mma.py: mma.sync on operands decoded
@@ -27,7 +30,8 @@ x_format    "bf16"            x, or for W4A4 its quantized values (e2m1 * block 
                               dequant_cublas the eager op multiplies their values, e2m1 * scale,
                               and the compiled extern choice decodes the codes: the same operand)
 
-launch      eager "splitk": the whole launch (SplitKLaunch: tiles, splits, warps, stages, grid)
+launch      eager "splitk": the whole launch (SplitKLaunch: tiles, splits, warps, stages, grid);
+            "hopper": HopperLaunch
 configs     compiled: the template's configurations, the default pick first (for "dequant_cublas"
             those that join it under max-autotune)
 
@@ -89,10 +93,10 @@ class SplitKLaunch(NamedTuple):
 
 
 class GemmPlan(NamedTuple):
-    kernel: str  # "splitk", "tile" or "dequant_cublas"
-    mainloop: str  # "mma", "dot", "wgmma", "dot_scaled", or "" (dequant_cublas)
+    kernel: str  # "splitk", "tile", "hopper" or "dequant_cublas"
+    mainloop: str  # "mma", "dot", "wgmma", "dot_scaled", or "" (dequant_cublas, hopper)
     x_format: str  # "bf16" or "nvfp4"
-    launch: SplitKLaunch | None = None  # eager "splitk"
+    launch: "SplitKLaunch | HopperLaunch | None" = None  # eager "splitk"; "hopper" (eager and compiled)
     configs: tuple = ()  # compiled: gemm_configs.TemplateConfig, the default pick first
 
 
@@ -121,6 +125,8 @@ def plan_gemm(m: int, n: int, k: int, *, tiled: bool, activation: str, device: t
     caller knows: pointers eagerly, layouts when compiling); code_bytes: W's code bytes; swizzled:
     row-major W's scales swizzled; scale_word_aligned: W's scales start on 4 bytes."""
     x_fmt = x_format(activation, device, tiled)
+    if hopper_gemm_runs(m, n, tiled=tiled, x_format=x_fmt, device=device):
+        return GemmPlan("hopper", "", x_fmt, hopper_launch(m, n, k, device))
     if m <= (SPLITK_MAX_M_TILED if tiled else SPLITK_MAX_M) or wgmma_runs(m, tiled=tiled, x_format=x_fmt,
                                                                          device=device):
         kernel = "splitk"
@@ -202,6 +208,13 @@ def mma_runs(m: int, *, tiled: bool, device: torch.device, mma_operands_fit: boo
 def wgmma_runs(m: int, *, tiled: bool, x_format: str, device: torch.device) -> bool:
     """Whether the wgmma mainloop serves M rows (sm_90, tiled W, a bf16 operand x)."""
     return tiled and x_format == "bf16" and WGMMA_MIN_M <= m <= WGMMA_MAX_M and capability.wgmma(device)
+
+
+def hopper_gemm_runs(m: int, n: int, *, tiled: bool, x_format: str, device: torch.device) -> bool:
+    """Whether the Hopper GEMM (kernels/hopper_gemm.py) serves M rows: sm_90, tiled W, a bf16
+    operand x, and (M, N) in a range where it measured fastest (gemm_configs.HOPPER_GEMM_RANGES)."""
+    return (tiled and x_format == "bf16" and gemm_configs.hopper_gemm_planned(m, n)
+            and capability.wgmma(device))
 
 
 def mma_operands_aligned(x, w_data, w_scale, tiled: bool) -> bool:
@@ -319,7 +332,7 @@ def hopper_launch(m: int, n: int, k: int, device: torch.device, config: gemm_con
                   splits: int | None = None) -> HopperLaunch:
     """The Hopper GEMM's launch for (M, K) x @ (N, K) W^T: its tiles (gemm_configs.hopper_config
     for M where not given) and the split of K (gemm_configs.hopper_splits where not given; a given
-    one is checked), not yet one of plan_gemm's kernels (docs/gemm.md)."""
+    one is checked); plan_gemm's kernel "hopper"."""
     config = config or gemm_configs.hopper_config(m)
     if config.rows % 64 or config.num_warps * 16 != config.rows or config.block_k % 64:
         raise ValueError(f"{config}: rows a multiple of 64, num_warps = rows / 16, block_k a multiple of 64")

@@ -31,7 +31,9 @@ extern choice is the pick (not autotuned against the template, so it need not re
 products), it returns the linear's output itself: one cuBLASLt GEMM that reads the global scale
 (W4A4: g * x_global_scale) on the device as alpha and adds the bias (kernels/cublaslt.py). By default
 the pick of kernels/plan.py (the template where it splits K, or up to plan.TEMPLATE_MAX_M rows
-with a program per SM); under mode="max-autotune" all of them. Where the
+with a program per SM); under mode="max-autotune" all of them. Where plan.py picks the Hopper
+GEMM (sm_90, the M ranges it measured fastest in), the op's CUDA implementation runs it, epilogue
+included. Where the
 template does not apply (a dynamic M, a non-CUDA device unless Inductor's CPU backend is Triton)
 the op stays the eager custom op (also for an empty x).
 """
@@ -231,6 +233,8 @@ def lower_linear_tiled(x, w_data, w_scale, w_global_scale, bias, n, activation, 
     # flexible layout is contiguous until the template freezes it; forcing one would copy x)
     chosen = plan.plan_gemm(m, n, k, tiled=True, activation=activation, device=device, compiled=True,
                             mma_operands_fit=_even_rows(inputs[0]), code_bytes=int(w_data.get_numel()))
+    if chosen.kernel == "hopper":  # the Gluon kernel, with its epilogue: the op's CUDA implementation
+        return eager_op()
     # (dequantize + cuBLAS as the pick: the template's configs still join under max-autotune)
     configs = list(chosen.configs)
     split = configs[0].split

@@ -185,6 +185,30 @@ def test_special_blocks(config, tiled):
     assert _rel(y[:, keep], want[:, keep]) <= 2e-3, config
 
 
+@pytest.mark.gpu
+@pytest.mark.parametrize("activation", ["bf16", "nvfp4"])
+def test_the_op_runs_it_where_planned(monkeypatch, activation):
+    """nvfp4::linear_tiled where plan.py picks the Hopper GEMM (its ranges set here to cover the
+    rows): the kernel's output with the launch plan.hopper_launch gives (W4A4: on x's quantized
+    values, both global scales), bit for bit, and the reference linear within the GEMM tolerance."""
+    from nvfp4_inductor.kernels import plan
+    from nvfp4_inductor.kernels.hopper_gemm import hopper_linear
+
+    if not torch.cuda.get_device_capability() == (9, 0):
+        pytest.skip("the Hopper GEMM needs sm_90")
+    monkeypatch.setattr(gemm_configs, "HOPPER_GEMM_RANGES", ((129, 1000, 0), ))
+    m, n, k = 300, 200, 1040
+    (x, codes, scales, g, bias), want = _case(m, n, k, seed=5, per_row=False, tiled=True)
+    y = torch.ops.nvfp4.linear_tiled(x, codes, scales, g, bias, n, activation)
+    a, gx = (x, None) if activation == "bf16" else torch.ops.nvfp4.quantize_values(x)
+    launch = plan.hopper_launch(m, n, k, x.device)
+    direct = hopper_linear(a, codes, scales, g if gx is None else g * gx, bias, torch.bfloat16,
+                           config=launch.config, n=n, tiled=True, splits=launch.splits)
+    assert torch.equal(y, direct)
+    if activation == "bf16":
+        assert _rel(y, want) <= 1e-2
+
+
 def test_rejects_a_config_the_kernel_cannot_run():
     from nvfp4_inductor.kernels.hopper_gemm import hopper_linear
     from nvfp4_inductor.reference import hopper

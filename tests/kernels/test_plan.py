@@ -147,6 +147,26 @@ def test_plan_takes_the_wgmma_mainloop_on_sm90(monkeypatch, sm90):
             assert plan.plan_gemm(m, 4096, 4096, tiled=False, activation="bf16", device=cuda).mainloop != "wgmma"
 
 
+def test_plan_takes_the_hopper_gemm_where_its_ranges_say(monkeypatch, sm90):
+    """The Hopper GEMM serves the (M, N) of gemm_configs.HOPPER_GEMM_RANGES on sm_90 with tiled
+    weights and a bf16 operand (W4A16; W4A4 on x's quantized values), eager and compiled, with
+    plan.hopper_launch's launch; nowhere else (row-major weights, no wgmma)."""
+    monkeypatch.setattr(gemm_configs, "HOPPER_GEMM_RANGES", ((100, 600, 8192), (601, 5000, 0)))
+    cuda = torch.device("cuda")
+    for has_wgmma in (True, False):
+        monkeypatch.setattr(capability, "wgmma", lambda device: has_wgmma)
+        for m, n in ((99, 14336), (100, 14336), (100, 4096), (600, 8192), (601, 4096), (5000, 256), (5001, 8192)):
+            serves = has_wgmma and (100 <= m <= 600 and n >= 8192 or 601 <= m <= 5000)
+            for activation in ("bf16", "nvfp4"):
+                for compiled in (False, True):
+                    chosen = plan.plan_gemm(m, n, 4096, tiled=True, activation=activation, device=cuda,
+                                            compiled=compiled)
+                    assert (chosen.kernel == "hopper") == serves, (m, n, activation, compiled, chosen)
+                    if serves:
+                        assert chosen == ("hopper", "", "bf16", plan.hopper_launch(m, n, 4096, cuda), ())
+            assert plan.plan_gemm(m, n, 4096, tiled=False, activation="bf16", device=cuda).kernel != "hopper"
+
+
 @pytest.mark.parametrize("m, n, k, splits", [
     (64, 4096, 4096, 2),     # 64 output tiles on 132 SMs: K in two
     (64, 14336, 4096, 1),    # 224 tiles

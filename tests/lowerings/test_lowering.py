@@ -865,6 +865,19 @@ def test_computed_activations_take_the_register_fed_mainloop(triton_inductor, no
 
 
 @pytest.mark.gpu
+@pytest.mark.parametrize("m", [200, 600])
+def test_planned_rows_run_the_hopper_gemm(triton_inductor, monkeypatch, m):
+    """Where plan.py picks the Hopper GEMM (its ranges set here to cover these rows), the compiled
+    linear calls the op, whose CUDA implementation runs that kernel with its epilogue: no template,
+    outputs as the eager op's (the same kernel)."""
+    if not capability.wgmma(torch.device("cuda")):
+        pytest.skip("the Hopper GEMM needs sm_90")
+    monkeypatch.setattr(gemm_configs, "HOPPER_GEMM_RANGES", ((129, 1000, 0), ))
+    code = _run(triton_inductor, m, 1040, 200)
+    assert "triton_tem_fused" not in code and "torch.ops.nvfp4.linear_tiled.default(" in code, code
+
+
+@pytest.mark.gpu
 def test_shape_padding_leaves_the_nvfp4_linears_alone(template_inductor):
     """Inductor's pad_mm (CUDA only) runs before the rewrite: forced to pad, it turned x's 5 rows
     into a copy to 8, then the template, then the epilogue as a kernel of its own. The backend
