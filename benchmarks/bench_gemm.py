@@ -47,19 +47,17 @@ def _sm90() -> bool:
 
 
 def hopper_candidates() -> list[gemm_configs.HopperConfig]:
-    """The warp-specialized kernel's tiles worth timing: the shipped ones, and weight rows 64 / 128
-    by tokens 32..256, 4 slots of 64 k or 3 of 128 (one warpgroup a 64 rows; the decode
-    partition's registers what the warps leave, gemm_configs.HOPPER_CONFIGS), within the 227 KiB
-    of shared memory a program may have (x and code slots, two decoded tiles)."""
+    """The Hopper kernel's tiles worth timing: the shipped warp-specialized ones (the best of its
+    earlier sweep, docs/gemm.md), and the register-A form at weight rows 64 / 128 (one warpgroup a
+    64 rows) by tokens 64..256, 4 slots of 64 k or 3 of 128, within the 227 KiB of shared memory a
+    program may have (x and code slots)."""
     shipped = [config for _, config in gemm_configs.HOPPER_CONFIGS]
     grid = [gemm_configs.HopperConfig(rows=rows, block_t=block_t, block_k=block_k, stages=stages,
-                                      num_warps=rows // 16, decode_regs=96 if rows == 128 else 152,
-                                      register_a=register_a)
-            for register_a in (False, True)
-            for rows in (64, 128) for block_t in (32, 64, 128, 256) for block_k, stages in ((64, 4), (128, 3))
+                                      num_warps=rows // 16, register_a=True)
+            for rows in (64, 128) for block_t in (64, 128, 256) for block_k, stages in ((64, 4), (128, 3))
             if not (rows == 128 and block_t == 256)  # 128 x 256 fp32 sums: more registers than a warpgroup has
-            and stages * block_t * block_k * 2 + 2 * rows * block_k * 2 + stages * rows * block_k // 2 <= 227 * 1024]
-    return shipped + [c for c in grid if c not in shipped]
+            and stages * (block_t * block_k * 2 + rows * block_k // 2) <= 227 * 1024]
+    return shipped + grid
 
 
 def hopper_sweep(ms: list[int], l2: int) -> None:
