@@ -51,7 +51,7 @@ def hopper_candidates() -> list[gemm_configs.HopperConfig]:
     earlier sweep, docs/gemm.md), and the register-A form at weight rows 64 / 128 (one warpgroup a
     64 rows) by tokens 64..256, 4 slots of 64 k or 3 of 128, within the 227 KiB of shared memory a
     program may have (x and code slots)."""
-    shipped = [config for _, config in gemm_configs.HOPPER_CONFIGS]
+    shipped = [config for _, config in gemm_configs.HOPPER_WS_CONFIGS]
     grid = [gemm_configs.HopperConfig(rows=rows, block_t=block_t, block_k=block_k, stages=stages,
                                       num_warps=rows // 16, register_a=True)
             for rows in (64, 128) for block_t in (64, 128, 256) for block_k, stages in ((64, 4), (128, 3))
@@ -61,18 +61,19 @@ def hopper_candidates() -> list[gemm_configs.HopperConfig]:
 
 
 def hopper_sweep(ms: list[int], l2: int) -> None:
-    """Each candidate tile of the warp-specialized kernel on the tiled weights (K split as
+    """Each candidate tile of the Hopper kernel on the tiled weights (K split as
     plan.hopper_launch splits it), us; configs that do not compile or fit are skipped ("-"), and
     one whose output is off the dequantized product (relative error over 1e-2) is not timed ("bad");
-    tiled16: what nvfp4::linear_tiled dispatches today (plan.plan_gemm's kernel), in the same run."""
+    tiled16: what nvfp4::linear_tiled dispatches (plan.plan_gemm's kernel), and other: what it
+    dispatches without the Hopper GEMM (gemm_configs.HOPPER_GEMM_M empty), in the same run."""
     candidates = hopper_candidates()
-    print("hopT16 sweep: the warp-specialized Gluon kernel on tiled weights, us per config"
-          " (rows x tokens x K-step x slots); best: the fastest and its speed-up over bf16 cuBLAS; tiled16:"
-          " nvfp4::linear_tiled as dispatched, and its speed-up")
+    print("hopT16 sweep: the Hopper Gluon kernel on tiled weights, us per config (rows x tokens x K-step x"
+          " slots); best: the fastest and its speed-up over bf16 cuBLAS; tiled16: nvfp4::linear_tiled as"
+          " dispatched, other: as dispatched without the Hopper GEMM, and their speed-ups")
     for i, c in enumerate(candidates):
         print(f"  c{i}: {c.rows}x{c.block_t}x{c.block_k}x{c.stages}{' register A' if c.register_a else ''}")
     print(f"{'K':>6} {'N':>6} {'M':>5} {'bf16':>8} " + " ".join(f"{f'c{i}':>7}" for i in range(len(candidates)))
-          + f" {'best':>5} {'x':>5} {'tiled16':>8} {'x':>5}")
+          + f" {'best':>5} {'x':>5} {'tiled16':>8} {'x':>5} {'other':>8} {'x':>5}")
     for k, n in SHAPES:
         w_bf16, w_fp4, w_tiled, _ = weight_copies(k, n, l2)
         w0 = nv.dequantize(w_fp4[0], torch.float32)
@@ -81,6 +82,11 @@ def hopper_sweep(ms: list[int], l2: int) -> None:
             want = x.float() @ w0.T
             bf16 = stream_us(lambda w: x @ w.T, w_bf16)
             shipped = stream_us(lambda w: torch.ops.nvfp4.linear_tiled(x, *w, None, n, "bf16"), w_tiled)
+            planned, gemm_configs.HOPPER_GEMM_M = gemm_configs.HOPPER_GEMM_M, (1, 0)
+            try:
+                other = stream_us(lambda w: torch.ops.nvfp4.linear_tiled(x, *w, None, n, "bf16"), w_tiled)
+            finally:
+                gemm_configs.HOPPER_GEMM_M = planned
             times = []
             for c in candidates:
                 try:
@@ -97,7 +103,7 @@ def hopper_sweep(ms: list[int], l2: int) -> None:
             cells = [f"{t:7.1f}" if t < math.inf else f"{'-':>7}" if t == math.inf else f"{'bad':>7}" for t in times]
             print(f"{k:>6} {n:>6} {m:>5} {bf16:8.1f} " + " ".join(cells)
                   + (f" {f'c{best}':>5} {bf16 / times[best]:5.2f}" if best is not None else f" {'-':>5} {'-':>5}")
-                  + f" {shipped:8.1f} {bf16 / shipped:5.2f}", flush=True)
+                  + f" {shipped:8.1f} {bf16 / shipped:5.2f} {other:8.1f} {bf16 / other:5.2f}", flush=True)
         del w_bf16, w_fp4, w_tiled
 
 
@@ -118,12 +124,12 @@ def main() -> None:
         return
     print("W4A16 / W4A4: nvfp4_inductor.linear on row-major weights; tiled16 / tiled4: nvfp4::linear_tiled,"
           " the eager form of what backend='nvfp4' compiles (weights in the tiled layout); both take"
-          " plan.plan_gemm's kernel (split-K at decode sizes, the wgmma mainloop at 33-128 rows on sm_90,"
-          " else dequantize + cuBLASLt); deq16: tiled W4A16 through dequantize + cuBLASLt at every M;"
+          " plan.plan_gemm's kernel (split-K at decode sizes; on sm_90 the wgmma mainloop at 33-127 rows and"
+          " for tiled W the Hopper GEMM at 128-512, else dequantize + cuBLASLt); deq16: tiled W4A16 through dequantize + cuBLASLt at every M;"
           " dot16: tiled W4A16 through the split-K kernel's tl.dot mainloop (M <= 64; what 33-64 rows"
           " take without wgmma); hop16 (sm_90): W4A16 through kernels.hopper_gemm, the warp-specialized"
-          " Gluon kernel, on weights in reference.hopper's layout; hopT16 (sm_90): the same kernel on the tiled"
-          " weights. x: speed-up over bf16 cuBLAS (>1 is faster); floor: NVFP4 bytes at the"
+          " Gluon kernel, on weights in reference.hopper's layout; hopT16 (sm_90): its register-A form on the"
+          " tiled weights. x: speed-up over bf16 cuBLAS (>1 is faster); floor: NVFP4 bytes at the"
           " copy bandwidth.")
     print(f"\n{'K':>6} {'N':>6} {'M':>5} {'bf16 us':>8} {'W4A16':>7} {'W4A4':>7} {'tiled16':>8} {'tiled4':>7}"
           f" {'deq16':>7} {'dot16':>7} {'hop16':>7} {'hopT16':>7} {'floor':>6} | {'W4A16 x':>7} {'W4A4 x':>6}"

@@ -244,10 +244,12 @@ def grouped_splits(tiles: int, steps: int, num_sms: int, min_steps: int = GROUPE
 
 
 class HopperConfig(NamedTuple):
-    """The Hopper W4A16 GEMM's tiles (hopper_gemm.py, warp-specialized): weight rows (wgmma M),
+    """The Hopper W4A16 GEMM's tiles (hopper_gemm.py): weight rows (wgmma M),
     tokens (wgmma N) and K a step, TMA ring slots, the mma partition's warps (one warpgroup per 64
     rows: rows / 16), weight tiles a program group, decoded-A ring slots, and the registers a
-    thread of the load and decode partitions (setmaxnreg; the mma partition gets the rest)."""
+    thread of the load and decode partitions (setmaxnreg; the mma partition gets the rest), and the
+    form: register A (the mma warps decode into wgmma's A registers; no decode partition or A
+    ring) or warp-specialized."""
     rows: int = 64
     block_t: int = 128
     block_k: int = 128
@@ -265,31 +267,49 @@ class HopperConfig(NamedTuple):
         return self.rows // 16
 
 
-# (largest M, config), first match; the last serves every larger M. Measured on an H100
-# (docs/gemm.md). decode_regs is at most 65536 / the program's threads, its warps rounded up to
-# warpgroups: 8 + 4 + 8 warps leave 102 (96 used), 4 + 4 + 4 leave 170.
+# The planned form, register A on tiled weights: (largest M, config), first match; the last serves
+# every larger M. Best of bench_gemm's --hopper-sweep at 128 and 512 rows on its four shapes (H100,
+# docs/gemm.md); register A takes K-steps of 64 only (steps of 128 gave wrong results on an H100).
 HOPPER_CONFIGS = (
-    # M <= 256: the faster of the two tiles measured correct here (two warpgroups share each x tile)
+    # M <= 256: two warpgroups of 64 weight rows share each x tile
+    (256, HopperConfig(rows=128, block_t=128, block_k=64, stages=4, num_warps=8, register_a=True)),
+    # M > 256: the widest wgmma of one warpgroup (128 x 256 fp32 sums run out of registers)
+    (None, HopperConfig(rows=64, block_t=256, block_k=64, stages=4, num_warps=4, register_a=True)),
+)
+# M <= 256 on a weight of at most this many elements: 64 weight rows a program (twice the programs;
+# at 4096 x 4096, M = 128: 18.2 against 22.3 us, H100)
+HOPPER_SMALL_WEIGHT = 4096 * 4096
+HOPPER_SMALL_CONFIG = HopperConfig(rows=64, block_t=128, block_k=64, stages=4, num_warps=4, register_a=True)
+# The warp-specialized form (a decode partition hands bf16 tiles to the mma warps through shared
+# memory), for reference.hopper's layout: the best of its sweep (H100). decode_regs is at most
+# 65536 / the program's threads, its warps rounded up to warpgroups: 8 + 4 + 8 warps leave 102
+# (96 used), 4 + 4 + 4 leave 170.
+HOPPER_WS_CONFIGS = (
     (256, HopperConfig(rows=128, block_t=128, block_k=128, stages=3, num_warps=8, decode_regs=96)),
-    # M > 256: the widest wgmma of one warpgroup (128 x 256 runs out of registers, ptxas C7602)
     (None, HopperConfig(rows=64, block_t=256, block_k=64, stages=4, num_warps=4, decode_regs=152)),
 )
 
 
-def hopper_config(m: int) -> HopperConfig:
-    """The Hopper W4A16 GEMM's tiles for M tokens."""
+def hopper_config(m: int, n: int, k: int, tiled: bool = True) -> HopperConfig:
+    """The Hopper W4A16 GEMM's tiles for (M, K) x @ (N, K) W^T: register A on tiled weights
+    (HOPPER_CONFIGS), the warp-specialized form on reference.hopper's layout."""
+    if not tiled:
+        return next(config for limit, config in HOPPER_WS_CONFIGS if limit is None or m <= limit)
+    if m <= 256 and n * k <= HOPPER_SMALL_WEIGHT:
+        return HOPPER_SMALL_CONFIG
     return next(config for limit, config in HOPPER_CONFIGS if limit is None or m <= limit)
 
 
-# Where plan_gemm takes the Hopper GEMM (sm_90, tiled weights, a bf16 operand): (first M, last M,
-# least N) ranges in which bench_gemm's --hopper-sweep measured it faster than the path planned
-# without it on every benchmark shape of that N or more (docs/gemm.md).
-HOPPER_GEMM_RANGES: tuple[tuple[int, int, int], ...] = ()
+# Where plan_gemm takes the Hopper GEMM (sm_90, tiled weights, a bf16 operand): first and last M.
+# bench_gemm's --hopper-sweep measured it faster than the path planned without it on all four
+# shapes at both ends (1.21-1.34x bf16 against 0.67-0.75x at 128 rows, 0.74-0.85x against
+# 0.55-0.66x at 512), slower at 4096 (0.68-0.78x against 0.86-0.95x); H100, docs/gemm.md.
+HOPPER_GEMM_M = (128, 512)
 
 
-def hopper_gemm_planned(m: int, n: int) -> bool:
-    """Whether the Hopper GEMM serves M rows of x against N weight rows (HOPPER_GEMM_RANGES)."""
-    return any(first <= m <= last and n >= least_n for first, last, least_n in HOPPER_GEMM_RANGES)
+def hopper_gemm_planned(m: int) -> bool:
+    """Whether the Hopper GEMM serves M rows of x (HOPPER_GEMM_M)."""
+    return HOPPER_GEMM_M[0] <= m <= HOPPER_GEMM_M[1]
 
 
 HOPPER_MIN_STEPS = 4  # K-steps a split at least: a ring of 3-4 slots filled before it drains

@@ -544,14 +544,12 @@ def hopper_linear(x, w_codes, w_scales, w_global_scale, bias=None, out_dtype=tor
     m, k = x.shape
     if k % 16:
         raise ValueError(f"x's K = {k} is not a multiple of 16")
-    if config is not None and config.register_a and not tiled:
-        raise ValueError("register_a decodes the tiled layout only: pass tiled weights")
     w_codes, w_scales, rows = _weight_tensors(w_codes, w_scales, n, k, tiled)
     n = rows if n is None else n
     per_row = w_global_scale.dim() == 1
     if per_row and w_global_scale.shape != (n,):
         raise ValueError(f"a per-row global scale must have shape ({n},)")
-    launch = plan.hopper_launch(m, n, k, x.device, config, splits)
+    launch = plan.hopper_launch(m, n, k, x.device, config, splits, tiled)
     config, splits, tiles = launch.config, launch.splits, launch.tiles
     if x.stride(1) != 1 or x.stride(0) % 8 or x.data_ptr() % 16:
         x = x.contiguous()

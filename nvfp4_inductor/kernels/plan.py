@@ -10,9 +10,10 @@ kernel      "splitk"          the split-K GEMM for decode sizes: K split so that
                               sm_90 with tiled W also serving batch sizes (mainloop "wgmma")
             "tile"            compiled only, above the decode sizes: the template with one program
                               per output tile, K not split
-            "hopper"          sm_90, tiled W, a bf16 operand x, the (M, N) ranges where it measured
-                              fastest: the Gluon GEMM of kernels/hopper_gemm.py (hopper_launch),
-                              eager and compiled alike (the lowering calls the op)
+            "hopper"          sm_90, tiled W, a bf16 operand x, the rows where it measured fastest
+                              (gemm_configs.HOPPER_GEMM_M): the Gluon GEMM of kernels/hopper_gemm.py,
+                              register-A form (hopper_launch), eager and compiled alike (the
+                              lowering calls the op)
             "dequant_cublas"  W decoded to bf16 (e2m1 * block scale: exact), then one cuBLASLt GEMM
                               that reads the global scale on the device as alpha and adds the bias
 mainloop    "mma"             the register-fed mainloop (device/mma.py: mma.sync on operands decoded
@@ -125,7 +126,7 @@ def plan_gemm(m: int, n: int, k: int, *, tiled: bool, activation: str, device: t
     caller knows: pointers eagerly, layouts when compiling); code_bytes: W's code bytes; swizzled:
     row-major W's scales swizzled; scale_word_aligned: W's scales start on 4 bytes."""
     x_fmt = x_format(activation, device, tiled)
-    if hopper_gemm_runs(m, n, tiled=tiled, x_format=x_fmt, device=device):
+    if hopper_gemm_runs(m, tiled=tiled, x_format=x_fmt, device=device):
         return GemmPlan("hopper", "", x_fmt, hopper_launch(m, n, k, device))
     if m <= (SPLITK_MAX_M_TILED if tiled else SPLITK_MAX_M) or wgmma_runs(m, tiled=tiled, x_format=x_fmt,
                                                                          device=device):
@@ -210,11 +211,10 @@ def wgmma_runs(m: int, *, tiled: bool, x_format: str, device: torch.device) -> b
     return tiled and x_format == "bf16" and WGMMA_MIN_M <= m <= WGMMA_MAX_M and capability.wgmma(device)
 
 
-def hopper_gemm_runs(m: int, n: int, *, tiled: bool, x_format: str, device: torch.device) -> bool:
+def hopper_gemm_runs(m: int, *, tiled: bool, x_format: str, device: torch.device) -> bool:
     """Whether the Hopper GEMM (kernels/hopper_gemm.py) serves M rows: sm_90, tiled W, a bf16
-    operand x, and (M, N) in a range where it measured fastest (gemm_configs.HOPPER_GEMM_RANGES)."""
-    return (tiled and x_format == "bf16" and gemm_configs.hopper_gemm_planned(m, n)
-            and capability.wgmma(device))
+    operand x, and M in the range where it measured fastest (gemm_configs.HOPPER_GEMM_M)."""
+    return tiled and x_format == "bf16" and gemm_configs.hopper_gemm_planned(m) and capability.wgmma(device)
 
 
 def mma_operands_aligned(x, w_data, w_scale, tiled: bool) -> bool:
@@ -320,7 +320,7 @@ def splitk_launch_for(x, w_data, w_scale, *, swizzled: bool, tiled_n: int | None
 
 
 class HopperLaunch(NamedTuple):
-    """One launch of the warp-specialized Hopper GEMM (kernels/hopper_gemm.py)."""
+    """One launch of the Hopper GEMM (kernels/hopper_gemm.py)."""
     config: gemm_configs.HopperConfig
     splits: int  # K ranges (1: not split)
     steps_per_split: int  # K-steps of config.block_k a range
@@ -329,13 +329,16 @@ class HopperLaunch(NamedTuple):
 
 
 def hopper_launch(m: int, n: int, k: int, device: torch.device, config: gemm_configs.HopperConfig | None = None,
-                  splits: int | None = None) -> HopperLaunch:
+                  splits: int | None = None, tiled: bool = True) -> HopperLaunch:
     """The Hopper GEMM's launch for (M, K) x @ (N, K) W^T: its tiles (gemm_configs.hopper_config
-    for M where not given) and the split of K (gemm_configs.hopper_splits where not given; a given
-    one is checked); plan_gemm's kernel "hopper"."""
-    config = config or gemm_configs.hopper_config(m)
+    where not given; tiled: W in the tiled layout, else reference.hopper's) and the split of K
+    (gemm_configs.hopper_splits where not given; a given one is checked); plan_gemm's kernel
+    "hopper"."""
+    config = config or gemm_configs.hopper_config(m, n, k, tiled)
     if config.rows % 64 or config.num_warps * 16 != config.rows or config.block_k % 64:
         raise ValueError(f"{config}: rows a multiple of 64, num_warps = rows / 16, block_k a multiple of 64")
+    if config.register_a and (not tiled or config.block_k != 64):
+        raise ValueError(f"{config}: register A reads tiled weights in K-steps of 64")
     tiles = -(-n // config.rows) * -(-m // config.block_t)
     steps = -(-k // config.block_k)
     if splits is None:

@@ -90,18 +90,16 @@ def tool_output(tool, args, suffix, data):
     return run.stdout + run.stderr
 
 
-# register-A forms (the mma warps decode the tiled layout into wgmma's A registers)
-REGISTER_A = (
-    gemm_configs.HopperConfig(rows=64, block_t=128, block_k=64, stages=4, num_warps=4, register_a=True),
-    gemm_configs.HopperConfig(rows=128, block_t=128, block_k=128, stages=3, num_warps=8, register_a=True),
-)
+def forms() -> list:
+    """(config, tiled weights): the warp-specialized configs on both layouts, the planned
+    register-A ones on the tiled layout (the only one it reads)."""
+    ws = sorted({config for _, config in gemm_configs.HOPPER_WS_CONFIGS})
+    register_a = sorted({config for _, config in gemm_configs.HOPPER_CONFIGS} | {gemm_configs.HOPPER_SMALL_CONFIG})
+    return [(config, tiled) for config in ws for tiled in (False, True)] + [(config, True) for config in register_a]
 
 
 def cases():
-    configs = {config for _, config in gemm_configs.HOPPER_CONFIGS}
-    forms = [(config, tiled) for config in sorted(configs) for tiled in (False, True)]
-    forms += [(config, True) for config in REGISTER_A if config not in configs]
-    for config, tiled in forms:
+    for config, tiled in forms():
         for per_row, bias, split in ((False, True, False), (True, False, True)):
             yield (f"hopper-{'tiled' if tiled else 'hopper'}-{'x'.join(map(str, config))}-rowg{int(per_row)}"
                    f"-bias{int(bias)}-split{int(split)}", config, per_row, bias, tiled, split)

@@ -22,13 +22,11 @@ from nvfp4_inductor.kernels import gemm_configs
 pytest.importorskip("triton.experimental.gluon")
 
 SCRIPT = Path(__file__).parents[1] / "helpers" / "compile_hopper.py"
-CONFIGS = sorted({config for _, config in gemm_configs.HOPPER_CONFIGS})
-REGISTER_A = [
-    gemm_configs.HopperConfig(rows=64, block_t=128, block_k=64, stages=4, num_warps=4, register_a=True),
-    gemm_configs.HopperConfig(rows=128, block_t=128, block_k=128, stages=3, num_warps=8, register_a=True),
-]
-# (config, tiled weights): the warp-specialized decode reads both layouts, register A the tiled one
-FORMS = [(c, tiled) for c in CONFIGS for tiled in (False, True)] + [(c, True) for c in REGISTER_A if c not in CONFIGS]
+# (config, tiled weights): the warp-specialized configs on both layouts, the planned register-A
+# ones on the tiled layout (tests/helpers/compile_hopper.forms; that module needs a compiler)
+WS_CONFIGS = sorted({config for _, config in gemm_configs.HOPPER_WS_CONFIGS})
+REGISTER_A = sorted({config for _, config in gemm_configs.HOPPER_CONFIGS} | {gemm_configs.HOPPER_SMALL_CONFIG})
+FORMS = [(c, tiled) for c in WS_CONFIGS for tiled in (False, True)] + [(c, True) for c in REGISTER_A]
 FORM_IDS = [f"{'x'.join(map(str, c))}-{'tiled' if tiled else 'hopper'}" for c, tiled in FORMS]
 
 
@@ -187,18 +185,18 @@ def test_special_blocks(config, tiled):
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("activation", ["bf16", "nvfp4"])
-def test_the_op_runs_it_where_planned(monkeypatch, activation):
-    """nvfp4::linear_tiled where plan.py picks the Hopper GEMM (its ranges set here to cover the
-    rows): the kernel's output with the launch plan.hopper_launch gives (W4A4: on x's quantized
-    values, both global scales), bit for bit, and the reference linear within the GEMM tolerance."""
+@pytest.mark.parametrize("m, n, k", [(300, 200, 1040), (128, 4096, 4096), (512, 1000, 768)])
+def test_the_op_runs_it_where_planned(activation, m, n, k):
+    """nvfp4::linear_tiled on sm_90 in gemm_configs.HOPPER_GEMM_M: the kernel's output with the
+    launch plan.hopper_launch gives (W4A4: on x's quantized values, both global scales), bit for
+    bit, and the reference linear within the GEMM tolerance."""
     from nvfp4_inductor.kernels import plan
     from nvfp4_inductor.kernels.hopper_gemm import hopper_linear
 
     if not torch.cuda.get_device_capability() == (9, 0):
         pytest.skip("the Hopper GEMM needs sm_90")
-    monkeypatch.setattr(gemm_configs, "HOPPER_GEMM_RANGES", ((129, 1000, 0), ))
-    m, n, k = 300, 200, 1040
-    (x, codes, scales, g, bias), want = _case(m, n, k, seed=5, per_row=False, tiled=True)
+    assert gemm_configs.hopper_gemm_planned(m)
+    (x, codes, scales, g, bias), want = _case(m, n, k, seed=m + n, per_row=m % 2 == 0, tiled=True)
     y = torch.ops.nvfp4.linear_tiled(x, codes, scales, g, bias, n, activation)
     a, gx = (x, None) if activation == "bf16" else torch.ops.nvfp4.quantize_values(x)
     launch = plan.hopper_launch(m, n, k, x.device)
@@ -234,8 +232,8 @@ def test_rejects_tiled_weights_of_another_shape():
         hopper_linear(torch.zeros(8, 160, dtype=torch.bfloat16), codes, scales, g, n=64, tiled=True)
     with pytest.raises(ValueError, match="tiled layout"):
         hopper_linear(x, codes[:-16], scales, g, n=64, tiled=True)
-    with pytest.raises(ValueError, match="splits must be 1 .. 1"):
-        hopper_linear(x, codes, scales, g, n=64, tiled=True, splits=2)
+    with pytest.raises(ValueError, match="splits must be 1 .. 2"):  # (K = 96: two K-steps of 64)
+        hopper_linear(x, codes, scales, g, n=64, tiled=True, splits=3)
 
 
 @pytest.mark.parametrize("tiles, steps, sms", [(32, 32, 132), (112, 32, 132), (224, 64, 132), (5, 9, 132),
@@ -260,7 +258,7 @@ def test_the_planner_gives_the_launch(m, n, k):
 
     device = torch.device("cpu")
     launch = plan.hopper_launch(m, n, k, device)
-    config = gemm_configs.hopper_config(m)
+    config = gemm_configs.hopper_config(m, n, k)
     tiles = -(-n // config.rows) * -(-m // config.block_t)
     steps = -(-k // config.block_k)
     splits = gemm_configs.hopper_splits(tiles, steps, 8)

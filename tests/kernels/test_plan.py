@@ -128,7 +128,8 @@ def test_register_fed_grouped_config(m, n, k, splits):
 
 def test_plan_takes_the_wgmma_mainloop_on_sm90(monkeypatch, sm90):
     """On sm_90 with tiled weights, from plan.WGMMA_MIN_M to plan.WGMMA_MAX_M rows (W4A16, and W4A4
-    on x's quantized values): the split-K kernel with the wgmma mainloop, eager and compiled.
+    on x's quantized values) short of the Hopper GEMM's: the split-K kernel with the wgmma
+    mainloop, eager and compiled.
     Not on row-major weights, not where the device has no wgmma (sm_100: asked as such)."""
     monkeypatch.setattr(capability, "sm_count", lambda device: 132)
     cuda = torch.device("cuda")
@@ -140,31 +141,58 @@ def test_plan_takes_the_wgmma_mainloop_on_sm90(monkeypatch, sm90):
                 for compiled in (False, True):
                     chosen = plan.plan_gemm(m, 4096, 4096, tiled=True, activation=activation, device=cuda,
                                             compiled=compiled)
-                    serves = has_wgmma and plan.WGMMA_MIN_M <= m <= plan.WGMMA_MAX_M
+                    # (from gemm_configs.HOPPER_GEMM_M's first row on, the Hopper GEMM comes first)
+                    serves = (has_wgmma and plan.WGMMA_MIN_M <= m <= plan.WGMMA_MAX_M
+                              and not gemm_configs.hopper_gemm_planned(m))
                     assert (chosen.mainloop == "wgmma") == serves, (m, activation, compiled, chosen)
                     if serves:
                         assert chosen[:3] == ("splitk", "wgmma", "bf16")
             assert plan.plan_gemm(m, 4096, 4096, tiled=False, activation="bf16", device=cuda).mainloop != "wgmma"
 
 
-def test_plan_takes_the_hopper_gemm_where_its_ranges_say(monkeypatch, sm90):
-    """The Hopper GEMM serves the (M, N) of gemm_configs.HOPPER_GEMM_RANGES on sm_90 with tiled
-    weights and a bf16 operand (W4A16; W4A4 on x's quantized values), eager and compiled, with
-    plan.hopper_launch's launch; nowhere else (row-major weights, no wgmma)."""
-    monkeypatch.setattr(gemm_configs, "HOPPER_GEMM_RANGES", ((100, 600, 8192), (601, 5000, 0)))
+def test_plan_takes_the_hopper_gemm_in_its_rows(monkeypatch, sm90):
+    """The Hopper GEMM serves gemm_configs.HOPPER_GEMM_M's rows on sm_90 with tiled weights and a
+    bf16 operand (W4A16; W4A4 on x's quantized values), eager and compiled, with
+    plan.hopper_launch's launch (register A); nowhere else (row-major weights, no wgmma)."""
+    first, last = gemm_configs.HOPPER_GEMM_M
     cuda = torch.device("cuda")
     for has_wgmma in (True, False):
         monkeypatch.setattr(capability, "wgmma", lambda device: has_wgmma)
-        for m, n in ((99, 14336), (100, 14336), (100, 4096), (600, 8192), (601, 4096), (5000, 256), (5001, 8192)):
-            serves = has_wgmma and (100 <= m <= 600 and n >= 8192 or 601 <= m <= 5000)
+        for m in (first - 1, first, 200, last, last + 1):
+            serves = has_wgmma and first <= m <= last
             for activation in ("bf16", "nvfp4"):
                 for compiled in (False, True):
-                    chosen = plan.plan_gemm(m, n, 4096, tiled=True, activation=activation, device=cuda,
+                    chosen = plan.plan_gemm(m, 4096, 4096, tiled=True, activation=activation, device=cuda,
                                             compiled=compiled)
-                    assert (chosen.kernel == "hopper") == serves, (m, n, activation, compiled, chosen)
+                    assert (chosen.kernel == "hopper") == serves, (m, activation, compiled, chosen)
                     if serves:
-                        assert chosen == ("hopper", "", "bf16", plan.hopper_launch(m, n, 4096, cuda), ())
-            assert plan.plan_gemm(m, n, 4096, tiled=False, activation="bf16", device=cuda).kernel != "hopper"
+                        assert chosen == ("hopper", "", "bf16", plan.hopper_launch(m, 4096, 4096, cuda), ())
+                        assert chosen.launch.config.register_a
+            assert plan.plan_gemm(m, 4096, 4096, tiled=False, activation="bf16", device=cuda).kernel != "hopper"
+
+
+@pytest.mark.parametrize("m, n, k, rows, block_t", [
+    (128, 4096, 4096, 64, 128),      # a small weight: 64 rows a program
+    (128, 14336, 4096, 128, 128),
+    (256, 4096, 14336, 128, 128),
+    (257, 4096, 4096, 64, 256),
+    (512, 28672, 8192, 64, 256),
+])
+def test_hopper_config(m, n, k, rows, block_t):
+    """The planned tiles: register A in K-steps of 64; 128 weight rows by 128 tokens up to 256
+    rows of x (64 rows on a small weight), 64 by 256 above."""
+    config = gemm_configs.hopper_config(m, n, k)
+    assert (config.rows, config.block_t, config.block_k, config.register_a) == (rows, block_t, 64, True)
+    assert not gemm_configs.hopper_config(m, n, k, tiled=False).register_a
+
+
+def test_hopper_launch_refuses_what_register_a_cannot_read():
+    """Register A reads the tiled layout in K-steps of 64 only."""
+    cuda = torch.device("cuda")
+    with pytest.raises(ValueError, match="register A"):
+        plan.hopper_launch(128, 4096, 4096, cuda, gemm_configs.HOPPER_SMALL_CONFIG, 1, tiled=False)
+    with pytest.raises(ValueError, match="register A"):
+        plan.hopper_launch(128, 4096, 4096, cuda, gemm_configs.HOPPER_SMALL_CONFIG._replace(block_k=128), 1)
 
 
 @pytest.mark.parametrize("m, n, k, splits", [

@@ -54,9 +54,11 @@ def triton_inductor(monkeypatch, kernel_device):
 @pytest.fixture
 def template_inductor(triton_inductor, monkeypatch):
     """triton_inductor with the template as the pick wherever it applies (on the GPU the default
-    pick takes dequantize + cuBLAS for shapes this small above M = 64): these tests check the
-    template's code and numerics; the pick itself is tested below."""
+    pick takes dequantize + cuBLAS for shapes this small above M = 64, and on sm_90 the Hopper GEMM
+    from 128 rows): these tests check the template's code and numerics; the pick itself is tested
+    below."""
     monkeypatch.setattr(plan, "template_is_default", lambda *args, **kwargs: True)
+    monkeypatch.setattr(gemm_configs, "HOPPER_GEMM_M", (1, 0))  # (sm_90: not the Hopper GEMM)
     return triton_inductor
 
 
@@ -865,14 +867,13 @@ def test_computed_activations_take_the_register_fed_mainloop(triton_inductor, no
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("m", [200, 600])
-def test_planned_rows_run_the_hopper_gemm(triton_inductor, monkeypatch, m):
-    """Where plan.py picks the Hopper GEMM (its ranges set here to cover these rows), the compiled
-    linear calls the op, whose CUDA implementation runs that kernel with its epilogue: no template,
+@pytest.mark.parametrize("m", [gemm_configs.HOPPER_GEMM_M[0], 200, gemm_configs.HOPPER_GEMM_M[1]])
+def test_planned_rows_run_the_hopper_gemm(triton_inductor, m):
+    """Where plan.py picks the Hopper GEMM (sm_90, gemm_configs.HOPPER_GEMM_M), the compiled linear
+    calls the op, whose CUDA implementation runs that kernel with its epilogue: no template,
     outputs as the eager op's (the same kernel)."""
     if not capability.wgmma(torch.device("cuda")):
         pytest.skip("the Hopper GEMM needs sm_90")
-    monkeypatch.setattr(gemm_configs, "HOPPER_GEMM_RANGES", ((129, 1000, 0), ))
     code = _run(triton_inductor, m, 1040, 200)
     assert "triton_tem_fused" not in code and "torch.ops.nvfp4.linear_tiled.default(" in code, code
 
