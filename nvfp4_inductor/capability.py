@@ -20,6 +20,18 @@ def wgmma(device: torch.device) -> bool:
 
 
 @functools.cache
+def gluon_hopper() -> bool:
+    """Whether the installed Triton's Gluon is the API kernels/hopper_gemm.py is written and tested
+    against (Triton 3.6's; its names and signatures changed after it). Elsewhere the planner keeps
+    the Triton kernels and cuBLAS paths."""
+    try:
+        import triton
+    except ImportError:
+        return False
+    return triton.__version__.split(".")[:2] == ["3", "6"]
+
+
+@functools.cache
 def block_scaled_mma(device: torch.device) -> bool:
     """Whether a device multiplies NVFP4 natively (sm_100 and up: tcgen05 block-scaled MMA)."""
     return device.type == "cuda" and torch.cuda.get_device_capability(device)[0] >= 10

@@ -213,8 +213,10 @@ def wgmma_runs(m: int, *, tiled: bool, x_format: str, device: torch.device) -> b
 
 def hopper_gemm_runs(m: int, *, tiled: bool, x_format: str, device: torch.device) -> bool:
     """Whether the Hopper GEMM (kernels/hopper_gemm.py) serves M rows: sm_90, tiled W, a bf16
-    operand x, and M in the range where it measured fastest (gemm_configs.HOPPER_GEMM_M)."""
-    return tiled and x_format == "bf16" and gemm_configs.hopper_gemm_planned(m) and capability.wgmma(device)
+    operand x, M in the range where it measured fastest (gemm_configs.HOPPER_GEMM_M), and the Gluon
+    API it is written against (capability.gluon_hopper)."""
+    return (tiled and x_format == "bf16" and gemm_configs.hopper_gemm_planned(m) and capability.wgmma(device)
+            and capability.gluon_hopper())
 
 
 def mma_operands_aligned(x, w_data, w_scale, tiled: bool) -> bool:

@@ -19,6 +19,7 @@ def sm90(monkeypatch):
     monkeypatch.setattr(capability, "sm90_or_later", lambda device: device.type == "cuda")
     monkeypatch.setattr(capability, "wgmma", lambda device: device.type == "cuda")
     monkeypatch.setattr(capability, "block_scaled_mma", lambda device: False)
+    monkeypatch.setattr(capability, "gluon_hopper", lambda: True)  # (whatever Triton is installed)
     return torch.device("cuda")
 
 
@@ -169,6 +170,21 @@ def test_plan_takes_the_hopper_gemm_in_its_rows(monkeypatch, sm90):
                         assert chosen == ("hopper", "", "bf16", plan.hopper_launch(m, 4096, 4096, cuda), ())
                         assert chosen.launch.config.register_a
             assert plan.plan_gemm(m, 4096, 4096, tiled=False, activation="bf16", device=cuda).kernel != "hopper"
+    # a Triton whose Gluon is not the API the kernel is written against: the other paths
+    monkeypatch.setattr(capability, "wgmma", lambda device: True)
+    monkeypatch.setattr(capability, "gluon_hopper", lambda: False)
+    assert plan.plan_gemm(first, 4096, 4096, tiled=True, activation="bf16", device=cuda).kernel != "hopper"
+
+
+def test_gluon_hopper_names_the_triton_it_is_written_for(monkeypatch):
+    """capability.gluon_hopper: Triton 3.6 only."""
+    import triton
+
+    for version, expected in (("3.6.0", True), ("3.6.1", True), ("3.7.0", False), ("3.5.1", False)):
+        monkeypatch.setattr(triton, "__version__", version)
+        capability.gluon_hopper.cache_clear()
+        assert capability.gluon_hopper() is expected, version
+    capability.gluon_hopper.cache_clear()
 
 
 @pytest.mark.parametrize("m, n, k, rows, block_t", [
