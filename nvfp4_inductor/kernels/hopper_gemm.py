@@ -193,49 +193,47 @@ def _decode_tiled_step(codes_smem, scales_smem, ROWS: gl.constexpr, BLOCK_K: gl.
 
 
 @gluon.constexpr_function
-def _regs_layout(R64, KT, WARPS):
+def _basis(dim: int, value: int) -> list[int]:
+    """A 6-D linear-layout basis vector: `value` along `dim`."""
+    return [value if d == dim else 0 for d in range(6)]
+
+
+@gluon.constexpr_function
+def _regs_layout(R64, KT):
     """(weight tile, K-tile, row, 16-k block c, word h of the block, byte q of the word) -> the
-    threads of wgmma's A fragment over WARPS = ROWS / 16 warps: lane 4 g + q holds rows g and
-    g + 8 of its warp's 16 at k = 16 c + 8 h + 2 q (+ 1, the byte's two codes), registers in the
+    threads of wgmma's A fragment over ROWS / 16 warps: lane 4 g + q holds rows g and g + 8 of
+    its warp's 16 at k = 16 c + 8 h + 2 q (+ 1, the byte's two codes), registers in the
     fragment's order (row + 8, k + 8, the next 16-k blocks, the next K-tile)."""
-    def basis(dim, value):
-        b = [0] * 6
-        b[dim] = value
-        return b
-    regs = [basis(2, 8), basis(4, 1), basis(3, 1), basis(3, 2)] + ([basis(1, 1)] if KT == 2 else [])
-    lanes = [basis(5, 1), basis(5, 2), basis(2, 1), basis(2, 2), basis(2, 4)]
-    warps = [basis(2, 16), basis(2, 32)] + ([basis(0, 1)] if R64 == 2 else [])
+    regs = [_basis(2, 8), _basis(4, 1), _basis(3, 1), _basis(3, 2)] + ([_basis(1, 1)] if KT == 2 else [])
+    lanes = [_basis(5, 1), _basis(5, 2), _basis(2, 1), _basis(2, 2), _basis(2, 4)]
+    warps = [_basis(2, 16), _basis(2, 32)] + ([_basis(0, 1)] if R64 == 2 else [])
     return gl.DistributedLinearLayout(regs, lanes, warps, [], [R64, KT, TILED_N, 4, 2, 4])
 
 
 @gluon.constexpr_function
-def _regs_scale_layout(R64, KT, WARPS):
+def _regs_scale_layout(R64, KT):
     """The tiled layout's scale bytes viewed as (weight tile, K-tile, a, j, g, c) (row 32 a + 8 j +
     g, block c: reference/tiled.scale_index) -> the threads of _regs_layout that multiply them."""
-    def basis(dim, value):
-        b = [0] * 6
-        b[dim] = value
-        return b
-    regs = [basis(3, 1), basis(5, 1), basis(5, 2)] + ([basis(1, 1)] if KT == 2 else [])
-    lanes = [[0] * 6, [0] * 6, basis(4, 1), basis(4, 2), basis(4, 4)]
-    warps = [basis(3, 2), basis(2, 1)] + ([basis(0, 1)] if R64 == 2 else [])
+    regs = [_basis(3, 1), _basis(5, 1), _basis(5, 2)] + ([_basis(1, 1)] if KT == 2 else [])
+    lanes = [[0] * 6, [0] * 6, _basis(4, 1), _basis(4, 2), _basis(4, 4)]
+    warps = [_basis(3, 2), _basis(2, 1)] + ([_basis(0, 1)] if R64 == 2 else [])
     return gl.DistributedLinearLayout(regs, lanes, warps, [], [R64, KT, 2, 4, 8, 4])
 
 
 @gluon.jit
 def _decode_tiled_regs(codes_smem, scales_smem, a_layout: gl.constexpr, ROWS: gl.constexpr,
-                       BLOCK_K: gl.constexpr, WARPS: gl.constexpr):
+                       BLOCK_K: gl.constexpr):
     """A slot of the tiled layout (as _decode_tiled_step reads it) -> bf16 (ROWS, BLOCK_K) in
     a_layout, wgmma's A-fragment registers, e2m1 * s * 2^-7: each thread loads the code bytes and
     scale bytes it multiplies (byte q of each word of its two rows) and decodes a byte's two codes
     (k and k + 1) into one bf16x2."""
     R64: gl.constexpr = ROWS // TILED_N
     KT: gl.constexpr = BLOCK_K // TILED_K
-    layout: gl.constexpr = _regs_layout(R64, KT, WARPS)
+    layout: gl.constexpr = _regs_layout(R64, KT)
     flat: gl.constexpr = gl.SwizzledSharedLayout(1, 1, 1, [5, 4, 3, 2, 1, 0])
     b = codes_smem._reinterpret(gl.uint8, [R64, KT, TILED_N, 4, 2, 4], flat).load(layout).to(gl.int32)
     sb = scales_smem._reinterpret(gl.uint8, [R64, KT, 2, 8, 4, 4], flat).permute((0, 1, 2, 5, 3, 4))
-    sb = sb.load(_regs_scale_layout(R64, KT, WARPS))
+    sb = sb.load(_regs_scale_layout(R64, KT))
     sb = gl.reshape(sb, [R64, KT, TILED_N, 4])
     sb = gl.convert_layout(sb, gl.SliceLayout(4, gl.SliceLayout(5, layout)), assert_trivial=True)
     s = (sb.to(gl.float8e4nv, bitcast=True).to(gl.float32) * _TILED_SCALE_UP).to(gl.bfloat16)
@@ -352,17 +350,16 @@ def _mma_decode_partition(x_bufs, codes_bufs, scales_bufs, load_ready, load_empt
     ROWS: gl.constexpr = codes_bufs.type.shape[1] * TILED_N
     BLOCK_T: gl.constexpr = x_bufs.type.shape[1]
     BLOCK_K: gl.constexpr = x_bufs.type.shape[2]
-    WARPS: gl.constexpr = ROWS // 16
     a_layout: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=acc_layout, k_width=2)
     acc = gl.zeros([ROWS, BLOCK_T], gl.float32, acc_layout)
     mbarrier.wait(load_ready.index(0), 0)
-    a_prev = _decode_tiled_regs(codes_bufs.index(0), scales_bufs.index(0), a_layout, ROWS, BLOCK_K, WARPS)
+    a_prev = _decode_tiled_regs(codes_bufs.index(0), scales_bufs.index(0), a_layout, ROWS, BLOCK_K)
     acc = warpgroup_mma(a_prev, x_bufs.index(0).permute((1, 0)), acc, use_acc=False, is_async=True)
     acc, a_prev = warpgroup_mma_wait(num_outstanding=1, deps=(acc, a_prev))  # (the accumulator as a tensor)
     for i in range(1, steps):
         slot = i % STAGES
         mbarrier.wait(load_ready.index(slot), (i // STAGES) & 1)
-        a = _decode_tiled_regs(codes_bufs.index(slot), scales_bufs.index(slot), a_layout, ROWS, BLOCK_K, WARPS)
+        a = _decode_tiled_regs(codes_bufs.index(slot), scales_bufs.index(slot), a_layout, ROWS, BLOCK_K)
         acc = warpgroup_mma(a, x_bufs.index(slot).permute((1, 0)), acc, is_async=True)
         acc, a_prev = warpgroup_mma_wait(num_outstanding=1, deps=(acc, a_prev))
         # step i - 1's wgmma has retired: its slot (x, codes, scales) is free
