@@ -49,14 +49,12 @@ def _sm90() -> bool:
 def hopper_candidates() -> list[gemm_configs.HopperConfig]:
     """The Hopper kernel's tiles worth timing: the shipped warp-specialized ones (the best of its
     earlier sweep, docs/gemm.md), and the register-A form at weight rows 64 / 128 (one warpgroup a
-    64 rows) by tokens 64..256, 4 slots of 64 k or 3 of 128, within the 227 KiB of shared memory a
-    program may have (x and code slots)."""
+    64 rows) by tokens 64..256, 4 slots of 64 k (the K-step plan.hopper_launch takes for it)."""
     shipped = [config for _, config in gemm_configs.HOPPER_WS_CONFIGS]
-    grid = [gemm_configs.HopperConfig(rows=rows, block_t=block_t, block_k=block_k, stages=stages,
-                                      num_warps=rows // 16, register_a=True)
-            for rows in (64, 128) for block_t in (64, 128, 256) for block_k, stages in ((64, 4), (128, 3))
-            if not (rows == 128 and block_t == 256)  # 128 x 256 fp32 sums: more registers than a warpgroup has
-            and stages * (block_t * block_k * 2 + rows * block_k // 2) <= 227 * 1024]
+    grid = [gemm_configs.HopperConfig(rows=rows, block_t=block_t, block_k=64, stages=4, num_warps=rows // 16,
+                                      register_a=True)
+            for rows in (64, 128) for block_t in (64, 128, 256)
+            if not (rows == 128 and block_t == 256)]  # 128 x 256 fp32 sums: more registers than a warpgroup has
     return shipped + grid
 
 
