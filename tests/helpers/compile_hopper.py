@@ -23,8 +23,10 @@ from triton import knobs  # noqa: E402
 from triton.backends.compiler import GPUTarget  # noqa: E402
 from triton.experimental.gluon._runtime import GluonASTSource  # noqa: E402
 
-from nvfp4_inductor.kernels import gemm_configs  # noqa: E402
 from nvfp4_inductor.kernels import hopper_gemm  # noqa: E402
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # tests/, run as a script
+from helpers.gemm import hopper_forms  # noqa: E402
 
 WAIT_GROUP = r"wgmma\.wait_group\.sync\.aligned (\d+)"
 DEPBAR = r"WARPGROUP\.DEPBAR\.LE gsb0, 0x(\w+)"
@@ -90,16 +92,8 @@ def tool_output(tool, args, suffix, data):
     return run.stdout + run.stderr
 
 
-def forms() -> list:
-    """(config, tiled weights): the warp-specialized configs on both layouts, the planned
-    register-A ones on the tiled layout (the only one it reads)."""
-    ws = sorted({config for _, config in gemm_configs.HOPPER_WS_CONFIGS})
-    register_a = sorted({config for _, config in gemm_configs.HOPPER_CONFIGS} | {gemm_configs.HOPPER_SMALL_CONFIG})
-    return [(config, tiled) for config in ws for tiled in (False, True)] + [(config, True) for config in register_a]
-
-
 def cases():
-    for config, tiled in forms():
+    for config, tiled in hopper_forms():
         for per_row, bias, split in ((False, True, False), (True, False, True)):
             yield (f"hopper-{'tiled' if tiled else 'hopper'}-{'x'.join(map(str, config))}-rowg{int(per_row)}"
                    f"-bias{int(bias)}-split{int(split)}", config, per_row, bias, tiled, split)

@@ -22,3 +22,12 @@ def splitk(x, w_data, w_scale, w_global_scale, bias, out_dtype, swizzled, tiled_
                                     x_format="bf16" if x_scale is None else "nvfp4", mainloop=mainloop)
     return gemm_splitk.gemm_splitk(x, w_data, w_scale, w_global_scale, bias, out_dtype, swizzled, tiled_n=tiled_n,
                                    x_scale=x_scale, launch=launch)
+
+
+def hopper_forms() -> list:
+    """(config, tiled weights) of the Hopper GEMM (kernels/hopper_gemm.py) that the package ships:
+    the warp-specialized configs on both layouts, the planned register-A ones on the tiled layout
+    (the only one it reads)."""
+    ws = sorted({config for _, config in gemm_configs.HOPPER_WS_CONFIGS})
+    register_a = sorted({config for _, config in gemm_configs.HOPPER_CONFIGS} | {gemm_configs.HOPPER_SMALL_CONFIG})
+    return [(config, tiled) for config in ws for tiled in (False, True)] + [(config, True) for config in register_a]

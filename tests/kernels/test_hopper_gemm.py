@@ -18,15 +18,12 @@ import torch
 import nvfp4_inductor as nv
 from nvfp4_inductor import reference
 from nvfp4_inductor.kernels import gemm_configs
+from helpers.gemm import hopper_forms
 
 pytest.importorskip("triton.experimental.gluon")
 
 SCRIPT = Path(__file__).parents[1] / "helpers" / "compile_hopper.py"
-# (config, tiled weights): the warp-specialized configs on both layouts, the planned register-A
-# ones on the tiled layout (tests/helpers/compile_hopper.forms; that module needs a compiler)
-WS_CONFIGS = sorted({config for _, config in gemm_configs.HOPPER_WS_CONFIGS})
-REGISTER_A = sorted({config for _, config in gemm_configs.HOPPER_CONFIGS} | {gemm_configs.HOPPER_SMALL_CONFIG})
-FORMS = [(c, tiled) for c in WS_CONFIGS for tiled in (False, True)] + [(c, True) for c in REGISTER_A]
+FORMS = hopper_forms()  # (config, tiled weights): what tests/helpers/compile_hopper.py compiles
 FORM_IDS = [f"{'x'.join(map(str, c))}-{'tiled' if tiled else 'hopper'}" for c, tiled in FORMS]
 
 
