@@ -276,8 +276,8 @@ HOPPER_CONFIGS = (
     # M > 256: the widest wgmma of one warpgroup (128 x 256 fp32 sums run out of registers)
     (None, HopperConfig(rows=64, block_t=256, block_k=64, stages=4, num_warps=4, register_a=True)),
 )
-# M <= 256 on a weight of at most this many elements: 64 weight rows a program (twice the programs;
-# at 4096 x 4096, M = 128: 18.2 against 22.3 us, H100)
+# M <= 256 on a weight of at most this many elements: 64 weight rows a program (twice the output
+# tiles, so K is split fewer ways; measured faster there: docs/gemm.md)
 HOPPER_SMALL_WEIGHT = 4096 * 4096
 HOPPER_SMALL_CONFIG = HopperConfig(rows=64, block_t=128, block_k=64, stages=4, num_warps=4, register_a=True)
 # The warp-specialized form (a decode partition hands bf16 tiles to the mma warps through shared
@@ -302,8 +302,7 @@ def hopper_config(m: int, n: int, k: int, tiled: bool = True) -> HopperConfig:
 
 # Where plan_gemm takes the Hopper GEMM (sm_90, tiled weights, a bf16 operand): first and last M.
 # bench_gemm's --hopper-sweep measured it faster than the path planned without it on all four
-# shapes at both ends (1.21-1.34x bf16 against 0.67-0.75x at 128 rows, 0.74-0.85x against
-# 0.55-0.66x at 512), slower at 4096 (0.68-0.78x against 0.86-0.95x); H100, docs/gemm.md.
+# shapes at both ends, slower than dequantize + cuBLASLt at 4096 rows (docs/gemm.md).
 HOPPER_GEMM_M = (128, 512)
 
 
